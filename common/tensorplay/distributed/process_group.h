@@ -1,0 +1,75 @@
+// tp::distributed::ProcessGroup: the collectives DDP needs, behind one interface.
+//
+// Contract:
+//   - A group has a fixed rank in [0, size) and size >= 1, constant after
+//     construction.
+//   - Every collective is asynchronous: it is queued and returns a Work at
+//     once; work->wait() makes it synchronous. Collectives run in issue order,
+//     one at a time, on the group's communication thread (the CPU analogue of
+//     a CUDA communication stream), so every rank must issue the same
+//     collectives in the same order, exactly as with torch.distributed.
+//   - Tensors must be contiguous and defined, and stay alive and untouched
+//     until wait() returns. The data is updated in place.
+//   - Every collective has a timeout; when it expires, wait() throws
+//     tp::TimeoutError: "allreduce #7 on rank 1 timed out after 2000 ms ...".
+//   - counters() counts the collectives issued since construction or
+//     reset_counters(); checkers use them ("one all-reduce per parameter").
+//     Issuing methods may be called from one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorplay/distributed/work.h"
+#include "tensorplay/tensor.h"
+
+namespace tp::distributed {
+
+enum class ReduceOp { SUM, AVG, MIN, MAX };
+std::string to_string(ReduceOp op);
+
+struct CollectiveCounters {
+  uint64_t allreduce = 0;
+  uint64_t broadcast = 0;
+  uint64_t allgather = 0;
+  uint64_t barrier = 0;
+  uint64_t allreduce_elements = 0;  // sum of numel over all-reduced tensors
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size);
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backend_name() const = 0;
+
+  // Every rank's tensor becomes op(tensor_0, ..., tensor_{size-1}).
+  virtual std::shared_ptr<Work> allreduce(const Tensor& tensor,
+                                          ReduceOp op = ReduceOp::SUM) = 0;
+  // Every rank's tensor becomes root's tensor. REQUIRES: 0 <= root < size.
+  virtual std::shared_ptr<Work> broadcast(const Tensor& tensor, int root = 0) = 0;
+  // outputs[r] becomes rank r's input. REQUIRES: outputs.size() == size(),
+  // each output has input's shape and dtype.
+  virtual std::shared_ptr<Work> allgather(const std::vector<Tensor>& outputs,
+                                          const Tensor& input) = 0;
+  // Completes once every rank has entered it.
+  virtual std::shared_ptr<Work> barrier() = 0;
+
+  const CollectiveCounters& counters() const { return counters_; }
+  void reset_counters() { counters_ = {}; }
+
+ protected:
+  CollectiveCounters counters_;  // issuing thread only
+
+ private:
+  const int rank_;
+  const int size_;
+};
+
+}  // namespace tp::distributed

@@ -1,0 +1,55 @@
+// tp::distributed::ProcessGroupGloo: ProcessGroup over the Gloo library.
+//
+// Contract:
+//   - Connects a full mesh of TCP pairs (Gloo's tcp transport on loopback)
+//     through a rendezvous store: Gloo's FileStore in a directory that every
+//     rank can reach. The directory must be fresh for each job; stale keys
+//     from an earlier job would point ranks at dead addresses.
+//   - Owns one communication thread that runs queued collectives in issue
+//     order (see process_group.h). The destructor drains the queue and joins
+//     the thread.
+//   - ReduceOp::AVG is SUM followed by division by size() on this rank.
+//   - Trace: when tp::trace is enabled, each collective records an instant
+//     "<op> queued" on the issuing thread and a span "<op>" on the
+//     communication thread.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "tensorplay/distributed/process_group.h"
+
+namespace tp::distributed {
+
+struct GlooOptions {
+  // Per-collective deadline, and the deadline for the rendezvous itself.
+  std::chrono::milliseconds timeout{30000};
+};
+
+class ProcessGroupGloo : public ProcessGroup {
+ public:
+  // Rendezvous through files in rendezvous_dir (created if missing).
+  // REQUIRES: 1 <= size, 0 <= rank < size; throws tp::DistributedError with a
+  // fix when the directory cannot be created or written.
+  ProcessGroupGloo(const std::string& rendezvous_dir, int rank, int size,
+                   GlooOptions options = {});
+  ~ProcessGroupGloo() override;
+
+  std::string backend_name() const override { return "gloo"; }
+  std::shared_ptr<Work> allreduce(const Tensor& tensor,
+                                  ReduceOp op = ReduceOp::SUM) override;
+  std::shared_ptr<Work> broadcast(const Tensor& tensor, int root = 0) override;
+  std::shared_ptr<Work> allgather(const std::vector<Tensor>& outputs,
+                                  const Tensor& input) override;
+  std::shared_ptr<Work> barrier() override;
+
+  const GlooOptions& options() const { return options_; }
+
+ private:
+  struct Impl;
+  GlooOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tp::distributed

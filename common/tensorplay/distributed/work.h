@@ -1,0 +1,47 @@
+// tp::distributed::Work: the handle of one queued collective.
+//
+// Contract:
+//   - A ProcessGroup returns a Work for every collective it queues. The work
+//     completes on the group's communication thread; wait() blocks the caller
+//     until it has, then rethrows the collective's error if it failed (a
+//     tp::TimeoutError names the collective, its sequence number and the rank).
+//   - wait() may be called many times and from any thread; is_completed()
+//     never blocks.
+//   - Output tensors may be read only after wait() returns.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+
+namespace tp::distributed {
+
+class Work {
+ public:
+  Work(std::string collective, uint64_t seq, int rank)
+      : collective_(std::move(collective)), seq_(seq), rank_(rank) {}
+
+  // Blocks until the collective finished; rethrows its error.
+  void wait();
+  bool is_completed() const;
+  // "allreduce", "broadcast", "allgather" or "barrier".
+  const std::string& collective() const { return collective_; }
+  // 1-based position of this collective in the group's issue order.
+  uint64_t seq() const { return seq_; }
+
+  // Called once by the communication thread.
+  void finish(std::exception_ptr error = nullptr);
+
+ private:
+  const std::string collective_;
+  const uint64_t seq_;
+  const int rank_;
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;              // guarded by mutex_
+  std::exception_ptr error_;       // guarded by mutex_
+};
+
+}  // namespace tp::distributed

@@ -1,0 +1,71 @@
+// tp::nn::Module: a tree of named parameters, buffers and submodules.
+//
+// Contract:
+//   - Parameters and buffers are listed in registration order, depth first
+//     through submodules, with dotted names ("fc1.weight", "0.bias") exactly as
+//     torch.nn.Module.named_parameters() lists them. DDP relies on this order
+//     being the same on every rank.
+//   - Returned tensors are handles: changing their data changes the module.
+//   - forward() takes one tensor and returns one tensor (all kit models are
+//     feed-forward); operator() calls forward.
+//   - Not thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensorplay/tensor.h"
+
+namespace tp::nn {
+
+using NamedTensor = std::pair<std::string, Tensor>;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+
+  virtual Tensor forward(const Tensor& input) = 0;
+  Tensor operator()(const Tensor& input) { return forward(input); }
+
+  // All parameters, registration order, recursive.
+  std::vector<Tensor> parameters() const;
+  std::vector<NamedTensor> named_parameters() const;
+  // All buffers (state that is not trained, such as running statistics).
+  std::vector<Tensor> buffers() const;
+  std::vector<NamedTensor> named_buffers() const;
+  // Direct children, registration order.
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
+    return children_;
+  }
+
+  // Clears (set_to_none, the PyTorch default) or zeroes every parameter's grad.
+  void zero_grad(bool set_to_none = true);
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+ protected:
+  // Registers t as a parameter (sets requires_grad) and returns the handle.
+  // REQUIRES: name is unique among this module's parameters and buffers.
+  Tensor register_parameter(const std::string& name, Tensor t);
+  Tensor register_buffer(const std::string& name, Tensor t);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    add_child(name, m);
+    return m;
+  }
+
+ private:
+  void add_child(const std::string& name, std::shared_ptr<Module> m);
+  void collect(const std::string& prefix, bool params, std::vector<NamedTensor>& out) const;
+
+  std::vector<NamedTensor> params_;
+  std::vector<NamedTensor> buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+}  // namespace tp::nn

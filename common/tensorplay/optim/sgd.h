@@ -1,0 +1,34 @@
+// tp::optim::SGD: stochastic gradient descent, optionally with momentum.
+//
+// Update (as torch.optim.SGD, dampening 0, no Nesterov, no weight decay):
+//   buf = momentum * buf + grad        (buf = grad on the first step)
+//   p  -= lr * (momentum > 0 ? buf : grad)
+// Parameters without a gradient are skipped. step() runs under NoGradGuard.
+#pragma once
+
+#include <vector>
+
+#include "tensorplay/tensor.h"
+
+namespace tp::optim {
+
+struct SGDOptions {
+  double lr = 0.01;
+  double momentum = 0.0;
+};
+
+class SGD {
+ public:
+  // REQUIRES: lr > 0, momentum >= 0, every param a leaf requiring grad.
+  SGD(std::vector<Tensor> params, SGDOptions options);
+  void step();
+  void zero_grad(bool set_to_none = true);
+  const SGDOptions& options() const { return options_; }
+
+ private:
+  std::vector<Tensor> params_;
+  std::vector<Tensor> momentum_buffers_;  // undefined until first used
+  SGDOptions options_;
+};
+
+}  // namespace tp::optim

@@ -1,0 +1,249 @@
+// tp::Tensor: an n-dimensional array with shared storage and autograd.
+//
+// Contract:
+//   - A Tensor is a handle. Copying a Tensor copies the handle: both name the
+//     same TensorImpl (same data, same grad, same autograd history), exactly
+//     as a Python variable does in PyTorch. An undefined Tensor (default
+//     constructed) has no impl; defined() tells.
+//   - Data lives in a Storage shared by every view of it. A view has its own
+//     shape, strides and storage offset (in elements) but aliases the bytes:
+//     narrow(), view(), flatten() and t() never copy. A DDP bucket is one flat
+//     tensor and each parameter's gradient slot is a view of it.
+//   - dtype is float32 or float64. device is CPU today; the field exists so a
+//     CUDA path can be added without changing signatures.
+//   - In-place methods (zero_, fill_, copy_, add_, mul_, div_) write through
+//     views and never record autograd history; use them on gradients and
+//     under NoGradGuard.
+//   - Autograd: a tensor with requires_grad and no grad_fn is a leaf; its
+//     gradient accumulates in grad() across backward calls until zeroed.
+//   - Not thread-safe: one thread mutates a tensor at a time. (DDP's
+//     communication thread touches only buffers it was handed, never the graph.)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorplay/error.h"
+
+namespace tp {
+
+enum class Dtype { Float32, Float64 };
+inline constexpr Dtype kFloat32 = Dtype::Float32;
+inline constexpr Dtype kFloat64 = Dtype::Float64;
+
+// "float32" / "float64".
+std::string to_string(Dtype dtype);
+// 4 or 8.
+std::size_t element_size(Dtype dtype);
+
+enum class DeviceType { CPU, CUDA };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = -1;  // -1: the current device of that type.
+  bool operator==(const Device&) const = default;
+};
+inline constexpr Device kCPU{DeviceType::CPU, -1};
+
+// "cpu" or "cuda:0".
+std::string to_string(Device device);
+
+using Shape = std::vector<int64_t>;
+using Strides = std::vector<int64_t>;
+
+// "(3, 4)"; "()" for a scalar.
+std::string to_string(const Shape& shape);
+// Product of the sizes; 1 for a scalar.
+int64_t numel_of(const Shape& shape);
+// Row-major strides for a contiguous tensor of this shape.
+Strides contiguous_strides(const Shape& shape);
+
+// A block of bytes owned jointly by every tensor that views it.
+// Invariant: nbytes never changes after construction; data is 64-byte aligned.
+class Storage {
+ public:
+  Storage(std::size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_;
+  std::size_t nbytes_;
+  Device device_;
+};
+
+namespace autograd {
+class Node;
+class AccumulateGrad;
+}  // namespace autograd
+
+class Tensor;
+
+// Called by the autograd engine the moment a leaf's gradient is final for the
+// current backward pass; the argument is the leaf itself (read its grad()).
+using PostAccumulateGradHook = std::function<void(Tensor& param)>;
+
+struct TensorImpl;
+
+// Returned by register_post_accumulate_grad_hook; remove() unregisters the hook
+// (safe to call twice, safe after the tensor is gone).
+class RemovableHandle {
+ public:
+  RemovableHandle() = default;
+  RemovableHandle(std::weak_ptr<TensorImpl> owner, uint64_t id)
+      : owner_(std::move(owner)), id_(id) {}
+  void remove();
+
+ private:
+  std::weak_ptr<TensorImpl> owner_;
+  uint64_t id_ = 0;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+
+  // ---- metadata --------------------------------------------------------
+  const Shape& shape() const;
+  const Strides& strides() const;
+  int64_t dim() const;
+  // Size of dimension d; negative d counts from the end.
+  int64_t size(int64_t d) const;
+  int64_t numel() const;
+  Dtype dtype() const;
+  Device device() const;
+  int64_t storage_offset() const;  // in elements
+  std::size_t element_size() const;
+  std::size_t nbytes() const;  // numel() * element_size()
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const;
+  // True when both tensors view the same Storage.
+  bool is_alias_of(const Tensor& other) const;
+
+  // ---- data access -----------------------------------------------------
+  // Pointer to element 0 of this view. REQUIRES: defined().
+  void* data_ptr() const;
+  // Typed pointer. REQUIRES: T matches dtype() (float for Float32, double for
+  // Float64); throws tp::Error otherwise.
+  template <typename T>
+  T* data_ptr() const;
+  // The single value of a one-element tensor, as double.
+  double item() const;
+  // All values in row-major order, as double (for tests and printing).
+  std::vector<double> to_vector() const;
+
+  // ---- views (alias storage, differentiable) ---------------------------
+  // Same data, new shape; one size may be -1. REQUIRES: is_contiguous().
+  Tensor view(Shape shape) const;
+  // view({numel()}).
+  Tensor flatten() const;
+  // Elements [start, start+length) along dim.
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  // Transpose of a 2-D tensor (swaps sizes and strides; no copy).
+  Tensor t() const;
+
+  // ---- copies ------------------------------------------------------------
+  // This tensor if contiguous, else a contiguous copy (differentiable).
+  Tensor contiguous() const;
+  // A contiguous copy with fresh storage (differentiable).
+  Tensor clone() const;
+  // Same storage, no autograd history, requires_grad false.
+  Tensor detach() const;
+  // A contiguous copy converted to dtype (not differentiable).
+  Tensor to(Dtype dtype) const;
+
+  // ---- in-place (no autograd history; return *this) --------------------
+  Tensor& zero_();
+  Tensor& fill_(double value);
+  // Copies src's values into this view. REQUIRES: same shape; dtypes may differ.
+  Tensor& copy_(const Tensor& src);
+  // this += alpha * other. REQUIRES: same shape and dtype.
+  Tensor& add_(const Tensor& other, double alpha = 1.0);
+  Tensor& mul_(double value);
+  Tensor& div_(double value);
+
+  // ---- math (see ops.h for shapes) ---------------------------------------
+  Tensor matmul(const Tensor& other) const;
+  Tensor relu() const;
+  Tensor square() const;
+  Tensor sum() const;
+  Tensor mean() const;
+  // Euclidean norm of all elements, as double (not differentiable).
+  double norm() const;
+
+  // ---- autograd ----------------------------------------------------------
+  bool requires_grad() const;
+  // Marks a leaf as requiring grad. REQUIRES: is_leaf().
+  Tensor& requires_grad_(bool requires_grad = true);
+  // A tensor is a leaf when it has no grad_fn.
+  bool is_leaf() const;
+  // The node that produced this tensor, or nullptr for a leaf.
+  const std::shared_ptr<autograd::Node>& grad_fn() const;
+  // The accumulated gradient (undefined until the first backward).
+  // Returned as a handle: grad().add_(x) changes the gradient in place.
+  Tensor grad() const;
+  // Replaces the gradient (DDP points it at a bucket view). An undefined
+  // tensor clears it. REQUIRES: same shape and dtype as this tensor.
+  void set_grad(const Tensor& grad) const;
+  // Runs backward from this tensor. gradient may be omitted only for a
+  // one-element tensor (it defaults to 1).
+  void backward(const Tensor& gradient = Tensor()) const;
+  // Registers fn to run right after AccumulateGrad writes this leaf's
+  // gradient, once per backward pass. REQUIRES: is_leaf() && requires_grad().
+  RemovableHandle register_post_accumulate_grad_hook(PostAccumulateGradHook fn) const;
+
+  // "tensor([[1, 2], [3, 4]], dtype=float32)"; long tensors are elided.
+  std::string to_string() const;
+
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// The state behind a Tensor handle. Library code (ops, autograd) uses the
+// fields directly; user code goes through Tensor.
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  int64_t offset = 0;  // in elements, into storage
+  Shape shape;
+  Strides strides;
+  Dtype dtype = kFloat32;
+
+  // Autograd fields.
+  bool requires_grad = false;
+  std::shared_ptr<autograd::Node> grad_fn;  // null for leaves
+  std::shared_ptr<TensorImpl> grad;         // null until the first backward
+  // Leaves only: created on first use by the graph; weak so that the graph,
+  // not the leaf, keeps it alive (no cycle).
+  std::weak_ptr<autograd::AccumulateGrad> grad_accumulator;
+  std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate_grad_hooks;
+  uint64_t next_hook_id = 1;
+};
+
+// ---- factories -----------------------------------------------------------
+// Uninitialized contiguous tensor.
+Tensor empty(const Shape& shape, Dtype dtype = kFloat32);
+Tensor zeros(const Shape& shape, Dtype dtype = kFloat32);
+Tensor ones(const Shape& shape, Dtype dtype = kFloat32);
+Tensor full(const Shape& shape, double value, Dtype dtype = kFloat32);
+// A tensor holding values (row-major). REQUIRES: values.size() == numel(shape).
+Tensor tensor(const std::vector<double>& values, const Shape& shape,
+              Dtype dtype = kFloat32);
+// A tensor of the same shape and dtype, filled with zeros.
+Tensor zeros_like(const Tensor& t);
+
+}  // namespace tp
