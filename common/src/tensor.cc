@@ -1,1 +1,729 @@
-// placeholder: implementation pending
+// tp::Tensor: storage, views, in-place ops, factories and printing.
+//
+// The pieces, in file order:
+//   1. dtype/device/shape helpers and Storage (64-byte aligned bytes);
+//   2. two tools every method below uses: dispatch() picks the C++ element
+//      type for a Dtype, and for_each_index() walks the elements of a strided
+//      view in row-major order;
+//   3. the backward rules of the differentiable views (ViewBackward,
+//      NarrowBackward, TBackward) and of clone();
+//   4. Tensor's methods and the factories.
+// The math ops (matmul, add, ...) live in ops.cc; Tensor::matmul & co. forward
+// there. The autograd engine lives in autograd/engine.cc.
+
+#include "tensorplay/tensor.h"
+
+#include <cmath>
+#include <new>
+#include <sstream>
+#include <utility>
+
+#include "tensorplay/autograd/engine.h"
+#include "tensorplay/autograd/grad_mode.h"
+#include "tensorplay/autograd/node.h"
+#include "tensorplay/ops.h"
+
+namespace tp {
+
+// ---- dtype, device, shape ---------------------------------------------------
+
+std::string to_string(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::Float32: return "float32";
+    case Dtype::Float64: return "float64";
+  }
+  return "unknown dtype";
+}
+
+std::size_t element_size(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::Float32: return sizeof(float);
+    case Dtype::Float64: return sizeof(double);
+  }
+  TP_THROW(Error, "tp::element_size: unknown dtype ", static_cast<int>(dtype));
+}
+
+std::string to_string(Device device) {
+  if (device.type == DeviceType::CPU) return "cpu";
+  if (device.index < 0) return "cuda";
+  return detail::cat("cuda:", device.index);
+}
+
+std::string to_string(const Shape& shape) {
+  std::string out = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + ")";
+}
+
+int64_t numel_of(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t size : shape) n *= size;
+  return n;
+}
+
+Strides contiguous_strides(const Shape& shape) {
+  Strides strides(shape.size());
+  int64_t stride = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  return strides;
+}
+
+// ---- Storage ----------------------------------------------------------------
+
+// 64 bytes: one cache line, and the widest SIMD load (AVX-512) BLAS may use.
+static constexpr std::align_val_t kStorageAlignment{64};
+
+Storage::Storage(std::size_t nbytes, Device device)
+    : data_(nullptr), nbytes_(nbytes), device_(device) {
+  TP_CHECK(device.type == DeviceType::CPU, "tp::Storage: device ",
+           tp::to_string(device),
+           " requested, but this build has no CUDA path; create tensors on the "
+           "CPU (tp::kCPU)");
+  data_ = ::operator new(nbytes, kStorageAlignment);
+}
+
+Storage::~Storage() { ::operator delete(data_, kStorageAlignment); }
+
+// ---- the two tools: dtype dispatch and strided iteration -----------------------
+
+namespace {
+
+// Calls f(T{}) with T = float for Float32 and T = double for Float64, so one
+// generic lambda serves both dtypes:
+//   dispatch(dtype, [&](auto tag) { using T = decltype(tag); ... });
+template <typename F>
+decltype(auto) dispatch(Dtype dtype, F&& f) {
+  if (dtype == Dtype::Float32) return f(float{});
+  return f(double{});
+}
+
+// Calls f(ia, ib) for every element of two views of the same shape, in
+// row-major order; ia and ib are the elements' indices into their storages
+// (storage offset plus sum of index * stride). Works for any strides, which
+// is what lets in-place ops write through narrow() and t() views.
+//
+// An odometer over the outer dimensions, with a tight loop over the last.
+template <typename F>
+void for_each_index_pair(const Shape& shape, const Strides& sa, int64_t oa,
+                         const Strides& sb, int64_t ob, F&& f) {
+  const int64_t n = numel_of(shape);
+  if (n == 0) return;
+  if (shape.empty()) {  // a scalar: one element
+    f(oa, ob);
+    return;
+  }
+  const std::size_t d = shape.size();
+  const int64_t inner = shape[d - 1];
+  const int64_t inner_a = sa[d - 1];
+  const int64_t inner_b = sb[d - 1];
+  std::vector<int64_t> index(d, 0);  // position in the outer dims (d-1 unused)
+  int64_t ia = oa;
+  int64_t ib = ob;
+  for (int64_t done = 0; done < n; done += inner) {
+    for (int64_t j = 0; j < inner; ++j) f(ia + j * inner_a, ib + j * inner_b);
+    // Advance the odometer: bump the last outer dim, carrying leftwards.
+    for (std::size_t k = d - 1; k-- > 0;) {
+      ia += sa[k];
+      ib += sb[k];
+      if (++index[k] < shape[k]) break;
+      ia -= sa[k] * shape[k];
+      ib -= sb[k] * shape[k];
+      index[k] = 0;
+    }
+  }
+}
+
+// One view: f(i) for every element's storage index, in row-major order.
+template <typename F>
+void for_each_index(const TensorImpl& t, F&& f) {
+  for_each_index_pair(t.shape, t.strides, t.offset, t.strides, t.offset,
+                      [&](int64_t i, int64_t) { f(i); });
+}
+
+// Typed pointer to element 0 of the storage (not of the view: add offset).
+template <typename T>
+T* storage_base(const TensorImpl& t) {
+  return static_cast<T*>(t.storage->data());
+}
+
+const TensorImpl& checked(const Tensor& t, const char* fn) {
+  TP_CHECK(t.defined(), fn,
+           ": called on an undefined tensor (a default-constructed tp::Tensor); "
+           "create it with a factory such as tp::zeros first");
+  return *t.impl();
+}
+
+// Resolves a possibly negative dim against ndim, or throws naming fn.
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* fn, const Shape& shape) {
+  const int64_t wrapped = dim < 0 ? dim + ndim : dim;
+  TP_CHECK(wrapped >= 0 && wrapped < ndim, fn, ": dimension ", dim,
+           " is out of range for a tensor of shape ", tp::to_string(shape), " (",
+           ndim, " dims); use 0..", ndim - 1, " or -", ndim, "..-1");
+  return wrapped;
+}
+
+// A new handle on the same storage with the given geometry and no history.
+Tensor make_view(const TensorImpl& base, Shape shape, Strides strides,
+                 int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.storage;
+  impl->offset = offset;
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->dtype = base.dtype;
+  return Tensor(std::move(impl));
+}
+
+// True when an op on `input` should record a backward node.
+bool should_record(const Tensor& input) {
+  return autograd::is_grad_enabled() && input.requires_grad();
+}
+
+// Makes node the grad_fn of out, with input as its one next function.
+void record(const Tensor& out, std::shared_ptr<autograd::Node> node,
+            const Tensor& input) {
+  node->add_next(input);
+  out.impl()->grad_fn = std::move(node);
+  out.impl()->requires_grad = true;
+}
+
+// ---- backward rules of views and copies -----------------------------------------
+// Each runs with grad mode off (the engine turns it off).
+
+// Forward: out = input.view(shape)   (same elements, new shape)
+// Backward: grad_input = grad_out reshaped back to input's shape. grad_out
+// may be a non-contiguous view itself (from TBackward), hence contiguous().
+class ViewBackward : public autograd::Node {
+ public:
+  explicit ViewBackward(Shape input_shape) : input_shape_(std::move(input_shape)) {}
+  std::string name() const override { return "ViewBackward"; }
+  std::vector<Tensor> apply(const Tensor& grad_out) override {
+    return {grad_out.contiguous().view(input_shape_)};
+  }
+
+ private:
+  Shape input_shape_;
+};
+
+// Forward: out = input.narrow(dim, start, length)
+// Backward: grad_input is zero everywhere except the narrowed slice, which
+// gets grad_out: the elements outside the slice did not reach the output.
+class NarrowBackward : public autograd::Node {
+ public:
+  NarrowBackward(Shape input_shape, Dtype dtype, int64_t dim, int64_t start)
+      : input_shape_(std::move(input_shape)), dtype_(dtype), dim_(dim), start_(start) {}
+  std::string name() const override { return "NarrowBackward"; }
+  std::vector<Tensor> apply(const Tensor& grad_out) override {
+    Tensor grad_input = zeros(input_shape_, dtype_);
+    grad_input.narrow(dim_, start_, grad_out.size(dim_)).copy_(grad_out);
+    return {grad_input};
+  }
+
+ private:
+  Shape input_shape_;
+  Dtype dtype_;
+  int64_t dim_;
+  int64_t start_;
+};
+
+// Forward: out = input.t()
+// Backward: grad_input = grad_out.t()   (a view again; no copy)
+class TBackward : public autograd::Node {
+ public:
+  std::string name() const override { return "TBackward"; }
+  std::vector<Tensor> apply(const Tensor& grad_out) override {
+    return {grad_out.t()};
+  }
+};
+
+// Forward: out = input.clone()   (also contiguous() when it copies)
+// Backward: grad_input = grad_out   (a copy does not change values)
+class CloneBackward : public autograd::Node {
+ public:
+  std::string name() const override { return "CloneBackward"; }
+  std::vector<Tensor> apply(const Tensor& grad_out) override { return {grad_out}; }
+};
+
+}  // namespace
+
+// ---- RemovableHandle ------------------------------------------------------------
+
+void RemovableHandle::remove() {
+  std::shared_ptr<TensorImpl> owner = owner_.lock();
+  if (!owner) return;  // the tensor is gone, and its hooks with it
+  auto& hooks = owner->post_accumulate_grad_hooks;
+  std::erase_if(hooks, [&](const auto& entry) { return entry.first == id_; });
+  owner_.reset();
+}
+
+// ---- metadata ---------------------------------------------------------------------
+
+const Shape& Tensor::shape() const { return checked(*this, "tp::Tensor::shape").shape; }
+const Strides& Tensor::strides() const {
+  return checked(*this, "tp::Tensor::strides").strides;
+}
+int64_t Tensor::dim() const {
+  return static_cast<int64_t>(checked(*this, "tp::Tensor::dim").shape.size());
+}
+int64_t Tensor::size(int64_t d) const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::size");
+  const int64_t ndim = static_cast<int64_t>(t.shape.size());
+  return t.shape[wrap_dim(d, ndim, "tp::Tensor::size", t.shape)];
+}
+int64_t Tensor::numel() const { return numel_of(checked(*this, "tp::Tensor::numel").shape); }
+Dtype Tensor::dtype() const { return checked(*this, "tp::Tensor::dtype").dtype; }
+Device Tensor::device() const {
+  return checked(*this, "tp::Tensor::device").storage->device();
+}
+int64_t Tensor::storage_offset() const {
+  return checked(*this, "tp::Tensor::storage_offset").offset;
+}
+std::size_t Tensor::element_size() const {
+  return tp::element_size(checked(*this, "tp::Tensor::element_size").dtype);
+}
+std::size_t Tensor::nbytes() const {
+  return static_cast<std::size_t>(numel()) * element_size();
+}
+
+// Contiguous means: the elements fill [offset, offset + numel) in row-major
+// order. Like PyTorch, the stride of a size-1 dim does not matter (it is
+// never stepped), and an empty tensor is contiguous.
+bool Tensor::is_contiguous() const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::is_contiguous");
+  if (numel_of(t.shape) == 0) return true;
+  int64_t expected = 1;
+  for (std::size_t i = t.shape.size(); i-- > 0;) {
+    if (t.shape[i] == 1) continue;
+    if (t.strides[i] != expected) return false;
+    expected *= t.shape[i];
+  }
+  return true;
+}
+
+const std::shared_ptr<Storage>& Tensor::storage() const {
+  return checked(*this, "tp::Tensor::storage").storage;
+}
+
+bool Tensor::is_alias_of(const Tensor& other) const {
+  return defined() && other.defined() && impl_->storage == other.impl_->storage;
+}
+
+// ---- data access ------------------------------------------------------------------
+
+void* Tensor::data_ptr() const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::data_ptr");
+  return static_cast<char*>(t.storage->data()) +
+         t.offset * static_cast<int64_t>(tp::element_size(t.dtype));
+}
+
+namespace {
+template <typename T> constexpr Dtype dtype_of();
+template <> constexpr Dtype dtype_of<float>() { return kFloat32; }
+template <> constexpr Dtype dtype_of<double>() { return kFloat64; }
+}  // namespace
+
+template <typename T>
+T* Tensor::data_ptr() const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::data_ptr");
+  TP_CHECK(t.dtype == dtype_of<T>(), "tp::Tensor::data_ptr<",
+           tp::to_string(dtype_of<T>()), ">: the tensor's dtype is ",
+           tp::to_string(t.dtype), "; use data_ptr<",
+           t.dtype == kFloat32 ? "float" : "double", ">() or convert with .to()");
+  return storage_base<T>(t) + t.offset;
+}
+
+template float* Tensor::data_ptr<float>() const;
+template double* Tensor::data_ptr<double>() const;
+
+double Tensor::item() const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::item");
+  const int64_t n = numel_of(t.shape);
+  TP_CHECK(n == 1, "tp::Tensor::item: the tensor has ", n, " elements (shape ",
+           tp::to_string(t.shape), "); item() needs exactly one. Reduce it first, "
+           "e.g. with sum() or mean()");
+  return dispatch(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return static_cast<double>(storage_base<T>(t)[t.offset]);
+  });
+}
+
+std::vector<double> Tensor::to_vector() const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::to_vector");
+  std::vector<double> values;
+  values.reserve(static_cast<std::size_t>(numel_of(t.shape)));
+  dispatch(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* base = storage_base<T>(t);
+    for_each_index(t, [&](int64_t i) { values.push_back(base[i]); });
+  });
+  return values;
+}
+
+// ---- views --------------------------------------------------------------------------
+
+Tensor Tensor::view(Shape shape) const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::view");
+  TP_CHECK(is_contiguous(), "tp::Tensor::view: the tensor of shape ",
+           tp::to_string(t.shape), " and strides ", tp::to_string(t.strides),
+           " is not contiguous, so no view of shape ", tp::to_string(shape),
+           " can alias it; call contiguous() first (which copies)");
+  // Resolve one -1 from the remaining sizes.
+  const int64_t n = numel_of(t.shape);
+  int64_t known = 1;
+  int64_t infer_at = -1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      TP_CHECK(infer_at < 0, "tp::Tensor::view: shape ", tp::to_string(shape),
+               " has more than one -1; only one size can be inferred");
+      infer_at = static_cast<int64_t>(i);
+    } else {
+      TP_CHECK(shape[i] >= 0, "tp::Tensor::view: invalid size ", shape[i],
+               " in shape ", tp::to_string(shape));
+      known *= shape[i];
+    }
+  }
+  if (infer_at >= 0) {
+    TP_CHECK(known != 0 && n % known == 0, "tp::Tensor::view: shape ",
+             tp::to_string(shape), " is invalid for a tensor of ", n,
+             " elements (shape ", tp::to_string(t.shape), ")");
+    shape[static_cast<std::size_t>(infer_at)] = n / known;
+  }
+  TP_CHECK(numel_of(shape) == n, "tp::Tensor::view: shape ", tp::to_string(shape),
+           " has ", numel_of(shape), " elements but the tensor of shape ",
+           tp::to_string(t.shape), " has ", n, "; a view keeps the element count");
+
+  Strides strides = contiguous_strides(shape);
+  Tensor out = make_view(t, std::move(shape), std::move(strides), t.offset);
+  if (should_record(*this)) record(out, std::make_shared<ViewBackward>(t.shape), *this);
+  return out;
+}
+
+Tensor Tensor::flatten() const { return view({numel()}); }
+
+Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::narrow");
+  const int64_t ndim = static_cast<int64_t>(t.shape.size());
+  const int64_t d = wrap_dim(dim, ndim, "tp::Tensor::narrow", t.shape);
+  const int64_t size = t.shape[static_cast<std::size_t>(d)];
+  TP_CHECK(start >= 0 && length >= 0 && start + length <= size,
+           "tp::Tensor::narrow: range [", start, ", ", start + length,
+           ") is out of bounds for dimension ", d, " of size ", size,
+           " (shape ", tp::to_string(t.shape), "); need 0 <= start and start + "
+           "length <= ", size);
+
+  Shape shape = t.shape;
+  shape[static_cast<std::size_t>(d)] = length;
+  const int64_t offset = t.offset + start * t.strides[static_cast<std::size_t>(d)];
+  Tensor out = make_view(t, std::move(shape), t.strides, offset);
+  if (should_record(*this)) {
+    record(out, std::make_shared<NarrowBackward>(t.shape, t.dtype, d, start), *this);
+  }
+  return out;
+}
+
+Tensor Tensor::t() const {
+  const TensorImpl& self = checked(*this, "tp::Tensor::t");
+  TP_CHECK(self.shape.size() == 2, "tp::Tensor::t: expects a 2-D tensor, got shape ",
+           tp::to_string(self.shape), "; use view() to make a matrix first");
+  Tensor out = make_view(self, {self.shape[1], self.shape[0]},
+                         {self.strides[1], self.strides[0]}, self.offset);
+  if (should_record(*this)) record(out, std::make_shared<TBackward>(), *this);
+  return out;
+}
+
+// ---- copies ---------------------------------------------------------------------------
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::clone");
+  Tensor out = empty(t.shape, t.dtype);
+  out.copy_(*this);  // copy_ records nothing
+  if (should_record(*this)) record(out, std::make_shared<CloneBackward>(), *this);
+  return out;
+}
+
+Tensor Tensor::detach() const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::detach");
+  return make_view(t, t.shape, t.strides, t.offset);
+}
+
+Tensor Tensor::to(Dtype dtype) const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::to");
+  Tensor out = empty(t.shape, dtype);
+  out.copy_(*this);
+  return out;
+}
+
+// ---- in-place -------------------------------------------------------------------------
+
+Tensor& Tensor::zero_() { return fill_(0.0); }
+
+Tensor& Tensor::fill_(double value) {
+  const TensorImpl& t = checked(*this, "tp::Tensor::fill_");
+  dispatch(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* base = storage_base<T>(t);
+    const T v = static_cast<T>(value);
+    for_each_index(t, [&](int64_t i) { base[i] = v; });
+  });
+  return *this;
+}
+
+// Elements are read and written in the same row-major order; src and this
+// must not overlap in memory (except being the very same view).
+Tensor& Tensor::copy_(const Tensor& src) {
+  const TensorImpl& dst = checked(*this, "tp::Tensor::copy_");
+  TP_CHECK(src.defined(), "tp::Tensor::copy_: the source is an undefined tensor");
+  const TensorImpl& s = *src.impl();
+  TP_CHECK(dst.shape == s.shape, "tp::Tensor::copy_: shapes ", tp::to_string(dst.shape),
+           " (destination) and ", tp::to_string(s.shape),
+           " (source) differ; copy_ needs equal shapes");
+  dispatch(dst.dtype, [&](auto dst_tag) {
+    using D = decltype(dst_tag);
+    dispatch(s.dtype, [&](auto src_tag) {
+      using S = decltype(src_tag);
+      D* out = storage_base<D>(dst);
+      const S* in = storage_base<S>(s);
+      for_each_index_pair(dst.shape, dst.strides, dst.offset, s.strides, s.offset,
+                          [&](int64_t i, int64_t j) { out[i] = static_cast<D>(in[j]); });
+    });
+  });
+  return *this;
+}
+
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  const TensorImpl& dst = checked(*this, "tp::Tensor::add_");
+  TP_CHECK(other.defined(), "tp::Tensor::add_: the other tensor is undefined");
+  const TensorImpl& o = *other.impl();
+  TP_CHECK(dst.shape == o.shape, "tp::Tensor::add_: shapes ", tp::to_string(dst.shape),
+           " and ", tp::to_string(o.shape), " differ; add_ needs equal shapes");
+  TP_CHECK(dst.dtype == o.dtype, "tp::Tensor::add_: dtypes ", tp::to_string(dst.dtype),
+           " and ", tp::to_string(o.dtype), " differ; convert one with .to()");
+  dispatch(dst.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* out = storage_base<T>(dst);
+    const T* in = storage_base<T>(o);
+    const T a = static_cast<T>(alpha);
+    if (alpha == 1.0) {  // the gradient-accumulation case: no multiply at all
+      for_each_index_pair(dst.shape, dst.strides, dst.offset, o.strides, o.offset,
+                          [&](int64_t i, int64_t j) { out[i] += in[j]; });
+    } else {
+      for_each_index_pair(dst.shape, dst.strides, dst.offset, o.strides, o.offset,
+                          [&](int64_t i, int64_t j) { out[i] += a * in[j]; });
+    }
+  });
+  return *this;
+}
+
+Tensor& Tensor::mul_(double value) {
+  const TensorImpl& t = checked(*this, "tp::Tensor::mul_");
+  dispatch(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* base = storage_base<T>(t);
+    const T v = static_cast<T>(value);
+    for_each_index(t, [&](int64_t i) { base[i] *= v; });
+  });
+  return *this;
+}
+
+// Divides (rather than multiplying by 1/value) so that x.div_(w) gives the
+// same bits as the reference's x / w.
+Tensor& Tensor::div_(double value) {
+  const TensorImpl& t = checked(*this, "tp::Tensor::div_");
+  dispatch(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* base = storage_base<T>(t);
+    const T v = static_cast<T>(value);
+    for_each_index(t, [&](int64_t i) { base[i] /= v; });
+  });
+  return *this;
+}
+
+// ---- math -----------------------------------------------------------------------------
+
+Tensor Tensor::matmul(const Tensor& other) const { return tp::matmul(*this, other); }
+Tensor Tensor::relu() const { return tp::relu(*this); }
+Tensor Tensor::square() const { return tp::square(*this); }
+Tensor Tensor::sum() const { return tp::sum(*this); }
+Tensor Tensor::mean() const { return tp::mean(*this); }
+
+double Tensor::norm() const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::norm");
+  double sum_sq = 0.0;  // accumulate in double for both dtypes
+  dispatch(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* base = storage_base<T>(t);
+    for_each_index(t, [&](int64_t i) {
+      const double v = base[i];
+      sum_sq += v * v;
+    });
+  });
+  return std::sqrt(sum_sq);
+}
+
+// ---- autograd -------------------------------------------------------------------------
+
+bool Tensor::requires_grad() const {
+  return checked(*this, "tp::Tensor::requires_grad").requires_grad;
+}
+
+Tensor& Tensor::requires_grad_(bool requires_grad) {
+  const TensorImpl& t = checked(*this, "tp::Tensor::requires_grad_");
+  TP_CHECK(t.grad_fn == nullptr,
+           "tp::Tensor::requires_grad_: this tensor is not a leaf (it was "
+           "produced by ", t.grad_fn->name(), "), so whether it requires grad "
+           "follows from its inputs; call detach() to get a leaf first");
+  impl_->requires_grad = requires_grad;
+  return *this;
+}
+
+bool Tensor::is_leaf() const {
+  return checked(*this, "tp::Tensor::is_leaf").grad_fn == nullptr;
+}
+
+const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
+  return checked(*this, "tp::Tensor::grad_fn").grad_fn;
+}
+
+Tensor Tensor::grad() const { return Tensor(checked(*this, "tp::Tensor::grad").grad); }
+
+void Tensor::set_grad(const Tensor& grad) const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::set_grad");
+  if (grad.defined()) {
+    TP_CHECK(grad.shape() == t.shape, "tp::Tensor::set_grad: the gradient has shape ",
+             tp::to_string(grad.shape()), " but the tensor has shape ", tp::to_string(t.shape),
+             "; a gradient must match its tensor's shape");
+    TP_CHECK(grad.dtype() == t.dtype, "tp::Tensor::set_grad: the gradient has dtype ",
+             tp::to_string(grad.dtype()), " but the tensor has dtype ",
+             tp::to_string(t.dtype), "; convert it with .to()");
+  }
+  impl_->grad = grad.impl_ptr();
+}
+
+void Tensor::backward(const Tensor& gradient) const { autograd::backward(*this, gradient); }
+
+RemovableHandle Tensor::register_post_accumulate_grad_hook(
+    PostAccumulateGradHook fn) const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::register_post_accumulate_grad_hook");
+  TP_CHECK(t.grad_fn == nullptr && t.requires_grad,
+           "tp::Tensor::register_post_accumulate_grad_hook: the tensor must be a "
+           "leaf that requires grad (", t.grad_fn ? "it was produced by " +
+           t.grad_fn->name() : std::string("it does not require grad"),
+           "); register hooks on parameters, after requires_grad_()");
+  TP_CHECK(fn != nullptr,
+           "tp::Tensor::register_post_accumulate_grad_hook: the hook is empty");
+  const uint64_t id = impl_->next_hook_id++;
+  impl_->post_accumulate_grad_hooks.emplace_back(id, std::move(fn));
+  return RemovableHandle(impl_, id);
+}
+
+// ---- printing -----------------------------------------------------------------------
+
+namespace {
+
+// Tensors with more elements than this print only the first and last
+// kEdgeItems of each long dimension, like PyTorch.
+constexpr int64_t kPrintThreshold = 1000;
+constexpr int64_t kEdgeItems = 3;
+
+void print_values(std::ostringstream& out, const TensorImpl& t, std::size_t dim,
+                  int64_t index, bool elide) {
+  if (dim == t.shape.size()) {
+    dispatch(t.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      out << static_cast<double>(storage_base<T>(t)[index]);
+    });
+    return;
+  }
+  const int64_t size = t.shape[dim];
+  const int64_t stride = t.strides[dim];
+  out << '[';
+  for (int64_t i = 0; i < size; ++i) {
+    if (i > 0) out << ", ";
+    if (elide && size > 2 * kEdgeItems && i == kEdgeItems) {
+      out << "...";
+      i = size - kEdgeItems - 1;  // the loop's ++i lands on the last items
+      continue;
+    }
+    print_values(out, t, dim + 1, index + i * stride, elide);
+  }
+  out << ']';
+}
+
+}  // namespace
+
+std::string Tensor::to_string() const {
+  if (!defined()) return "tensor(undefined)";
+  const TensorImpl& t = *impl_;
+  std::ostringstream out;
+  out << "tensor(";
+  print_values(out, t, 0, t.offset, numel_of(t.shape) > kPrintThreshold);
+  out << ", dtype=" << tp::to_string(t.dtype);
+  if (t.grad_fn) {
+    out << ", grad_fn=<" << t.grad_fn->name() << '>';
+  } else if (t.requires_grad) {
+    out << ", requires_grad=true";
+  }
+  out << ')';
+  return out.str();
+}
+
+// ---- factories -------------------------------------------------------------------------
+
+Tensor empty(const Shape& shape, Dtype dtype) {
+  for (int64_t size : shape) {
+    TP_CHECK(size >= 0, "tp::empty: negative size ", size, " in shape ",
+             tp::to_string(shape));
+  }
+  const int64_t n = numel_of(shape);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(
+      static_cast<std::size_t>(n) * element_size(dtype), kCPU);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor zeros(const Shape& shape, Dtype dtype) { return full(shape, 0.0, dtype); }
+
+Tensor ones(const Shape& shape, Dtype dtype) { return full(shape, 1.0, dtype); }
+
+Tensor full(const Shape& shape, double value, Dtype dtype) {
+  Tensor out = empty(shape, dtype);
+  out.fill_(value);
+  return out;
+}
+
+Tensor tensor(const std::vector<double>& values, const Shape& shape, Dtype dtype) {
+  Tensor out = empty(shape, dtype);
+  const int64_t n = numel_of(shape);
+  TP_CHECK(static_cast<int64_t>(values.size()) == n, "tp::tensor: got ",
+           values.size(), " values for shape ", tp::to_string(shape), ", which holds ",
+           n, "; pass exactly one value per element (row-major)");
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* out_data = out.data_ptr<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      out_data[i] = static_cast<T>(values[static_cast<std::size_t>(i)]);
+    }
+  });
+  return out;
+}
+
+Tensor zeros_like(const Tensor& t) {
+  TP_CHECK(t.defined(), "tp::zeros_like: got an undefined tensor");
+  return zeros(t.shape(), t.dtype());
+}
+
+}  // namespace tp

@@ -1,1 +1,384 @@
-// placeholder: implementation pending
+// tp::trace: the recorder behind Span and instant(), and the two renderings
+// of what it recorded (Chrome trace-event JSON and an ASCII timeline).
+//
+// Note [Recorder layout]
+//   One process-wide Recorder holds every event in a vector, guarded by one
+//   mutex. A Span appends its event at construction (begin) and fills in the
+//   end at destruction; it remembers which event is its own by a *global event
+//   number* (Span::index_): the event's slot plus `discarded`, the number of
+//   events ever thrown away by clear()/enable(). A Span that outlives a clear()
+//   therefore finds its number below `discarded` and records nothing, instead
+//   of writing into some other event's slot.
+//
+//   Every begin, end and instant takes the next value of one counter, under
+//   the same lock that appends the event, so the orders form one total order
+//   consistent with what each thread did: if thread A's span ends before
+//   thread B's span begins (in real time), end_order < begin_order. Orders
+//   start at 1; an end_order of 0 marks a span that has not ended yet.
+//
+//   Thread ids: each thread caches its tid in a thread_local together with
+//   the recorder's `generation`. enable() bumps the generation, so every
+//   thread takes a fresh tid (in order of first use, the enabling thread
+//   first) in the new recording.
+#include "tensorplay/trace.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "tensorplay/error.h"
+
+namespace tp::trace {
+
+namespace detail {
+std::atomic<bool> g_enabled{false};
+}  // namespace detail
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Recorder {
+  std::mutex mu;
+  // Everything below is guarded by mu.
+  std::vector<Event> events;     // the current recording, in begin order
+  uint64_t discarded = 0;        // events dropped by clear()/enable() so far
+  uint64_t next_order = 1;       // next position in the total order
+  uint64_t generation = 1;       // bumped by enable(); see thread ids above
+  int next_tid = 0;              // next tid to hand out in this generation
+  int pid = 0;                   // the rank passed to enable()
+  Clock::time_point start = Clock::now();  // time zero of ts_us
+  std::map<int, std::string> thread_names;  // tid -> name, this generation
+};
+
+// Leaked on purpose: threads may still record while static destructors run
+// at exit, and a destroyed mutex would crash them.
+Recorder& recorder() {
+  static Recorder* r = new Recorder();
+  return *r;
+}
+
+// Per-thread cache of this thread's tid and name.
+struct ThreadState {
+  uint64_t generation = 0;  // recorder generation the tid belongs to (0: none)
+  int tid = -1;
+  std::string name;  // set by set_thread_name; survives enable()
+};
+thread_local ThreadState t_thread;
+
+// The calling thread's tid in the current generation. REQUIRES: r.mu held.
+int tid_locked(Recorder& r) {
+  if (t_thread.generation != r.generation) {
+    t_thread.generation = r.generation;
+    t_thread.tid = r.next_tid++;
+    if (!t_thread.name.empty()) r.thread_names[t_thread.tid] = t_thread.name;
+  }
+  return t_thread.tid;
+}
+
+int64_t now_us_locked(const Recorder& r) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - r.start)
+      .count();
+}
+
+// Appends a begun event and returns its global event number.
+int64_t record_begin(std::string name, const char* category, char phase,
+                     std::initializer_list<Arg> args) {
+  Recorder& r = recorder();
+  Event e;
+  e.name = std::move(name);
+  e.category = category != nullptr ? category : "";
+  e.phase = phase;
+  e.args.reserve(args.size());
+  for (const Arg& a : args) e.args.emplace_back(a.key, a.value);
+
+  std::lock_guard<std::mutex> lock(r.mu);
+  e.pid = r.pid;
+  e.tid = tid_locked(r);
+  e.ts_us = now_us_locked(r);
+  e.begin_order = r.next_order++;
+  if (phase == 'i') e.end_order = e.begin_order;  // instants end where they begin
+  r.events.push_back(std::move(e));
+  return static_cast<int64_t>(r.discarded + r.events.size() - 1);
+}
+
+// Label of a timeline row. Names are known only for this process's threads
+// (set_thread_name); rows of other ranks fall back to "thread N".
+std::string thread_label(int pid, int tid) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (pid == r.pid) {
+    auto it = r.thread_names.find(tid);
+    if (it != r.thread_names.end()) return it->second;
+  }
+  return "thread " + std::to_string(tid);
+}
+
+// Writes s as a JSON string literal, quotes included.
+void append_json_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          static const char* hex = "0123456789abcdef";
+          out += "\\u00";
+          out += hex[c >> 4];
+          out += hex[c & 0xf];
+        } else {
+          out += ch;  // UTF-8 bytes pass through unchanged
+        }
+    }
+  }
+  out += '"';
+}
+
+}  // namespace
+
+void enable(int rank) {
+  Recorder& r = recorder();
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.discarded += r.events.size();
+    r.events.clear();
+    r.next_order = 1;
+    r.generation++;
+    r.next_tid = 0;
+    r.thread_names.clear();
+    r.pid = rank;
+    r.start = Clock::now();
+    tid_locked(r);  // the enabling thread is tid 0
+  }
+  detail::g_enabled.store(true, std::memory_order_relaxed);
+}
+
+void disable() { detail::g_enabled.store(false, std::memory_order_relaxed); }
+
+void clear() {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.discarded += r.events.size();
+  r.events.clear();
+}
+
+std::vector<Event> events() {
+  Recorder& r = recorder();
+  std::vector<Event> copy;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    copy = r.events;
+  }
+  // Appended under the lock that hands out begin_order, so already sorted;
+  // the sort states the contract rather than relying on it.
+  std::stable_sort(copy.begin(), copy.end(), [](const Event& a, const Event& b) {
+    return a.begin_order < b.begin_order;
+  });
+  return copy;
+}
+
+void set_thread_name(const std::string& name) {
+  t_thread.name = name;
+  // Tracing off: remember the name; it is registered with this thread's tid
+  // when the thread first records. An empty name removes the label.
+  if (!enabled()) return;
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const int tid = tid_locked(r);
+  if (name.empty()) {
+    r.thread_names.erase(tid);
+  } else {
+    r.thread_names[tid] = name;
+  }
+}
+
+void instant(const char* name, const char* category, std::initializer_list<Arg> args) {
+  if (!enabled()) return;
+  record_begin(name, category, 'i', args);
+}
+
+Span::Span(const char* name, const char* category, std::initializer_list<Arg> args) {
+  if (!enabled()) return;  // the whole cost when tracing is off
+  index_ = record_begin(name, category, 'X', args);
+}
+
+Span::Span(std::string name, const char* category, std::initializer_list<Arg> args) {
+  if (!enabled()) return;
+  index_ = record_begin(std::move(name), category, 'X', args);
+}
+
+Span::~Span() {
+  if (index_ < 0) return;
+  // A span that began while tracing was on always ends, even if tracing was
+  // turned off in between, so no recorded span is left open.
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const auto number = static_cast<uint64_t>(index_);
+  if (number < r.discarded) return;  // cleared while open; see Note above
+  const uint64_t slot = number - r.discarded;
+  if (slot >= r.events.size()) return;
+  Event& e = r.events[slot];
+  e.end_order = r.next_order++;
+  e.dur_us = now_us_locked(r) - e.ts_us;
+}
+
+std::string to_chrome_json(const std::vector<Event>& events) {
+  // Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
+  // 'X' complete events carry ts and dur; 'i' instants carry "s":"t"
+  // (thread scope); 'M' metadata events name the threads. Times are in
+  // microseconds, the format's unit.
+  std::string out = "{\"traceEvents\": [\n";
+  bool first = true;
+  auto begin_object = [&]() {
+    if (!first) out += ",\n";
+    first = false;
+    out += "  {";
+  };
+
+  // Thread names first, one per (pid, tid), sorted so output is deterministic.
+  std::set<std::pair<int, int>> threads;
+  for (const Event& e : events) threads.insert({e.pid, e.tid});
+  for (const auto& [pid, tid] : threads) {
+    begin_object();
+    out += "\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " + std::to_string(pid) +
+           ", \"tid\": " + std::to_string(tid) + ", \"args\": {\"name\": ";
+    append_json_string(out, thread_label(pid, tid));
+    out += "}}";
+  }
+
+  for (const Event& e : events) {
+    begin_object();
+    out += "\"name\": ";
+    append_json_string(out, e.name);
+    out += ", \"cat\": ";
+    append_json_string(out, e.category);
+    out += ", \"ph\": ";
+    append_json_string(out, std::string(1, e.phase));
+    out += ", \"pid\": " + std::to_string(e.pid) + ", \"tid\": " + std::to_string(e.tid) +
+           ", \"ts\": " + std::to_string(e.ts_us);
+    if (e.phase == 'X') out += ", \"dur\": " + std::to_string(e.dur_us);
+    if (e.phase == 'i') out += ", \"s\": \"t\"";
+    // The orders ride along as args so a timeline viewer shows them too.
+    out += ", \"args\": {\"begin_order\": " + std::to_string(e.begin_order) +
+           ", \"end_order\": " + std::to_string(e.end_order);
+    for (const auto& [key, value] : e.args) {
+      out += ", ";
+      append_json_string(out, key);
+      out += ": " + std::to_string(value);
+    }
+    out += "}}";
+  }
+  out += "\n], \"displayTimeUnit\": \"ms\"}\n";
+  return out;
+}
+
+void write_chrome_json(const std::string& path) {
+  const std::string json = to_chrome_json(events());
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  if (!file) {
+    TP_THROW(Error, "tp::trace::write_chrome_json: cannot open '", path,
+             "' for writing (", std::strerror(errno),
+             "); check that the directory exists and is writable");
+  }
+  file << json;
+  file.flush();
+  if (!file) {
+    TP_THROW(Error, "tp::trace::write_chrome_json: writing '", path,
+             "' failed (", std::strerror(errno), "); is the disk full?");
+  }
+}
+
+std::string render_ascii(const std::vector<Event>& events, int width) {
+  TP_CHECK(width >= 1, "tp::trace::render_ascii: width must be at least 1, got ", width);
+  if (events.empty()) return "(no trace events)\n";
+
+  // Time range covered by the whole recording.
+  int64_t t0 = events.front().ts_us;
+  int64_t t1 = t0;
+  for (const Event& e : events) {
+    t0 = std::min(t0, e.ts_us);
+    t1 = std::max(t1, e.ts_us + (e.phase == 'X' ? std::max<int64_t>(e.dur_us, 0) : 0));
+  }
+  const int64_t range = std::max<int64_t>(t1 - t0, 1);
+  // Column c covers the times [t0 + c*range/width, t0 + (c+1)*range/width).
+  // A point falls in column floor((t - t0) * width / range); a span fills
+  // every column it overlaps, and at least the one it starts in.
+  auto clamp_col = [&](int64_t c) {
+    return static_cast<int>(std::clamp<int64_t>(c, 0, width - 1));
+  };
+  auto column = [&](int64_t t) { return clamp_col((t - t0) * width / range); };
+  auto last_column = [&](int64_t t_end) {  // ceil((t_end - t0) * width / range) - 1
+    return clamp_col(((t_end - t0) * width + range - 1) / range - 1);
+  };
+
+  // One row per (pid, tid), in sorted order; each row starts blank.
+  std::map<std::pair<int, int>, std::string> rows;
+  for (const Event& e : events) rows.try_emplace({e.pid, e.tid}, std::string(width, '.'));
+
+  // Draw in begin order so a nested (later-starting) span paints over its parent.
+  std::vector<const Event*> order;
+  for (const Event& e : events) order.push_back(&e);
+  std::stable_sort(order.begin(), order.end(), [](const Event* a, const Event* b) {
+    return a->begin_order < b->begin_order;
+  });
+  std::map<char, std::set<std::string>> legend;
+  for (const Event* e : order) {
+    std::string& row = rows[{e->pid, e->tid}];
+    if (e->phase == 'X') {
+      const char letter = e->name.empty() ? '?' : e->name[0];
+      legend[letter].insert(e->name);
+      const int c0 = column(e->ts_us);
+      const int c1 = std::max(c0, last_column(e->ts_us + std::max<int64_t>(e->dur_us, 0)));
+      for (int c = c0; c <= c1; ++c) row[static_cast<size_t>(c)] = letter;
+    }
+  }
+  // Instants go on top so they are never hidden by a span.
+  for (const Event* e : order) {
+    if (e->phase == 'i') {
+      rows[{e->pid, e->tid}][static_cast<size_t>(column(e->ts_us))] = '|';
+      legend['|'].insert(e->name);
+    }
+  }
+
+  // Labels: "rank 0 main", padded to one width.
+  std::vector<std::pair<std::string, const std::string*>> lines;
+  size_t label_width = 0;
+  for (const auto& [key, row] : rows) {
+    std::string label = "rank " + std::to_string(key.first) + " " +
+                        thread_label(key.first, key.second);
+    label_width = std::max(label_width, label.size());
+    lines.emplace_back(std::move(label), &row);
+  }
+
+  std::ostringstream out;
+  out << "timeline: " << (t1 - t0) << " us in " << width << " columns\n";
+  for (const auto& [label, row] : lines) {
+    out << label << std::string(label_width - label.size(), ' ') << " |" << *row << "|\n";
+  }
+  out << "legend:";
+  out << " . = idle;";
+  for (const auto& [letter, names] : legend) {
+    out << ' ' << letter << " =";
+    bool first = true;
+    for (const std::string& n : names) {
+      out << (first ? " " : ", ") << n;
+      first = false;
+    }
+    out << ';';
+  }
+  out << '\n';
+  return out.str();
+}
+
+}  // namespace tp::trace

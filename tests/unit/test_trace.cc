@@ -1,1 +1,394 @@
+// Tests of tp::trace: recording spans and instants, their total order across
+// threads, and the two renderings (Chrome JSON and the ASCII timeline).
+//
+// Checkers rely on begin_order/end_order for happens-before, never on
+// wall-clock durations, so these tests do the same: no assertion here depends
+// on how long anything took.
 #include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tensorplay/error.h"
+#include "tensorplay/trace.h"
+#include "tensorplay/util/temp_dir.h"
+
+namespace trace = tp::trace;
+
+namespace {
+
+// Every test starts and ends with tracing off, empty, and no thread names
+// (set_thread_name("") forgets this thread's label; enable() forgets others').
+struct TraceOff {
+  TraceOff() {
+    trace::disable();
+    trace::set_thread_name("");
+    trace::enable(0);
+    trace::disable();
+    trace::clear();
+  }
+  ~TraceOff() {
+    trace::disable();
+    trace::clear();
+  }
+};
+
+const trace::Event* find(const std::vector<trace::Event>& events, const std::string& name) {
+  for (const auto& e : events) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+size_t count(const std::string& haystack, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = haystack.find(needle); pos != std::string::npos;
+       pos = haystack.find(needle, pos + needle.size())) {
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("tracing is off by default and records nothing while off") {
+  TraceOff guard;
+  CHECK_FALSE(trace::enabled());
+  {
+    trace::Span s("forward", "compute", {{"step", 1}});
+    trace::instant("marker", "ddp");
+  }
+  CHECK(trace::events().empty());
+}
+
+TEST_CASE("a span records name, category, args and a begin before its end") {
+  TraceOff guard;
+  trace::enable(3);
+  { trace::Span s("backward", "compute", {{"step", 7}, {"bucket", 2}}); }
+  trace::disable();
+
+  const auto events = trace::events();
+  REQUIRE(events.size() == 1);
+  const auto& e = events[0];
+  CHECK(e.name == "backward");
+  CHECK(e.category == "compute");
+  CHECK(e.phase == 'X');
+  CHECK(e.pid == 3);  // the rank passed to enable()
+  CHECK(e.tid == 0);  // the enabling thread
+  CHECK(e.begin_order < e.end_order);
+  CHECK(e.dur_us >= 0);
+  REQUIRE(e.args.size() == 2);
+  CHECK(e.args[0] == std::make_pair(std::string("step"), int64_t{7}));
+  CHECK(e.args[1] == std::make_pair(std::string("bucket"), int64_t{2}));
+}
+
+TEST_CASE("nested spans are ordered parent begin, child begin, child end, parent end") {
+  TraceOff guard;
+  trace::enable(0);
+  {
+    trace::Span outer("step", "compute");
+    {
+      trace::Span inner("forward", "compute");
+      trace::instant("loss", "compute");
+    }
+    trace::Span second(std::string("hook fc1.weight"), "hook");
+  }
+  trace::disable();
+
+  const auto events = trace::events();
+  REQUIRE(events.size() == 4);
+  // events() is sorted by begin_order.
+  CHECK(events[0].name == "step");
+  CHECK(events[1].name == "forward");
+  CHECK(events[2].name == "loss");
+  CHECK(events[3].name == "hook fc1.weight");
+
+  const auto& step = events[0];
+  const auto& fwd = events[1];
+  const auto& loss = events[2];
+  const auto& hook = events[3];
+  CHECK(step.begin_order < fwd.begin_order);
+  CHECK(fwd.begin_order < loss.begin_order);
+  CHECK(loss.phase == 'i');
+  CHECK(loss.end_order == loss.begin_order);  // an instant ends where it begins
+  CHECK(loss.end_order < fwd.end_order);
+  CHECK(fwd.end_order < hook.begin_order);
+  CHECK(hook.end_order < step.end_order);  // the parent closes last
+  // Wall-clock containment holds too (microsecond clock, so <=, never <).
+  CHECK(step.ts_us <= fwd.ts_us);
+  CHECK(fwd.ts_us + fwd.dur_us <= step.ts_us + step.dur_us);
+}
+
+TEST_CASE("orders are unique positions in one total order") {
+  TraceOff guard;
+  trace::enable(0);
+  for (int i = 0; i < 5; ++i) {
+    trace::Span a("a", "c", {{"i", i}});
+    trace::instant("b", "c");
+  }
+  trace::disable();
+  std::vector<uint64_t> seen;
+  for (const auto& e : trace::events()) {
+    seen.push_back(e.begin_order);
+    if (e.phase == 'X') seen.push_back(e.end_order);
+  }
+  std::sort(seen.begin(), seen.end());
+  REQUIRE(seen.size() == 15);  // 5 spans x 2 + 5 instants
+  for (size_t i = 0; i < seen.size(); ++i) CHECK(seen[i] == i + 1);
+}
+
+TEST_CASE("enable clears the earlier recording and disable keeps it") {
+  TraceOff guard;
+  trace::enable(0);
+  trace::instant("old", "c");
+  trace::disable();
+  CHECK(trace::events().size() == 1);  // kept after disable
+  trace::instant("ignored", "c");       // off: not recorded
+  CHECK(trace::events().size() == 1);
+
+  trace::enable(1);
+  trace::instant("new", "c");
+  const auto events = trace::events();
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].name == "new");
+  CHECK(events[0].pid == 1);
+  CHECK(events[0].begin_order == 1);
+}
+
+TEST_CASE("a span still open across clear does not corrupt later events") {
+  TraceOff guard;
+  trace::enable(0);
+  {
+    trace::Span stale("stale", "c");
+    trace::clear();
+    trace::instant("after", "c");
+  }  // stale's end must not land on "after"
+  const auto events = trace::events();
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].name == "after");
+  CHECK(events[0].phase == 'i');
+  CHECK(events[0].end_order == events[0].begin_order);
+}
+
+TEST_CASE("a span begun while on is closed even if tracing is turned off inside it") {
+  TraceOff guard;
+  trace::enable(0);
+  {
+    trace::Span s("long", "c");
+    trace::disable();
+  }
+  const auto events = trace::events();
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].end_order > events[0].begin_order);
+}
+
+TEST_CASE("threads get small tids in order of first use, with their names") {
+  TraceOff guard;
+  trace::enable(0);
+  trace::set_thread_name("main");
+  { trace::Span s("forward", "compute"); }
+
+  // Run the worker threads one after the other so the order of first use is
+  // known: worker A records first and must get tid 1, worker B tid 2.
+  std::thread a([] {
+    trace::set_thread_name("comm");
+    trace::Span s("allreduce", "comm");
+  });
+  a.join();
+  std::thread b([] { trace::instant("wait", "ddp"); });
+  b.join();
+  trace::disable();
+
+  const auto events = trace::events();
+  REQUIRE(events.size() == 3);
+  CHECK(find(events, "forward")->tid == 0);
+  CHECK(find(events, "allreduce")->tid == 1);
+  CHECK(find(events, "wait")->tid == 2);
+
+  const std::string json = trace::to_chrome_json(events);
+  CHECK(json.find("\"args\": {\"name\": \"main\"}") != std::string::npos);
+  CHECK(json.find("\"args\": {\"name\": \"comm\"}") != std::string::npos);
+  CHECK(json.find("\"args\": {\"name\": \"thread 2\"}") != std::string::npos);
+}
+
+TEST_CASE("begin and end orders give happens-before between threads") {
+  TraceOff guard;
+  trace::enable(0);
+  // The main thread's span ends, then (joined, so strictly later) the worker
+  // starts its own: the orders must say so, whatever the clocks say.
+  { trace::Span s("backward", "compute"); }
+  std::thread worker([] { trace::Span s("allreduce", "comm"); });
+  worker.join();
+  { trace::Span s("optimizer", "compute"); }
+  trace::disable();
+
+  const auto events = trace::events();
+  const auto* bwd = find(events, "backward");
+  const auto* ar = find(events, "allreduce");
+  const auto* opt = find(events, "optimizer");
+  REQUIRE(bwd != nullptr);
+  REQUIRE(ar != nullptr);
+  REQUIRE(opt != nullptr);
+  CHECK(bwd->end_order < ar->begin_order);
+  CHECK(ar->end_order < opt->begin_order);
+  CHECK(ar->tid != bwd->tid);
+}
+
+TEST_CASE("many threads recording at once lose no events") {
+  TraceOff guard;
+  trace::enable(0);
+  constexpr int kThreads = 4;
+  constexpr int kSpansEach = 200;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([] {
+      for (int i = 0; i < kSpansEach; ++i) {
+        trace::Span s("work", "c", {{"i", i}});
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  trace::disable();
+
+  const auto events = trace::events();
+  CHECK(events.size() == static_cast<size_t>(kThreads * kSpansEach));
+  std::set<int> tids;
+  for (size_t i = 0; i < events.size(); ++i) {
+    tids.insert(events[i].tid);
+    CHECK(events[i].end_order > events[i].begin_order);
+    if (i > 0) CHECK(events[i - 1].begin_order < events[i].begin_order);
+  }
+  CHECK(tids.size() == static_cast<size_t>(kThreads));
+  CHECK(tids.count(0) == 0);  // tid 0 is the enabling thread, which recorded nothing
+}
+
+TEST_CASE("chrome JSON has metadata, complete and instant events with escaped strings") {
+  TraceOff guard;
+  std::vector<trace::Event> events(2);
+  events[0].name = "bucket \"0\"\\copy\n";
+  events[0].category = "ddp";
+  events[0].phase = 'X';
+  events[0].pid = 2;
+  events[0].tid = 0;
+  events[0].ts_us = 10;
+  events[0].dur_us = 25;
+  events[0].begin_order = 1;
+  events[0].end_order = 3;
+  events[0].args = {{"bucket", 0}, {"bytes", 4096}};
+  events[1].name = "queued";
+  events[1].category = "comm";
+  events[1].phase = 'i';
+  events[1].pid = 2;
+  events[1].tid = 1;
+  events[1].ts_us = 12;
+  events[1].begin_order = 2;
+  events[1].end_order = 2;
+
+  const std::string json = trace::to_chrome_json(events);
+  CHECK(json.rfind("{\"traceEvents\": [", 0) == 0);
+  CHECK(count(json, "\"ph\": \"M\"") == 2);  // one thread_name per (pid, tid)
+  CHECK(count(json, "\"ph\": \"X\"") == 1);
+  CHECK(count(json, "\"ph\": \"i\"") == 1);
+  CHECK(json.find("\"name\": \"bucket \\\"0\\\"\\\\copy\\n\"") != std::string::npos);
+  CHECK(json.find("\"ts\": 10, \"dur\": 25") != std::string::npos);
+  CHECK(json.find("\"s\": \"t\"") != std::string::npos);
+  CHECK(json.find("\"pid\": 2") != std::string::npos);
+  CHECK(json.find("\"bucket\": 0, \"bytes\": 4096") != std::string::npos);
+  // Balanced braces and brackets (no string here contains a bare brace).
+  CHECK(count(json, "{") == count(json, "}"));
+  CHECK(count(json, "[") == count(json, "]"));
+}
+
+TEST_CASE("write_chrome_json writes a file that a JSON parser accepts") {
+  TraceOff guard;
+  tp::TempDir dir("tp-trace-test");
+  trace::enable(0);
+  trace::set_thread_name("main \"thread\"");
+  {
+    trace::Span s("forward", "compute", {{"step", 0}});
+    trace::instant("tab\there", "ddp");
+  }
+  trace::disable();
+  const std::string path = dir.path() + "/trace.json";
+  trace::write_chrome_json(path);
+
+  std::ifstream in(path);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  const std::string text = buf.str();
+  CHECK(text == trace::to_chrome_json(trace::events()));
+  CHECK(text.find("\"name\": \"forward\"") != std::string::npos);
+
+  // A real parser, when the machine has one; string checks above cover the rest.
+  if (std::system("command -v python3 >/dev/null 2>&1") == 0) {
+    const std::string cmd =
+        "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+        "assert len(d[\"traceEvents\"]) == 3' " + path;
+    CHECK(std::system(cmd.c_str()) == 0);
+  }
+}
+
+TEST_CASE("write_chrome_json names the path it cannot write") {
+  TraceOff guard;
+  CHECK_THROWS_WITH_AS(trace::write_chrome_json("/nonexistent-dir/x/trace.json"),
+                       doctest::Contains("/nonexistent-dir/x/trace.json"), tp::Error);
+}
+
+TEST_CASE("ASCII timeline has one labelled row per thread and a legend") {
+  TraceOff guard;
+  std::vector<trace::Event> events;
+  auto span = [&](const char* name, int tid, int64_t ts, int64_t dur, uint64_t order) {
+    trace::Event e;
+    e.name = name;
+    e.category = "c";
+    e.phase = 'X';
+    e.pid = 7;  // not this process's pid, so rows are labelled "thread N"
+    e.tid = tid;
+    e.ts_us = ts;
+    e.dur_us = dur;
+    e.begin_order = order;
+    e.end_order = order + 100;
+    events.push_back(e);
+  };
+  span("backward", 0, 0, 100, 1);   // whole row 0
+  span("hook", 0, 50, 10, 2);       // nested, drawn over it
+  span("allreduce", 1, 60, 40, 3);  // row 1, second half
+  trace::Event i;
+  i.name = "queued";
+  i.phase = 'i';
+  i.pid = 7;
+  i.tid = 1;
+  i.ts_us = 55;
+  i.begin_order = i.end_order = 4;
+  events.push_back(i);
+
+  const std::string text = trace::render_ascii(events, 20);
+  std::istringstream lines(text);
+  std::string header, row0, row1, legend;
+  std::getline(lines, header);
+  std::getline(lines, row0);
+  std::getline(lines, row1);
+  std::getline(lines, legend);
+  CHECK(header == "timeline: 100 us in 20 columns");
+  // Both labels are padded to the same width.
+  CHECK(row0 == "rank 7 thread 0 |bbbbbbbbbbhhbbbbbbbb|");
+  CHECK(row1 == "rank 7 thread 1 |...........|aaaaaaaa|");
+  CHECK(legend == "legend: . = idle; a = allreduce; b = backward; h = hook; | = queued;");
+  // Deterministic: the same events draw the same picture.
+  CHECK(trace::render_ascii(events, 20) == text);
+}
+
+TEST_CASE("ASCII timeline of no events says so, and a bad width is rejected") {
+  CHECK(trace::render_ascii({}, 10) == "(no trace events)\n");
+  trace::Event e;
+  e.name = "x";
+  CHECK_THROWS_WITH_AS(trace::render_ascii({e}, 0), doctest::Contains("width must be at least 1"),
+                       tp::Error);
+}

@@ -1,1 +1,180 @@
-// placeholder: implementation pending
+// The autograd engine: dependency counting, then a ready queue.
+//
+// backward(root) in three steps:
+//   1. walk the graph from root's node and count, for every node, how many
+//      edges point at it (how many gradients it will receive);
+//   2. run nodes from a ready queue: a node is ready once every gradient for
+//      it has arrived (its count dropped to 0); gradients that arrive for the
+//      same node from several consumers are summed in its input buffer first;
+//   3. run the callbacks queued during the pass.
+// That is all; everything else (what a gradient is, how a leaf accumulates it)
+// lives in the nodes.
+
+#include "tensorplay/autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "tensorplay/autograd/grad_mode.h"
+#include "tensorplay/autograd/node.h"
+#include "tensorplay/ops.h"
+
+namespace tp::autograd {
+namespace {
+
+// The state of the backward pass running on this thread, if any. Touched only
+// by the thread that runs backward() (hooks and callbacks run on it too).
+struct EngineState {
+  bool running = false;  // true from the start of backward() to its return
+  // queue_callback()'s functions, in queue order; cleared at the end of each
+  // pass (also when it throws).
+  std::vector<std::function<void()>> callbacks;
+};
+thread_local EngineState t_state;
+
+// Marks a pass as running and clears the state on every exit path.
+class RunningPass {
+ public:
+  RunningPass() { t_state.running = true; }
+  ~RunningPass() {
+    t_state.running = false;
+    t_state.callbacks.clear();
+  }
+  RunningPass(const RunningPass&) = delete;
+  RunningPass& operator=(const RunningPass&) = delete;
+};
+
+// Note [Ready order]
+// ~~~~~~~~~~~~~~~~~~
+// Several nodes can be ready at once (after MatmulBackward of x @ W runs, both
+// W's AccumulateGrad and the node that produced x are ready). We run the one
+// with the highest sequence_nr, i.e. the most recently created, first -- as
+// PyTorch's engine does. Nodes are created in forward order, so this walks the
+// graph roughly in reverse order of use: the last layer's parameters get
+// their final gradients (and fire their post-accumulate-grad hooks) first, the
+// first layer's last. An AccumulateGrad is created at its leaf's first use,
+// when the consuming op's node links to it (Node::add_next), so it outranks
+// that node and everything created before: it runs as soon as it is ready.
+// (PyTorch gets the same effect by giving AccumulateGrad the largest
+// sequence_nr outright.)
+//
+// DDP depends on this order: it puts parameters into buckets in reverse
+// registration order, expecting that order of gradient readiness, and starts
+// a bucket's all-reduce the moment its last gradient is ready -- while
+// backward is still computing the earlier layers.
+struct LaterCreatedFirst {
+  bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
+    return a->sequence_nr() < b->sequence_nr();  // max-heap on sequence_nr
+  }
+};
+
+// Step 1: for every node reachable from root, the number of edges into it.
+std::unordered_map<Node*, int> count_dependencies(const std::shared_ptr<Node>& root) {
+  std::unordered_map<Node*, int> dependencies;
+  std::unordered_set<Node*> seen{root.get()};
+  std::vector<Node*> stack{root.get()};
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const std::shared_ptr<Node>& next : node->next_functions()) {
+      if (!next) continue;
+      ++dependencies[next.get()];
+      if (seen.insert(next.get()).second) stack.push_back(next.get());
+    }
+  }
+  return dependencies;
+}
+
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& grad) {
+  // Errors are worded for Tensor::backward, the usual way in.
+  TP_CHECK(root.defined(), "tp::Tensor::backward: called on an undefined tensor");
+  TP_CHECK(root.requires_grad(),
+           "tp::Tensor::backward: the tensor of shape ", to_string(root.shape()),
+           " does not require grad and has no grad_fn, so there is nothing to "
+           "differentiate; call requires_grad_() on the parameters before the "
+           "forward pass, and do not run the forward under tp::NoGradGuard");
+  TP_CHECK(!t_state.running,
+           "tp::Tensor::backward: called while another backward pass runs on this "
+           "thread (from a hook or callback); reentrant backward is not supported");
+  if (grad.defined()) {
+    TP_CHECK(grad.shape() == root.shape() && grad.dtype() == root.dtype(),
+             "tp::Tensor::backward: the gradient has shape ", to_string(grad.shape()),
+             " and dtype ", to_string(grad.dtype()), " but the tensor has shape ",
+             to_string(root.shape()), " and dtype ", to_string(root.dtype()),
+             "; pass a gradient of the tensor's shape and dtype");
+  } else {
+    TP_CHECK(root.numel() == 1,
+             "tp::Tensor::backward: grad can be implicitly created only for "
+             "one-element tensors; pass a gradient of shape ", to_string(root.shape()));
+  }
+
+  NoGradGuard no_grad;  // backward rules must not build graphs
+  RunningPass running;
+
+  const std::shared_ptr<Node> root_node = gradient_edge(root);
+  std::unordered_map<Node*, int> dependencies = count_dependencies(root_node);
+  // A node's input buffer: the sum of the gradients that arrived so far.
+  std::unordered_map<Node*, Tensor> buffers;
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>,
+                      LaterCreatedFirst>
+      ready;  // see Note [Ready order]
+
+  buffers[root_node.get()] = grad.defined() ? grad : ones(root.shape(), root.dtype());
+  ready.push(root_node);
+
+  // Step 2: run every node once, when all its gradients are in.
+  while (!ready.empty()) {
+    const std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    const auto buffer = buffers.find(node.get());
+    Tensor grad_out = std::move(buffer->second);
+    buffers.erase(buffer);  // free each gradient as soon as it is used
+
+    const std::vector<Tensor> grad_inputs = node->apply(grad_out);
+    const auto& nexts = node->next_functions();
+    TP_CHECK(grad_inputs.size() == nexts.size(), "tp::autograd::backward: ",
+             node->name(), " returned ", grad_inputs.size(), " gradients for ",
+             nexts.size(), " inputs");
+    for (std::size_t i = 0; i < nexts.size(); ++i) {
+      const std::shared_ptr<Node>& next = nexts[i];
+      if (!next) continue;
+      Tensor& sum = buffers[next.get()];
+      if (grad_inputs[i].defined()) {
+        // Out of place: grad_inputs[i] may be shared with other nodes (add's
+        // rule hands the same tensor to both inputs), so never write into it.
+        sum = sum.defined() ? add(sum, grad_inputs[i]) : grad_inputs[i];
+      }
+      if (--dependencies[next.get()] > 0) continue;
+      // Every gradient for next is in. Kit rules always return the gradients
+      // that are wanted, so an empty buffer here means a rule is broken:
+      // better an error than a parameter that silently gets no gradient.
+      TP_CHECK(sum.defined(), "tp::autograd::backward: no gradient reached ",
+               next->name(), " (", node->name(), " returned none); a backward rule "
+               "must return a gradient for every input that requires grad");
+      ready.push(next);
+    }
+  }
+
+  // Step 3: callbacks, in queue order. Index-based because a callback may
+  // queue more callbacks (they run too, in this same loop).
+  for (std::size_t i = 0; i < t_state.callbacks.size(); ++i) {
+    std::function<void()> callback = std::move(t_state.callbacks[i]);
+    callback();
+  }
+}
+
+void queue_callback(std::function<void()> fn) {
+  TP_CHECK(t_state.running,
+           "tp::autograd::queue_callback: called outside a backward pass; call it "
+           "from a hook while backward runs");
+  t_state.callbacks.push_back(std::move(fn));
+}
+
+bool in_backward() { return t_state.running; }
+
+}  // namespace tp::autograd

@@ -1,1 +1,38 @@
-// placeholder: implementation pending
+// tp::distributed::Work: a done flag and an error, behind a mutex and a
+// condition variable. The communication thread calls finish() once; any
+// number of threads may wait().
+#include "tensorplay/distributed/work.h"
+
+#include "tensorplay/multiprocessing/spawn.h"
+
+namespace tp::distributed {
+
+void Work::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!done_) {
+    // Shown by spawn's whole-job timeout: "rank 0 (waiting in allreduce #3)"
+    // is the first clue to which collective a rank skipped.
+    multiprocessing::set_rank_status("waiting in " + collective_ + " #" +
+                                     std::to_string(seq_));
+    done_cv_.wait(lock, [this] { return done_; });
+    multiprocessing::set_rank_status("");
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+void Work::finish(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return;  // finish() is called once; a second call is ignored
+    error_ = std::move(error);
+    done_ = true;
+  }
+  done_cv_.notify_all();
+}
+
+}  // namespace tp::distributed

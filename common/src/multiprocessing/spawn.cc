@@ -1,1 +1,489 @@
-// placeholder: implementation pending
+// tp::multiprocessing::spawn: fork the ranks, watch them, join them.
+//
+// How the parent learns what happened to each rank:
+//   - A pipe per rank carries the rank's report, written just before the
+//     child exits: "ok\n" + payload, or "error <time_ns>\n" + message.
+//   - waitpid() tells how the process ended: exit code or signal.
+//   - A "status board", one anonymous MAP_SHARED mapping made before the
+//     fork with a fixed slot per rank, holds what each rank is doing now
+//     ("waiting in allreduce #3"). Shared memory, not a pipe, because the
+//     parent needs the latest status only when a job hangs, and a rank must
+//     never block on reporting it.
+//
+// The parent polls the pipes and reaps with waitpid(WNOHANG) in one loop,
+// so a rank writing a large payload is always being read (a full pipe would
+// otherwise block it forever) and a crashed rank is noticed within a tick.
+#include "tensorplay/multiprocessing/spawn.h"
+
+#include <cblas.h>  // openblas_set_num_threads (OpenBLAS extension)
+#include <cxxabi.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+namespace tp::multiprocessing {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// One status slot per rank; the last byte always stays '\0' so a reader
+// never runs off the end, even if it reads while a rank is writing.
+constexpr std::size_t kStatusSlotBytes = 256;
+// How often the parent looks at the children when no pipe has data.
+constexpr milliseconds kTick{10};
+
+// Set in a child right after fork; stay null / -1 in the parent.
+char* g_status_board = nullptr;
+int g_current_rank = -1;
+
+// Nanoseconds on the steady clock. On Linux this is CLOCK_MONOTONIC, one
+// clock for every process on the machine, so times from different ranks
+// can be compared (see Note [Which rank failed first]).
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             Clock::now().time_since_epoch())
+      .count();
+}
+
+std::string demangle(const char* mangled) {
+  int status = 0;
+  char* name = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string result = (status == 0 && name != nullptr) ? name : mangled;
+  std::free(name);
+  return result;
+}
+
+// "tp::TimeoutError: allreduce #3 on rank 2 timed out ...": the dynamic type
+// tells a TimeoutError from a shape error at a glance.
+std::string describe(const std::exception& e) {
+  return demangle(typeid(e).name()) + ": " + e.what();
+}
+
+// write(2) until every byte is out; a report is lost only if the parent is
+// gone, and then nobody is left to read it anyway.
+void write_all(int fd, const std::string& data) {
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+// Signals whose handlers a child must not inherit: the parent (doctest, for
+// one) may have installed crash handlers that would print a report from
+// inside the child. A rank starts with default handling, so a crash reaches
+// the parent as "killed by signal N" and is reported once, there.
+constexpr int kResetSignals[] = {SIGABRT, SIGBUS, SIGFPE,  SIGILL, SIGSEGV,
+                                 SIGTERM, SIGINT, SIGPIPE, SIGTRAP};
+
+// The body of a child process. Never returns: returning would continue the
+// parent's code (its main, its test runner) in the child.
+[[noreturn]] void run_child(const RankFn& fn, int rank, int report_fd,
+                            pid_t parent, const SpawnOptions& options) {
+  // If the parent dies (killed, crashed), the kernel kills this rank too, so
+  // no orphan keeps waiting in a collective. The getppid() check closes the
+  // race where the parent died before prctl() ran.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(1);
+
+  for (int sig : kResetSignals) ::signal(sig, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+
+  g_current_rank = rank;
+  // Ranks share the machine's cores; one OpenBLAS thread each by default so
+  // W ranks do not oversubscribe the CPU W times over.
+  openblas_set_num_threads(options.blas_threads);
+
+  std::string report;
+  int exit_code = 1;
+  try {
+    report = "ok\n" + fn(rank);
+    exit_code = 0;
+  } catch (const std::exception& e) {
+    report = "error " + std::to_string(now_ns()) + "\n" + describe(e);
+  } catch (...) {
+    report = "error " + std::to_string(now_ns()) +
+             "\nunknown exception (not derived from std::exception)";
+  }
+  write_all(report_fd, report);
+  ::close(report_fd);
+  std::fflush(nullptr);  // _exit skips stdio's flush; keep the rank's output
+  ::_exit(exit_code);
+}
+
+// What the parent knows about one child.
+struct Child {
+  pid_t pid = -1;
+  int fd = -1;             // read end of the report pipe; -1 once closed
+  std::string report;      // bytes read so far
+  bool reaped = false;     // waitpid() returned for it
+  int wait_status = 0;     // valid once reaped
+};
+
+// The outcome of a finished child, decoded from its report and exit status.
+struct Outcome {
+  bool ok = false;
+  std::string payload;              // when ok
+  std::string message;              // when failed
+  std::optional<int64_t> failed_ns;  // when the rank reported an exception
+};
+
+std::string signal_description(int sig) {
+  const char* name = ::strsignal(sig);
+  return "killed by signal " + std::to_string(sig) + " (" +
+         (name != nullptr ? name : "unknown") + ")";
+}
+
+Outcome decode(const Child& child) {
+  Outcome out;
+  const int st = child.wait_status;
+  if (WIFSIGNALED(st)) {
+    out.message = signal_description(WTERMSIG(st));
+    return out;
+  }
+  const std::string& r = child.report;
+  const std::size_t newline = r.find('\n');
+  if (newline != std::string::npos && r.compare(0, 6, "error ") == 0) {
+    out.message = r.substr(newline + 1);
+    out.failed_ns = std::strtoll(r.c_str() + 6, nullptr, 10);
+    return out;
+  }
+  const int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (code != 0) {
+    out.message = "exited with code " + std::to_string(code);
+    return out;
+  }
+  if (r.compare(0, 3, "ok\n") == 0) {
+    out.ok = true;
+    out.payload = r.substr(3);
+    return out;
+  }
+  // Exit code 0 but no report: something ended the process before fn
+  // returned, almost always a call to exit() inside fn.
+  out.message = "exited without reporting a result (did fn call exit()?)";
+  return out;
+}
+
+// All the resources of one spawn() call. The destructor is the safety net
+// for early exits (fork failure, an exception in the parent): no child
+// outlives spawn(), no descriptor or mapping leaks.
+class Job {
+ public:
+  Job(int nprocs, const SpawnOptions& options)
+      : options_(options), children_(static_cast<std::size_t>(nprocs)) {
+    const std::size_t bytes = kStatusSlotBytes * static_cast<std::size_t>(nprocs);
+    void* board = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (board == MAP_FAILED) {
+      const int err = errno;
+      throw SpawnError(-1, detail::cat("tp::multiprocessing::spawn: cannot map the status board (",
+                                       std::strerror(err), ")"));
+    }
+    board_ = static_cast<char*>(board);
+    board_bytes_ = bytes;
+    std::memset(board_, 0, bytes);  // every status starts empty
+  }
+
+  ~Job() {
+    for (Child& c : children_) {
+      if (c.pid > 0 && !c.reaped) {
+        ::kill(c.pid, SIGKILL);
+        while (::waitpid(c.pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+      }
+      if (c.fd >= 0) ::close(c.fd);
+    }
+    if (board_ != nullptr) ::munmap(board_, board_bytes_);
+  }
+
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  void start(const RankFn& fn);
+  std::vector<std::string> join();
+
+ private:
+  int nprocs() const { return static_cast<int>(children_.size()); }
+  std::string status_of(int rank) const;
+  void read_pipes(milliseconds wait);
+  bool reap_finished();
+  void end_all();
+  [[noreturn]] void throw_timeout();
+  [[noreturn]] void throw_failure(int first_rank, const Outcome& first);
+
+  const SpawnOptions options_;
+  std::vector<Child> children_;
+  char* board_ = nullptr;
+  std::size_t board_bytes_ = 0;
+};
+
+void Job::start(const RankFn& fn) {
+  // Anything buffered in stdio now would be flushed by every child too.
+  std::fflush(nullptr);
+  const pid_t parent = ::getpid();
+  for (int rank = 0; rank < nprocs(); ++rank) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      const int err = errno;
+      throw SpawnError(rank, detail::cat("tp::multiprocessing::spawn: cannot create the report pipe for rank ",
+                                         rank, " (", std::strerror(err), ")"));
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      const int err = errno;
+      ::close(fds[0]);
+      ::close(fds[1]);
+      throw SpawnError(rank, detail::cat("tp::multiprocessing::spawn: fork failed for rank ", rank,
+                                         " (", std::strerror(err),
+                                         "); lower nprocs or raise the process limit"));
+    }
+    if (pid == 0) {
+      // Child: keep only its own write end; the read ends belong to the parent.
+      ::close(fds[0]);
+      for (int other = 0; other < rank; ++other) ::close(children_[other].fd);
+      g_status_board = board_;
+      run_child(fn, rank, fds[1], parent, options_);
+    }
+    ::close(fds[1]);
+    // Non-blocking, so draining a pipe stops when it is empty instead of
+    // waiting for a child that is still computing.
+    ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+    children_[rank].pid = pid;
+    children_[rank].fd = fds[0];
+  }
+}
+
+std::string Job::status_of(int rank) const {
+  const char* slot = board_ + kStatusSlotBytes * static_cast<std::size_t>(rank);
+  std::string status(slot, ::strnlen(slot, kStatusSlotBytes - 1));
+  return status.empty() ? "no collective in progress" : status;
+}
+
+// Waits up to `wait` for report bytes, then reads whatever is there.
+void Job::read_pipes(milliseconds wait) {
+  std::vector<pollfd> fds;
+  std::vector<Child*> owners;
+  for (Child& c : children_) {
+    if (c.fd >= 0) {
+      fds.push_back(pollfd{c.fd, POLLIN, 0});
+      owners.push_back(&c);
+    }
+  }
+  // With no pipe open, poll() is just a sleep of one tick.
+  const int n = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
+  if (n <= 0) return;  // timeout, or EINTR: the caller loops anyway
+  char buffer[65536];
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i].revents == 0) continue;
+    Child& c = *owners[i];
+    for (;;) {
+      const ssize_t got = ::read(c.fd, buffer, sizeof buffer);
+      if (got > 0) {
+        c.report.append(buffer, static_cast<std::size_t>(got));
+        continue;
+      }
+      if (got < 0 && errno == EINTR) continue;
+      if (got == 0) {  // EOF: the child closed its end (it is exiting)
+        ::close(c.fd);
+        c.fd = -1;
+      }
+      break;  // EAGAIN: nothing more for now
+    }
+  }
+}
+
+// Reaps every child that has ended; returns true if any did.
+bool Job::reap_finished() {
+  bool any = false;
+  for (Child& c : children_) {
+    if (c.reaped) continue;
+    int status = 0;
+    const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+    if (r != c.pid) continue;
+    c.reaped = true;
+    c.wait_status = status;
+    any = true;
+    // The child wrote its whole report before exiting, so it is all in the
+    // pipe now; read it without waiting for EOF, which a grandchild holding
+    // the write end could delay forever.
+    if (c.fd >= 0) {
+      char buffer[65536];
+      for (;;) {
+        const ssize_t got = ::read(c.fd, buffer, sizeof buffer);
+        if (got > 0) {
+          c.report.append(buffer, static_cast<std::size_t>(got));
+          continue;
+        }
+        if (got < 0 && errno == EINTR) continue;
+        break;
+      }
+      ::close(c.fd);
+      c.fd = -1;
+    }
+  }
+  return any;
+}
+
+// SIGTERM every live rank, give them kill_grace to go, then SIGKILL.
+// Reading the pipes meanwhile lets ranks that failed at the same moment
+// deliver their reports (see Note [Which rank failed first]).
+void Job::end_all() {
+  for (Child& c : children_) {
+    if (!c.reaped) ::kill(c.pid, SIGTERM);
+  }
+  const auto deadline = Clock::now() + options_.kill_grace;
+  auto alive = [&] {
+    return std::any_of(children_.begin(), children_.end(),
+                       [](const Child& c) { return !c.reaped; });
+  };
+  while (alive() && Clock::now() < deadline) {
+    read_pipes(kTick);
+    reap_finished();
+  }
+  for (Child& c : children_) {
+    if (c.reaped) continue;
+    ::kill(c.pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    c.reaped = true;
+    c.wait_status = status;
+  }
+  reap_finished();  // drains and closes any pipe still open
+}
+
+void Job::throw_timeout() {
+  // Read the board before ending the ranks: it says where each one hangs.
+  std::string running;
+  std::string finished;
+  for (int rank = 0; rank < nprocs(); ++rank) {
+    std::string& list = children_[rank].reaped ? finished : running;
+    if (!list.empty()) list += ", ";
+    list += "rank " + std::to_string(rank);
+    if (!children_[rank].reaped) list += " (" + status_of(rank) + ")";
+  }
+  end_all();
+  std::string message = "tp::multiprocessing::spawn: the job timed out after " +
+                        std::to_string(options_.timeout.count()) +
+                        " ms; still running: " + running;
+  if (!finished.empty()) message += "; already finished: " + finished;
+  message +=
+      ". A rank that skipped a collective leaves the others waiting in it; if "
+      "the job is only slow, raise SpawnOptions::timeout.";
+  throw SpawnError(-1, message);
+}
+
+// Note [Which rank failed first]
+// When one rank throws, its peers usually fail a moment later ("connection
+// closed" in the collective they were in). The parent may see several
+// reports in the same tick, and the first one it happens to read need not be
+// the cause. Every exception report carries the time it was raised on the
+// machine-wide monotonic clock, so the parent blames the earliest one. A
+// rank killed by a signal or exiting with a code carries no time; such a
+// crash is the likelier cause than the exceptions it provokes, so it stays
+// the one blamed when it was seen first.
+void Job::throw_failure(int first_rank, const Outcome& first) {
+  end_all();
+  int blamed = first_rank;
+  Outcome blamed_outcome = first;
+  if (first.failed_ns) {
+    for (int rank = 0; rank < nprocs(); ++rank) {
+      const Outcome o = decode(children_[rank]);
+      if (o.failed_ns && *o.failed_ns < *blamed_outcome.failed_ns) {
+        blamed = rank;
+        blamed_outcome = o;
+      }
+    }
+  }
+  throw SpawnError(blamed, "tp::multiprocessing::spawn: rank " + std::to_string(blamed) +
+                               " failed: " + blamed_outcome.message);
+}
+
+std::vector<std::string> Job::join() {
+  const auto deadline = Clock::now() + options_.timeout;
+  std::vector<std::optional<Outcome>> outcomes(children_.size());
+  std::size_t done = 0;
+  while (done < children_.size()) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) throw_timeout();
+    read_pipes(std::min(kTick, left));
+    if (!reap_finished()) continue;
+    for (int rank = 0; rank < nprocs(); ++rank) {
+      if (!children_[rank].reaped || outcomes[rank]) continue;
+      outcomes[rank] = decode(children_[rank]);
+      ++done;
+      if (!outcomes[rank]->ok) throw_failure(rank, *outcomes[rank]);
+    }
+  }
+  std::vector<std::string> payloads;
+  payloads.reserve(children_.size());
+  for (auto& o : outcomes) payloads.push_back(std::move(o->payload));
+  return payloads;
+}
+
+}  // namespace
+
+std::vector<std::string> spawn_processes(const RankFn& fn, int nprocs,
+                                         const SpawnOptions& options) {
+  if (g_current_rank != -1) {
+    TP_THROW(Error, "tp::multiprocessing::spawn: called inside rank ", g_current_rank,
+             " of a spawned job; spawn is not reentrant, start all ranks from the parent");
+  }
+  if (nprocs < 1) {
+    TP_THROW(Error, "tp::multiprocessing::spawn: nprocs must be >= 1 (got ", nprocs,
+             "); pass the number of ranks to start");
+  }
+  if (options.timeout.count() <= 0) {
+    TP_THROW(Error, "tp::multiprocessing::spawn: SpawnOptions::timeout must be positive (got ",
+             options.timeout.count(), " ms)");
+  }
+  if (options.kill_grace.count() < 0) {
+    TP_THROW(Error, "tp::multiprocessing::spawn: SpawnOptions::kill_grace must be >= 0 (got ",
+             options.kill_grace.count(), " ms)");
+  }
+  if (options.blas_threads < 1) {
+    TP_THROW(Error, "tp::multiprocessing::spawn: SpawnOptions::blas_threads must be >= 1 (got ",
+             options.blas_threads, ")");
+  }
+  Job job(nprocs, options);
+  job.start(fn);
+  return job.join();
+}
+
+void set_rank_status(std::string_view status) {
+  if (g_status_board == nullptr || g_current_rank < 0) return;
+  char* slot = g_status_board + kStatusSlotBytes * static_cast<std::size_t>(g_current_rank);
+  const std::size_t n = std::min(status.size(), kStatusSlotBytes - 1);
+  std::memcpy(slot, status.data(), n);
+  slot[n] = '\0';
+}
+
+int current_rank() { return g_current_rank; }
+
+}  // namespace tp::multiprocessing

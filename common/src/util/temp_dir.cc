@@ -1,1 +1,54 @@
-// placeholder: implementation pending
+// tp::TempDir: mkdtemp(3) on the way in, a recursive remove on the way out.
+#include "tensorplay/util/temp_dir.h"
+
+#include <stdlib.h>  // mkdtemp
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+#include <vector>
+
+#include "tensorplay/error.h"
+
+namespace tp {
+
+namespace {
+
+// $TMPDIR if it is set and non-empty (as mktemp(1) does), else /tmp.
+std::string temp_root() {
+  const char* tmpdir = std::getenv("TMPDIR");
+  if (tmpdir != nullptr && tmpdir[0] != '\0') return tmpdir;
+  return "/tmp";
+}
+
+}  // namespace
+
+TempDir::TempDir(const std::string& prefix) {
+  std::string root = temp_root();
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  // mkdtemp needs a writable, NUL-terminated buffer ending in "XXXXXX";
+  // it replaces the Xs with a unique suffix and creates the directory
+  // (mode 0700) atomically, so two jobs never share a directory.
+  std::string pattern = root + "/" + prefix + "-XXXXXX";
+  std::vector<char> buffer(pattern.begin(), pattern.end());
+  buffer.push_back('\0');
+  if (mkdtemp(buffer.data()) == nullptr) {
+    const int err = errno;
+    TP_THROW(Error, "tp::TempDir: cannot create a directory from the pattern '",
+             pattern, "' (", std::strerror(err),
+             "); set TMPDIR to a writable directory");
+  }
+  path_ = buffer.data();
+}
+
+TempDir::~TempDir() {
+  if (keep_ || path_.empty()) return;
+  // A destructor must not throw: use the error_code overload and ignore
+  // failures (a leftover directory in /tmp is harmless).
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+}  // namespace tp

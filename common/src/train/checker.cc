@@ -1,0 +1,119 @@
+// The non-template half of the stage checker (see checker.h).
+#include "tensorplay/train/checker.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include "tensorplay/error.h"
+
+namespace tp::train {
+
+std::vector<RunConfig> standard_configs() {
+  std::vector<RunConfig> configs;
+  auto add = [&](int world_size, Dtype dtype, bool per_rank_seed, double momentum) {
+    RunConfig c;
+    c.world_size = world_size;
+    c.dtype = dtype;
+    c.per_rank_seed = per_rank_seed;
+    c.momentum = momentum;
+    c.steps = 6;
+    configs.push_back(c);
+  };
+  add(1, kFloat32, false, 0.0);  // one rank: DDP must be a no-op
+  add(2, kFloat32, true, 0.0);   // the smallest real group; per-rank seeds test the broadcast
+  add(3, kFloat64, true, 0.0);   // an odd world size: 1/3 is not exact in binary
+  add(4, kFloat32, true, 0.0);
+  add(4, kFloat64, false, 0.9);  // momentum carries state across steps
+  return configs;
+}
+
+void CheckerRun::print(const std::string& text) {
+  std::fputs(text.c_str(), stdout);
+  std::fflush(stdout);
+  report += text;
+}
+
+CheckerRun parse_checker_args(int argc, char** argv) {
+  CheckerRun run;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "checker: %s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--expect-fail") {
+      run.expect_file = value();
+    } else if (arg == "--only") {
+      run.only = std::atoi(value().c_str());
+    } else if (arg == "--list") {
+      run.list = true;
+    } else {
+      std::fprintf(stderr,
+                   "checker: unknown argument '%s'\n"
+                   "usage: %s [--list] [--only N] [--expect-fail MUTANT_FILE]\n",
+                   arg.c_str(), argv[0]);
+      std::exit(2);
+    }
+  }
+  return run;
+}
+
+Finding finding_from_spawn_error(const std::string& stage, const std::exception& error) {
+  std::string message = error.what();
+  std::string cause;
+  if (message.find("not implemented yet") != std::string::npos) {
+    cause = "this is still the exercise stub: fill in the function it names in exercises/" +
+            stage + "-*/ (./kit reset " + stage + " restores the stub)";
+  } else if (message.find("timed out") != std::string::npos) {
+    cause = "a rank waits in a collective that another rank never issued: every rank must "
+            "issue the same collectives in the same order";
+  } else {
+    cause = "a rank threw: its message above says why";
+  }
+  return {message, cause};
+}
+
+int finish_checker(CheckerRun& run, const CheckerSpec& spec, bool passed) {
+  if (run.expect_file.empty()) {
+    run.print(passed ? "stage " + spec.stage + ": every configuration matches the reference\n"
+                     : "stage " + spec.stage + ": FAILED (see above)\n");
+    return passed ? 0 : 1;
+  }
+  std::ifstream in(run.expect_file);
+  if (!in) {
+    std::fprintf(stderr, "checker: cannot read mutant file %s\n", run.expect_file.c_str());
+    return 2;
+  }
+  std::vector<std::string> phrases;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("expect:", 0) == 0) {
+      std::string phrase = line.substr(7);
+      phrase.erase(0, phrase.find_first_not_of(' '));
+      phrases.push_back(phrase);
+    }
+  }
+  if (phrases.empty()) {
+    std::fprintf(stderr, "checker: %s has no 'expect:' line\n", run.expect_file.c_str());
+    return 2;
+  }
+  if (passed) {
+    run.print("planted bug NOT caught: the checker passed a wrong DDP (" + run.expect_file + ")\n");
+    return 1;
+  }
+  for (const std::string& phrase : phrases) {
+    if (run.report.find(phrase) == std::string::npos) {
+      run.print("planted bug caught, but the report lacks the expected diagnosis \"" + phrase +
+                "\" (" + run.expect_file + ")\n");
+      return 1;
+    }
+  }
+  run.print("planted bug caught with the expected diagnosis (" + run.expect_file + ")\n");
+  return 0;
+}
+
+}  // namespace tp::train

@@ -1,0 +1,339 @@
+// Comparing a DDP run with the reference, and diagnosing the difference.
+#include "tensorplay/train/compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "tensorplay/error.h"
+
+namespace tp::train {
+
+// Note [Tolerance]
+// A correct DDP and the reference compute the same sums in a different order:
+// the reference accumulates g_0/W + g_1/W + ... in rank order, while DDP sums
+// g_0 + ... + g_{W-1} in the all-reduce's order and divides once. Each step
+// therefore differs by a few units in the last place (float32: 2^-24 ~ 6e-8
+// relative; float64: 2^-53 ~ 1e-16), and training carries that forward with
+// little growth over the kit's short runs (measured with `./kit demo 01`: max
+// |loss diff| ~1e-7 and max |param diff| ~1e-7 in float32). We compare
+//   |ddp - ref| <= tolerance * max(1, |ref|)
+// with tolerance 1e-5 (float32) and 1e-10 (float64): about 100x above the
+// rounding noise, and far below the smallest effect of a real bug (a
+// gradient left unaveraged moves a parameter by ~lr * |g| ~ 1e-3 in one step).
+double default_tolerance(Dtype dtype) {
+  return dtype == kFloat64 ? 1e-10 : 1e-5;
+}
+
+namespace {
+
+bool differs(double a, double b, double tolerance) {
+  if (std::isnan(a) || std::isnan(b)) return !(std::isnan(a) && std::isnan(b));
+  return std::abs(a - b) > tolerance * std::max(1.0, std::abs(b));
+}
+
+// Largest |a - b| over all parameters (a and b list the same parameters).
+ParamDiff diff_snapshots(const Snapshot& a, const Snapshot& b, int rank) {
+  ParamDiff out;
+  out.rank = rank;
+  for (size_t p = 0; p < a.size() && p < b.size(); ++p) {
+    const auto& va = a[p].values;
+    const auto& vb = b[p].values;
+    for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
+      double d = std::abs(va[i] - vb[i]);
+      if (std::isnan(d)) d = INFINITY;
+      if (d > out.max_abs || out.name.empty()) {
+        out.max_abs = d;
+        out.name = a[p].name;
+        out.element = static_cast<int64_t>(i);
+      }
+    }
+  }
+  return out;
+}
+
+const ParamValues* find(const Snapshot& snap, const std::string& name) {
+  for (const ParamValues& p : snap) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+std::string sci(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2e", v);
+  return buf;
+}
+
+// "[0.1, -0.2, 0.3, 0.04]": the first few values of a parameter.
+std::string first_values(const ParamValues* p, size_t count = 4) {
+  if (p == nullptr) return "[missing]";
+  std::string out = "[";
+  for (size_t i = 0; i < p->values.size() && i < count; ++i) {
+    if (i) out += ", ";
+    out += num(p->values[i]);
+  }
+  if (p->values.size() > count) out += ", ...";
+  return out + "]";
+}
+
+// Which parameters differ between rank `r` and rank 0 in these snapshots.
+std::vector<std::string> params_differing(const Snapshot& a, const Snapshot& b,
+                                          double tolerance) {
+  std::vector<std::string> names;
+  for (size_t p = 0; p < a.size() && p < b.size(); ++p) {
+    for (size_t i = 0; i < a[p].values.size() && i < b[p].values.size(); ++i) {
+      if (differs(a[p].values[i], b[p].values[i], tolerance)) {
+        names.push_back(a[p].name);
+        break;
+      }
+    }
+  }
+  return names;
+}
+
+// ||after - before|| over all parameters: the size of one optimizer update.
+double update_norm(const Snapshot& before, const Snapshot& after) {
+  double sum = 0.0;
+  for (size_t p = 0; p < before.size() && p < after.size(); ++p) {
+    for (size_t i = 0; i < before[p].values.size() && i < after[p].values.size(); ++i) {
+      double d = after[p].values[i] - before[p].values[i];
+      sum += d * d;
+    }
+  }
+  return std::sqrt(sum);
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out;
+}
+
+// Structural problems (wrong number of ranks, steps or parameters) make every
+// numeric comparison meaningless, so they are reported alone.
+std::vector<Finding> check_structure(const RunConfig& config, const ReferenceResult& reference,
+                                     const std::vector<RankResult>& ranks) {
+  std::vector<Finding> out;
+  if (ranks.size() != static_cast<size_t>(config.world_size)) {
+    out.push_back({detail::cat(ranks.size(), " ranks reported results; expected ", config.world_size),
+                   "every rank must run to the end and report"});
+    return out;
+  }
+  for (const RankResult& r : ranks) {
+    if (r.losses.size() != static_cast<size_t>(config.steps)) {
+      out.push_back({detail::cat("rank ", r.rank, " reported ", r.losses.size(),
+                                 " step losses; expected ", config.steps),
+                     "every rank must run every step"});
+    }
+    for (const Snapshot* snap : {&r.initial_params, &r.final_params}) {
+      if (snap->size() != reference.final_params.size()) {
+        out.push_back({detail::cat("rank ", r.rank, " lists ", snap->size(),
+                                   " parameters; the model has ", reference.final_params.size()),
+                       "parameters() must list every parameter of the wrapped module, in "
+                       "named_parameters() order"});
+        break;
+      }
+      for (size_t p = 0; p < snap->size(); ++p) {
+        const ParamValues& mine = (*snap)[p];
+        const ParamValues& ref = reference.final_params[p];
+        if (mine.name != ref.name || mine.shape != ref.shape) {
+          out.push_back({detail::cat("rank ", r.rank, " lists parameter ", p, " as ", mine.name,
+                                     " ", to_string(mine.shape), "; the model's is ", ref.name,
+                                     " ", to_string(ref.shape)),
+                         "parameters() must list the wrapped module's parameters in "
+                         "named_parameters() order"});
+          break;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Comparison compare(const ReferenceResult& reference, const std::vector<RankResult>& ranks,
+                   double tolerance) {
+  Comparison c;
+  for (const RankResult& r : ranks) {
+    for (size_t s = 0; s < r.losses.size() && s < reference.losses.size(); ++s) {
+      double ref = reference.losses[s][static_cast<size_t>(r.rank)];
+      double d = std::abs(r.losses[s] - ref);
+      if (std::isnan(d)) d = INFINITY;
+      if (d > c.max_loss_diff || c.loss_step < 0) {
+        c.max_loss_diff = d;
+        c.loss_step = static_cast<int64_t>(s);
+        c.loss_rank = r.rank;
+      }
+      if (differs(r.losses[s], ref, tolerance) &&
+          (c.first_bad_step < 0 || static_cast<int64_t>(s) < c.first_bad_step)) {
+        c.first_bad_step = static_cast<int64_t>(s);
+      }
+    }
+    auto worse = [](ParamDiff& acc, const ParamDiff& d) {
+      if (d.max_abs > acc.max_abs || acc.name.empty()) acc = d;
+    };
+    worse(c.initial, diff_snapshots(r.initial_params, reference.initial_params, r.rank));
+    worse(c.after_first_step, diff_snapshots(r.after_first_step, reference.after_first_step, r.rank));
+    worse(c.final_params, diff_snapshots(r.final_params, reference.final_params, r.rank));
+    worse(c.initial_between_ranks, diff_snapshots(r.initial_params, ranks[0].initial_params, r.rank));
+    worse(c.final_between_ranks, diff_snapshots(r.final_params, ranks[0].final_params, r.rank));
+  }
+  c.reference_norm = norm(reference.final_params);
+  if (!ranks.empty()) c.rank0_norm = norm(ranks[0].final_params);
+  return c;
+}
+
+std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& reference,
+                              const std::vector<RankResult>& ranks, double tolerance) {
+  std::vector<Finding> out = check_structure(config, reference, ranks);
+  if (!out.empty()) return out;
+  const RankResult& rank0 = ranks[0];
+
+  // 1. Do the replicas start equal? (the constructor's broadcast)
+  for (const RankResult& r : ranks) {
+    std::vector<std::string> bad = params_differing(r.initial_params, rank0.initial_params, tolerance);
+    if (bad.empty()) continue;
+    ParamDiff d = diff_snapshots(r.initial_params, rank0.initial_params, r.rank);
+    out.push_back({detail::cat("right after DDP construction, rank ", r.rank,
+                               "'s parameters differ from rank 0's (", join(bad), "); ",
+                               d.name, ": max |diff| ", sci(d.max_abs), ", rank 0 ",
+                               first_values(find(rank0.initial_params, d.name)), ", rank ",
+                               r.rank, " ", first_values(find(r.initial_params, d.name))),
+                   config.per_rank_seed
+                       ? "each rank seeded differently, so only a broadcast makes the replicas "
+                         "equal: does the constructor broadcast every parameter (and buffer) "
+                         "from rank 0?"
+                       : "the replicas must be equal after construction: does the constructor "
+                         "broadcast every parameter from rank 0?"});
+    return out;  // everything after this is a consequence
+  }
+  // 2. Equal, but are they rank 0's (the reference's)?
+  ParamDiff init = diff_snapshots(rank0.initial_params, reference.initial_params, 0);
+  if (differs(init.max_abs, 0.0, tolerance)) {
+    out.push_back({detail::cat("all ranks start from the same parameters, but not from rank 0's "
+                               "model, which the reference uses: ", init.name, " max |diff| ",
+                               sci(init.max_abs), ", DDP ",
+                               first_values(find(rank0.initial_params, init.name)),
+                               ", reference ", first_values(find(reference.initial_params, init.name))),
+                   "broadcast with src = 0: DDP makes every replica a copy of rank 0's model"});
+    return out;
+  }
+  // 3. Step 0's forward: same parameters, so the losses must match exactly.
+  for (const RankResult& r : ranks) {
+    double ref = reference.losses[0][static_cast<size_t>(r.rank)];
+    if (differs(r.losses[0], ref, tolerance)) {
+      out.push_back({detail::cat("step 0, rank ", r.rank, ": loss ", num(r.losses[0]),
+                                 ", reference ", num(ref), " (|diff| ", sci(std::abs(r.losses[0] - ref)),
+                                 ") although the parameters match"),
+                     "the forward pass must call the wrapped module on this rank's own shard "
+                     "(rows (step*W + rank)*B ...); DDP must not change the forward result"});
+      return out;
+    }
+  }
+  // 4. Step 0's update: the averaged gradient.
+  bool ranks_agree_after_step0 = true;
+  std::set<std::string> split_params;
+  for (const RankResult& r : ranks) {
+    for (const std::string& name : params_differing(r.after_first_step, rank0.after_first_step, tolerance)) {
+      ranks_agree_after_step0 = false;
+      split_params.insert(name);
+    }
+  }
+  ParamDiff step0 = diff_snapshots(rank0.after_first_step, reference.after_first_step, 0);
+  for (const RankResult& r : ranks) {
+    ParamDiff d = diff_snapshots(r.after_first_step, reference.after_first_step, r.rank);
+    if (d.max_abs > step0.max_abs) step0 = d;
+  }
+  if (!ranks_agree_after_step0) {
+    std::vector<std::string> names(split_params.begin(), split_params.end());
+    const size_t total = rank0.after_first_step.size();
+    std::string cause =
+        names.size() < total
+            ? detail::cat("only ", join(names), " disagree", names.size() == 1 ? "s" : "",
+                          " between ranks while the other parameters agree: is ",
+                          names.size() == 1 ? "that parameter" : "each of them",
+                          " all-reduced in sync_grads, or skipped?")
+            : "every parameter disagrees between ranks: each rank stepped with its own "
+              "gradient, so gradients were not all-reduced after backward (is sync_grads "
+              "called after backward, and does it all-reduce every gradient?)";
+    const RankResult& worst = ranks[static_cast<size_t>(std::max(step0.rank, 0))];
+    out.push_back({detail::cat("after step 0's update, ranks hold different parameters (",
+                               join(names), "); worst vs the reference: rank ", step0.rank, ", ",
+                               step0.name, " max |diff| ", sci(step0.max_abs), ", DDP ",
+                               first_values(find(worst.after_first_step, step0.name)),
+                               ", reference ",
+                               first_values(find(reference.after_first_step, step0.name))),
+                   cause});
+    return out;
+  }
+  if (differs(step0.max_abs, 0.0, tolerance)) {
+    double ddp_update = update_norm(rank0.initial_params, rank0.after_first_step);
+    double ref_update = update_norm(reference.initial_params, reference.after_first_step);
+    double ratio = ref_update > 0 ? ddp_update / ref_update : INFINITY;
+    const double w = config.world_size;
+    std::string cause;
+    if (std::abs(ratio - w) < 0.05 * w) {
+      cause = detail::cat("rank 0 matches at step 0 and drifts from step 1, and the first update is ",
+                          num(ratio), "x the reference's (W = ", config.world_size,
+                          "): is the sum divided by the world size?");
+    } else if (std::abs(ratio - 1.0 / w) < 0.05 / w) {
+      cause = detail::cat("the first update is 1/", config.world_size,
+                          " of the reference's: is the gradient divided by the world size twice?");
+    } else {
+      cause = detail::cat("all ranks agree with each other but not with the reference; the first "
+                          "update is ", num(ratio), "x the reference's: the gradients are "
+                          "combined wrongly (all-reduce SUM, then divide by the world size)");
+    }
+    out.push_back({detail::cat("after step 0's update, every rank holds the same parameters but not "
+                               "the reference's: ", step0.name, " max |diff| ", sci(step0.max_abs),
+                               ", DDP ", first_values(find(rank0.after_first_step, step0.name)),
+                               ", reference ",
+                               first_values(find(reference.after_first_step, step0.name))),
+                   cause});
+    return out;
+  }
+  // 5. Later steps.
+  Comparison c = compare(reference, ranks, tolerance);
+  if (c.first_bad_step >= 0) {
+    const RankResult& r = ranks[static_cast<size_t>(c.loss_rank)];
+    double ref = reference.losses[static_cast<size_t>(c.loss_step)][static_cast<size_t>(c.loss_rank)];
+    out.push_back({detail::cat("losses match through step 0 and first differ at step ",
+                               c.first_bad_step, "; the largest difference is at step ",
+                               c.loss_step, ", rank ", c.loss_rank, ": ",
+                               num(r.losses[static_cast<size_t>(c.loss_step)]), " vs reference ",
+                               num(ref), " (|diff| ", sci(c.max_loss_diff), ")"),
+                   "step 0 is right, so the error is in what carries over between steps: "
+                   "gradients not zeroed, state kept from an earlier step, or a sync that "
+                   "runs only on some steps"});
+  }
+  if (differs(c.final_params.max_abs, 0.0, tolerance)) {
+    const RankResult& r = ranks[static_cast<size_t>(c.final_params.rank)];
+    out.push_back({detail::cat("final parameters: rank ", c.final_params.rank, ", ",
+                               c.final_params.name, " max |diff| ", sci(c.final_params.max_abs),
+                               " at element ", c.final_params.element, ", DDP ",
+                               first_values(find(r.final_params, c.final_params.name)),
+                               ", reference ",
+                               first_values(find(reference.final_params, c.final_params.name))),
+                   out.empty() ? "step 0 is right, so the error is in a later step" : "see above"});
+  }
+  return out;
+}
+
+std::string format_findings(const std::vector<Finding>& findings) {
+  std::string out;
+  for (const Finding& f : findings) {
+    out += "  - " + f.what + "\n    likely cause: " + f.likely_cause + "\n";
+  }
+  return out;
+}
+
+}  // namespace tp::train

@@ -1,0 +1,154 @@
+// Snapshots and the text form ranks send back through spawn().
+#include "tensorplay/train/results.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "tensorplay/error.h"
+
+namespace tp::train {
+
+Snapshot snapshot(const std::vector<nn::NamedTensor>& named) {
+  Snapshot out;
+  out.reserve(named.size());
+  for (const auto& [name, tensor] : named) {
+    out.push_back({name, tensor.shape(), tensor.to_vector()});
+  }
+  return out;
+}
+
+double norm(const Snapshot& snapshot) {
+  double sum = 0.0;
+  for (const ParamValues& p : snapshot) {
+    for (double v : p.values) sum += v * v;
+  }
+  return std::sqrt(sum);
+}
+
+// ---- text form --------------------------------------------------------------
+// One record per line: a keyword, then values. Doubles are written as
+// hexadecimal floats ("%a"), which strtod reads back bit for bit.
+namespace {
+
+void put(std::ostringstream& out, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " %a", v);
+  out << buf;
+}
+
+void put_snapshot(std::ostringstream& out, const char* key, const Snapshot& snap) {
+  for (const ParamValues& p : snap) {
+    out << key << ' ' << p.name << ' ' << p.shape.size();
+    for (int64_t s : p.shape) out << ' ' << s;
+    out << ' ' << p.values.size();
+    for (double v : p.values) put(out, v);
+    out << '\n';
+  }
+}
+
+template <typename T>
+void put_list(std::ostringstream& out, const char* key, const std::vector<T>& values) {
+  out << key << ' ' << values.size();
+  for (T v : values) {
+    if constexpr (std::is_floating_point_v<T>) {
+      put(out, v);
+    } else {
+      out << ' ' << v;
+    }
+  }
+  out << '\n';
+}
+
+double read_double(std::istringstream& in) {
+  std::string token;
+  in >> token;
+  char* end = nullptr;
+  double v = std::strtod(token.c_str(), &end);
+  TP_CHECK(!token.empty() && end == token.c_str() + token.size(),
+           "tp::train::parse_rank_result: expected a number, got '", token, "'");
+  return v;
+}
+
+void read_snapshot_line(std::istringstream& in, Snapshot& snap) {
+  ParamValues p;
+  size_t dims = 0, count = 0;
+  in >> p.name >> dims;
+  p.shape.resize(dims);
+  for (int64_t& s : p.shape) in >> s;
+  in >> count;
+  p.values.resize(count);
+  for (double& v : p.values) v = read_double(in);
+  snap.push_back(std::move(p));
+}
+
+template <typename T>
+std::vector<T> read_list(std::istringstream& in) {
+  size_t n = 0;
+  in >> n;
+  std::vector<T> out(n);
+  for (T& v : out) {
+    if constexpr (std::is_floating_point_v<T>) {
+      v = read_double(in);
+    } else {
+      in >> v;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string serialize(const RankResult& r) {
+  std::ostringstream out;
+  out << "rank " << r.rank << '\n';
+  out << "construction " << r.construction_allreduces << ' ' << r.construction_broadcasts
+      << ' ' << r.construction_allgathers << '\n';
+  put_list(out, "losses", r.losses);
+  put_list(out, "allreduces", r.allreduces_per_step);
+  put_list(out, "broadcasts", r.broadcasts_per_step);
+  put_snapshot(out, "initial", r.initial_params);
+  put_snapshot(out, "first", r.after_first_step);
+  put_snapshot(out, "final", r.final_params);
+  out << "end\n";
+  return out.str();
+}
+
+RankResult parse_rank_result(const std::string& text) {
+  RankResult r;
+  std::istringstream lines(text);
+  std::string line;
+  bool ended = false;
+  while (std::getline(lines, line)) {
+    std::istringstream in(line);
+    std::string key;
+    in >> key;
+    if (key == "rank") {
+      in >> r.rank;
+    } else if (key == "construction") {
+      in >> r.construction_allreduces >> r.construction_broadcasts >> r.construction_allgathers;
+    } else if (key == "losses") {
+      r.losses = read_list<double>(in);
+    } else if (key == "allreduces") {
+      r.allreduces_per_step = read_list<uint64_t>(in);
+    } else if (key == "broadcasts") {
+      r.broadcasts_per_step = read_list<uint64_t>(in);
+    } else if (key == "initial") {
+      read_snapshot_line(in, r.initial_params);
+    } else if (key == "first") {
+      read_snapshot_line(in, r.after_first_step);
+    } else if (key == "final") {
+      read_snapshot_line(in, r.final_params);
+    } else if (key == "end") {
+      ended = true;
+    } else {
+      TP_THROW(Error, "tp::train::parse_rank_result: unknown record '", key, "'");
+    }
+    TP_CHECK(!in.fail(), "tp::train::parse_rank_result: malformed record '", key, "'");
+  }
+  TP_CHECK(ended, "tp::train::parse_rank_result: the result is truncated (no 'end' record)");
+  return r;
+}
+
+}  // namespace tp::train

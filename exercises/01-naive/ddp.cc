@@ -1,0 +1,137 @@
+// Exercise generated from solutions/01-naive/ddp.cc by tools/gen_exercise.py.
+// Fill in each EXERCISE, then run ./kit check 01. ./kit reset 01 restores this file.
+// Stage 01 — naive DDP: one all-reduce per parameter after backward.
+// No buckets, no overlap: stage 02 and 03 add those. See ddp.h for the contract
+// and lessons/01-naive/README.md for the why.
+#include "ddp.h"
+
+#include <string>
+
+#include "tensorplay/autograd/grad_mode.h"
+#include "tensorplay/error.h"
+
+namespace stage01 {
+
+using tp::Tensor;
+using tp::distributed::ReduceOp;
+
+namespace {
+
+// A parameter's shape travels as a fixed-width row of numbers so that all
+// ranks can compare their models with one all-gather: [ndim, size_0 .. size_3],
+// padded with zeros. Four dimensions cover every kit model.
+constexpr int64_t kMaxDims = 4;
+constexpr int64_t kRowWidth = 1 + kMaxDims;
+
+tp::Shape row_to_shape(const std::vector<double>& rows, int64_t param) {
+  const double* row = rows.data() + param * kRowWidth;
+  tp::Shape shape(static_cast<size_t>(row[0]));
+  for (size_t d = 0; d < shape.size(); ++d) shape[d] = static_cast<int64_t>(row[1 + d]);
+  return shape;
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(
+    std::shared_ptr<tp::nn::Module> module,
+    std::shared_ptr<tp::distributed::ProcessGroup> process_group, Options options)
+    : module_(std::move(module)),
+      process_group_(std::move(process_group)),
+      options_(options) {
+  TP_CHECK(module_ != nullptr, "stage01 DDP: the module is null; pass the model to wrap");
+  TP_CHECK(process_group_ != nullptr,
+           "stage01 DDP: the process group is null; call init_process_group first");
+  params_ = module_->named_parameters();
+  verify_same_model_on_all_ranks();
+  broadcast_from_rank0();
+}
+
+void DistributedDataParallel::verify_same_model_on_all_ranks() {
+  const int world_size = process_group_->size();
+  const int rank = process_group_->rank();
+  auto gather = [&](const Tensor& mine) {
+    std::vector<Tensor> all;
+    for (int r = 0; r < world_size; ++r) all.push_back(tp::zeros_like(mine));
+    process_group_->allgather(all, mine)->wait();
+    return all;
+  };
+
+  // First the parameter count, so that the shape rows below have one length
+  // on every rank (an all-gather of unequal sizes would fail or hang).
+  const auto count = static_cast<int64_t>(params_.size());
+  std::vector<Tensor> counts = gather(tp::full({1}, static_cast<double>(count), tp::kFloat64));
+  for (int r = 1; r < world_size; ++r) {
+    const auto theirs = static_cast<int64_t>(counts[static_cast<size_t>(r)].item());
+    const auto rank0s = static_cast<int64_t>(counts[0].item());
+    if (theirs != rank0s) {
+      TP_THROW(tp::DistributedError, "stage01 DDP (rank ", rank, "): rank ", r, " wraps ", theirs,
+               " parameters but rank 0 wraps ", rank0s,
+               "; every rank must build the same model before wrapping it in DDP");
+    }
+  }
+
+  // Then every parameter's shape.
+  std::vector<double> mine(static_cast<size_t>(count * kRowWidth), 0.0);
+  for (int64_t i = 0; i < count; ++i) {
+    const tp::Shape& shape = params_[static_cast<size_t>(i)].second.shape();
+    TP_CHECK_LE(static_cast<int64_t>(shape.size()), kMaxDims,
+                "stage01 DDP: parameter ", params_[static_cast<size_t>(i)].first,
+                " has more than ", kMaxDims, " dimensions");
+    mine[static_cast<size_t>(i * kRowWidth)] = static_cast<double>(shape.size());
+    for (size_t d = 0; d < shape.size(); ++d) {
+      mine[static_cast<size_t>(i * kRowWidth) + 1 + d] = static_cast<double>(shape[d]);
+    }
+  }
+  if (count == 0) return;
+  std::vector<Tensor> rows = gather(tp::tensor(mine, {count, kRowWidth}, tp::kFloat64));
+  const std::vector<double> rank0_rows = rows[0].to_vector();
+  for (int r = 1; r < world_size; ++r) {
+    const std::vector<double> their_rows = rows[static_cast<size_t>(r)].to_vector();
+    for (int64_t i = 0; i < count; ++i) {
+      tp::Shape a = row_to_shape(rank0_rows, i);
+      tp::Shape b = row_to_shape(their_rows, i);
+      if (a != b) {
+        TP_THROW(tp::DistributedError, "stage01 DDP (rank ", rank, "): parameter ", i, " (",
+                 params_[static_cast<size_t>(i)].first, " here) has shape ", tp::to_string(a),
+                 " on rank 0 but ", tp::to_string(b), " on rank ", r,
+                 "; every rank must build the same model before wrapping it in DDP");
+      }
+    }
+  }
+}
+
+void DistributedDataParallel::broadcast_from_rank0() {
+  // The broadcast writes into the parameters: no autograd history for that.
+  tp::NoGradGuard no_grad;
+  // EXERCISE: make every replica a copy of rank 0's model. Broadcast each
+  // parameter from rank 0 (and, when options_.broadcast_buffers is set, each
+  // buffer of module_) through process_group_, waiting for each to finish.
+  throw tp::NotImplemented("stage 01: DistributedDataParallel::broadcast_from_rank0 is not implemented yet (exercises/01-naive/ddp.cc)");
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  return module_->forward(input);
+}
+
+Tensor DistributedDataParallel::grad_for_sync(size_t index) const {
+  const auto& [name, param] = params_[index];
+  Tensor grad = param.grad();
+  if (!grad.defined()) {
+    TP_THROW(tp::DistributedError, "stage01 DDP: rank ", process_group_->rank(),
+             " found no gradient for parameter ", index, " (", name, ") in sync_grads call ",
+             sync_count_ + 1, "; call sync_grads() after loss.backward(): before backward there is"
+             " nothing to average (and every parameter must reach the loss)");
+  }
+  return grad;
+}
+
+void DistributedDataParallel::sync_grads() {
+  // EXERCISE: average every parameter's gradient over all ranks. For each
+  // parameter i, take grad_for_sync(i), all-reduce it with ReduceOp::SUM
+  // (one collective per parameter, waiting for it), then divide it by the
+  // world size in place.
+  throw tp::NotImplemented("stage 01: DistributedDataParallel::sync_grads is not implemented yet (exercises/01-naive/ddp.cc)");
+  ++sync_count_;
+}
+
+}  // namespace stage01

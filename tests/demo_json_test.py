@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Runs a lesson demo with --json and checks the numbers it reports.
+
+    demo_json_test.py DEMO_EXE
+
+The JSON must list every rank at every step, agree with the printed table,
+and show DDP matching the reference within the tolerance it states.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+WORLD, STEPS = 3, 5
+
+
+def fail(message):
+    print(f"FAIL: {message}")
+    sys.exit(1)
+
+
+def main(demo):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "demo.json")
+        run = subprocess.run([demo, "--world-size", str(WORLD), "--steps", str(STEPS), "--json", path],
+                             capture_output=True, text=True, timeout=240)
+        print(run.stdout, run.stderr)
+        if run.returncode != 0:
+            fail(f"the demo exited with {run.returncode}")
+        data = json.load(open(path))
+
+    tol = data["config"]["tolerance"]
+    if data["config"]["world_size"] != WORLD or len(data["steps"]) != STEPS:
+        fail("config or step count does not match the command line")
+    for step in data["steps"]:
+        for key in ("reference_rank_losses", "ddp_rank_losses"):
+            if len(step[key]) != WORLD:
+                fail(f"step {step['step']}: {key} lists {len(step[key])} ranks, expected {WORLD}")
+        worst = max(abs(d - r) for d, r in zip(step["ddp_rank_losses"], step["reference_rank_losses"]))
+        if abs(worst - step["max_abs_diff"]) > 1e-12:
+            fail(f"step {step['step']}: max_abs_diff {step['max_abs_diff']} but the ranks differ by {worst}")
+        for d, r in zip(step["ddp_rank_losses"], step["reference_rank_losses"]):
+            if abs(d - r) > tol * max(1.0, abs(r)):
+                fail(f"step {step['step']}: DDP loss {d} vs reference {r} beyond tolerance {tol}")
+        mean = sum(step["reference_rank_losses"]) / WORLD
+        if abs(mean - step["reference_loss"]) > 1e-12 * max(1.0, abs(mean)):
+            fail(f"step {step['step']}: reference_loss is not the mean of the ranks' losses")
+
+    final = data["final"]
+    if len(final["rank_param_norms"]) != WORLD:
+        fail("final.rank_param_norms does not list every rank")
+    if final["max_param_diff_vs_reference"] > tol:
+        fail(f"final parameters differ from the reference by {final['max_param_diff_vs_reference']}")
+    if final["max_param_diff_between_ranks"] > tol:
+        fail("ranks end with different parameters")
+    if not final["matches_reference"]:
+        fail("the demo says DDP does not match the reference")
+    if any(n != final["num_parameters"] for n in final["allreduces_per_step"]):
+        fail(f"expected {final['num_parameters']} all-reduces per step, got {final['allreduces_per_step']}")
+
+    # The printed table must show the same numbers: rank 0's DDP loss column.
+    rows = [line.split() for line in run.stdout.splitlines() if line.strip()[:1].isdigit() and len(line.split()) == 7]
+    if len(rows) != STEPS:
+        fail(f"the table has {len(rows)} step rows, expected {STEPS}")
+    for row, step in zip(rows, data["steps"]):
+        if abs(float(row[2]) - step["ddp_rank_losses"][0]) > 5e-7:
+            fail(f"table row {row[0]}: rank 0 DDP loss {row[2]} vs JSON {step['ddp_rank_losses'][0]}")
+    print(f"ok: {STEPS} steps x {WORLD} ranks match the reference within {tol}; "
+          f"max |param diff| {final['max_param_diff_vs_reference']:.2e}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""Prints the test suite's closing line, 'N passed, N failed', counting test cases.
+
+Reads Meson's testlog.json. A doctest executable reports its own test cases
+("[doctest] test cases: 12 | 11 passed | 1 failed"); any other test (a checker
+run, a script) counts as one test case. A test that crashed or timed out after
+its test cases passed still counts one failure, so a crash is never green.
+Exit status: 0 when nothing failed, 1 otherwise.
+"""
+import json
+import re
+import sys
+
+DOCTEST = re.compile(r"\[doctest\] test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\s*(\d+) failed")
+
+
+def main(path):
+    passed = failed = 0
+    failing = []
+    with open(path) as log:
+        for line in log:
+            if not line.strip():
+                continue
+            test = json.loads(line)
+            ok = test.get("result") in ("OK", "EXPECTEDFAIL", "SKIP")
+            m = DOCTEST.search(test.get("stdout") or "")
+            if m:
+                p, f = int(m.group(2)), int(m.group(3))
+                if not ok and f == 0:
+                    f = 1
+            else:
+                p, f = (1, 0) if ok else (0, 1)
+            passed += p
+            failed += f
+            if not ok:
+                failing.append(f"{test.get('name')} ({test.get('result')})")
+    if failing:
+        print("failing: " + ", ".join(failing))
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "build/meson-logs/testlog.json"))
