@@ -34,7 +34,9 @@ using autograd::Node;
 template <typename F>
 decltype(auto) dispatch(Dtype dtype, F&& f) {
   if (dtype == Dtype::Float32) return f(float{});
-  return f(double{});
+  if (dtype == Dtype::Float64) return f(double{});
+  // A dtype added to the enum but not here yet (half types may come).
+  TP_THROW(Error, "tp ops: dtype ", to_string(dtype), " has no kernels yet");
 }
 
 void check_defined(const char* op, const Tensor& a) {

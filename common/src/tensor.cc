@@ -100,7 +100,9 @@ namespace {
 template <typename F>
 decltype(auto) dispatch(Dtype dtype, F&& f) {
   if (dtype == Dtype::Float32) return f(float{});
-  return f(double{});
+  if (dtype == Dtype::Float64) return f(double{});
+  // A dtype added to the enum but not here yet (half types may come).
+  TP_THROW(Error, "tp::Tensor: dtype ", to_string(dtype), " has no kernels yet");
 }
 
 // Calls f(ia, ib) for every element of two views of the same shape, in

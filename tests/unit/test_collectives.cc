@@ -1,1 +1,514 @@
+// tp::distributed over Gloo: every collective at world sizes 1 to 4, each
+// world a set of real processes (spawn) meeting in a fresh file:// directory;
+// then the failures a student will meet (a skipped collective, a rank that
+// leaves early, bad input), each with the message that says what to fix.
+//
+// Children cannot use doctest macros (doctest's state lives in the parent);
+// they check with expect_values(), which throws, and spawn rethrows in the
+// parent with the rank and the message.
 #include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tensorplay/distributed/init.h"
+#include "tensorplay/distributed/process_group_gloo.h"
+#include "tensorplay/error.h"
+#include "tensorplay/multiprocessing/spawn.h"
+#include "tensorplay/tensor.h"
+#include "tensorplay/trace.h"
+#include "tensorplay/util/temp_dir.h"
+
+namespace dist = tp::distributed;
+namespace mp = tp::multiprocessing;
+using doctest::Contains;
+using std::chrono::milliseconds;
+
+namespace {
+
+// Collective deadline for the tests that expect success: long enough for a
+// loaded 2-core machine, short enough that a bug fails the test, not the CI.
+constexpr milliseconds kCollectiveTimeout{20000};
+
+// Runs body(rank, world) on `world` spawned ranks that meet in a fresh
+// file:// directory through the default group.
+template <typename Body>
+void run_world(int world, Body body, milliseconds collective_timeout = kCollectiveTimeout,
+               milliseconds job_timeout = milliseconds(60000)) {
+  tp::TempDir dir("tp-collectives");
+  mp::SpawnOptions options;
+  options.timeout = job_timeout;
+  mp::spawn(
+      options,
+      [&](int rank) {
+        dist::init_process_group("gloo", rank, world, dir.file_init_method(),
+                                 collective_timeout);
+        body(rank, world);
+        dist::destroy_process_group();
+      },
+      world);
+}
+
+std::string join(const std::vector<double>& values) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(values[i]);
+  }
+  return out + "]";
+}
+
+// Exact comparison: every expected value below is a small integer or a
+// half, exactly representable in float32, and sums of such values are exact.
+void expect_values(const tp::Tensor& t, const std::vector<double>& expected,
+                   const std::string& what) {
+  const std::vector<double> got = t.to_vector();
+  if (got != expected) {
+    throw tp::Error(what + " on rank " + std::to_string(mp::current_rank()) + ": expected " +
+                    join(expected) + ", got " + join(got));
+  }
+}
+
+const tp::Dtype kDtypes[] = {tp::kFloat32, tp::kFloat64};
+
+// Rank r's contribution to the reductions: element i is (r + 1) * (i + 1).
+tp::Tensor contribution(int rank, tp::Dtype dtype) {
+  std::vector<double> v;
+  for (int i = 0; i < 5; ++i) v.push_back((rank + 1) * (i + 1));
+  return tp::tensor(v, {5}, dtype);
+}
+
+std::vector<double> times_1_to_5(double x) {
+  std::vector<double> v;
+  for (int i = 0; i < 5; ++i) v.push_back(x * (i + 1));
+  return v;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+// ---- each collective, at world sizes 1, 2, 3 and 4 ----------------------------
+
+TEST_CASE("allreduce SUM of r+1 over W ranks gives W(W+1)/2 at world sizes 1 to 4") {
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    CHECK_NOTHROW(run_world(world, [](int rank, int w) {
+      for (tp::Dtype dtype : kDtypes) {
+        tp::Tensor t = contribution(rank, dtype);
+        dist::all_reduce(t, dist::ReduceOp::SUM);
+        expect_values(t, times_1_to_5(w * (w + 1) / 2.0), "SUM " + tp::to_string(dtype));
+      }
+    }));
+  }
+}
+
+TEST_CASE("allreduce AVG, MIN and MAX of r+1 give (W+1)/2, 1 and W at world sizes 1 to 4") {
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    CHECK_NOTHROW(run_world(world, [](int rank, int w) {
+      for (tp::Dtype dtype : kDtypes) {
+        const std::string name = tp::to_string(dtype);
+        tp::Tensor avg = contribution(rank, dtype);
+        dist::all_reduce(avg, dist::ReduceOp::AVG);
+        expect_values(avg, times_1_to_5((w + 1) / 2.0), "AVG " + name);
+        tp::Tensor lo = contribution(rank, dtype);
+        dist::all_reduce(lo, dist::ReduceOp::MIN);
+        expect_values(lo, times_1_to_5(1), "MIN " + name);
+        tp::Tensor hi = contribution(rank, dtype);
+        dist::all_reduce(hi, dist::ReduceOp::MAX);
+        expect_values(hi, times_1_to_5(w), "MAX " + name);
+      }
+    }));
+  }
+}
+
+TEST_CASE("allreduce sums a 2 MiB tensor that Gloo splits into many segments") {
+  // Gloo's ring cuts messages into segments of at most 1 MiB; 512 Ki floats
+  // per rank exercise several segments per rank.
+  for (int world : {3, 4}) {
+    CAPTURE(world);
+    CHECK_NOTHROW(run_world(world, [](int rank, int w) {
+      tp::Tensor t = tp::full({1 << 19}, rank + 1);
+      dist::all_reduce(t);
+      const std::vector<double> got = t.to_vector();
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (got[i] != w * (w + 1) / 2.0) {
+          throw tp::Error("element " + std::to_string(i) + " is " + std::to_string(got[i]));
+        }
+      }
+    }));
+  }
+}
+
+TEST_CASE("broadcast from the last rank copies its tensor to every rank at world sizes 1 to 4") {
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    CHECK_NOTHROW(run_world(world, [](int rank, int w) {
+      const int root = w - 1;  // a non-zero root whenever w > 1
+      for (tp::Dtype dtype : kDtypes) {
+        tp::Tensor t = rank == root ? tp::tensor({42, 43, 44, 45, 46, 47}, {2, 3}, dtype)
+                                    : tp::full({2, 3}, -1, dtype);
+        dist::broadcast(t, root);
+        expect_values(t, {42, 43, 44, 45, 46, 47}, "broadcast " + tp::to_string(dtype));
+      }
+    }));
+  }
+}
+
+TEST_CASE("allgather gives every rank each rank's tensor in rank order at world sizes 1 to 4") {
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    CHECK_NOTHROW(run_world(world, [](int rank, int w) {
+      for (tp::Dtype dtype : kDtypes) {
+        const tp::Tensor input = tp::tensor({1.0 * rank, rank + 0.5, 10.0 * rank}, {3}, dtype);
+        std::vector<tp::Tensor> outputs;
+        for (int r = 0; r < w; ++r) outputs.push_back(tp::zeros({3}, dtype));
+        dist::all_gather(outputs, input);
+        for (int r = 0; r < w; ++r) {
+          expect_values(outputs[r], {1.0 * r, r + 0.5, 10.0 * r},
+                        "allgather outputs[" + std::to_string(r) + "]");
+        }
+        expect_values(input, {1.0 * rank, rank + 0.5, 10.0 * rank}, "allgather input");
+      }
+    }));
+  }
+}
+
+TEST_CASE("barrier returns on a rank only after every rank has entered it, at world sizes 1 to 4") {
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    tp::TempDir flags("tp-barrier");
+    const std::string dir = flags.path();
+    CHECK_NOTHROW(run_world(world, [&dir](int rank, int w) {
+      // The last rank arrives late, so a barrier that returned early would
+      // find its flag missing.
+      if (rank == w - 1) std::this_thread::sleep_for(milliseconds(200));
+      std::ofstream(dir + "/entered-" + std::to_string(rank)).put('x');
+      dist::barrier();
+      for (int r = 0; r < w; ++r) {
+        if (::access((dir + "/entered-" + std::to_string(r)).c_str(), F_OK) != 0) {
+          throw tp::Error("barrier returned before rank " + std::to_string(r) + " entered it");
+        }
+      }
+    }));
+  }
+}
+
+// ---- asynchronous use ------------------------------------------------------------
+
+TEST_CASE("fifty async allreduces complete in issue order with correct sums") {
+  for (int world : {1, 2, 4}) {
+    CAPTURE(world);
+    CHECK_NOTHROW(run_world(world, [](int rank, int w) {
+      constexpr int kCount = 50;
+      std::vector<tp::Tensor> tensors;
+      std::vector<std::shared_ptr<dist::Work>> works;
+      for (int k = 0; k < kCount; ++k) {
+        tensors.push_back(tp::full({4}, (rank + 1) * (k + 1)));
+        works.push_back(dist::all_reduce(tensors.back(), dist::ReduceOp::SUM, true));
+        if (works.back()->seq() != static_cast<uint64_t>(k + 1)) {
+          throw tp::Error("work " + std::to_string(k) + " has seq " +
+                          std::to_string(works.back()->seq()));
+        }
+      }
+      // The completed works must always form a prefix of the issue order.
+      // Read from the last to the first: once a later work is seen complete,
+      // every earlier one must already be.
+      while (!works.back()->is_completed()) {
+        bool later_done = false;
+        for (int k = kCount - 1; k >= 0; --k) {
+          const bool done = works[k]->is_completed();
+          if (later_done && !done) {
+            throw tp::Error("allreduce #" + std::to_string(k + 1) +
+                            " is still running after a later one completed");
+          }
+          later_done = later_done || done;
+        }
+        std::this_thread::yield();  // leave the cores to the comm threads
+      }
+      for (int k = 0; k < kCount; ++k) {
+        works[k]->wait();
+        expect_values(tensors[k], std::vector<double>(4, (k + 1) * w * (w + 1) / 2.0),
+                      "async allreduce #" + std::to_string(k + 1));
+      }
+    }));
+  }
+}
+
+TEST_CASE("trace records a queued instant on the caller and a comm span per collective") {
+  CHECK_NOTHROW(run_world(2, [](int rank, int) {
+    tp::trace::enable(rank);
+    tp::Tensor t = tp::ones({3});
+    auto first = dist::all_reduce(t, dist::ReduceOp::SUM, true);
+    auto second = dist::broadcast(t, 1, true);
+    first->wait();
+    second->wait();
+    dist::barrier();
+    tp::trace::disable();
+    const std::vector<tp::trace::Event> events = tp::trace::events();
+    struct Expected {
+      const char* op;
+      int64_t seq;
+    };
+    for (const Expected& e : {Expected{"allreduce", 1}, Expected{"broadcast", 2},
+                              Expected{"barrier", 3}}) {
+      const tp::trace::Event* queued = nullptr;
+      const tp::trace::Event* span = nullptr;
+      for (const auto& ev : events) {
+        const bool seq_matches =
+            !ev.args.empty() && ev.args[0].first == "seq" && ev.args[0].second == e.seq;
+        if (!seq_matches) continue;
+        if (ev.phase == 'i' && ev.name == std::string(e.op) + " queued") queued = &ev;
+        if (ev.phase == 'X' && ev.name == e.op && ev.category == "comm") span = &ev;
+      }
+      if (queued == nullptr || span == nullptr) {
+        throw tp::Error(std::string("missing trace events for ") + e.op);
+      }
+      if (!(queued->begin_order < span->begin_order) || queued->tid == span->tid) {
+        throw tp::Error(std::string(e.op) +
+                        ": the queued instant must come first, on another thread");
+      }
+    }
+  }));
+}
+
+TEST_CASE("counters count each collective and the all-reduced elements") {
+  tp::TempDir dir("tp-counters");
+  const std::string path = dir.path();
+  CHECK_NOTHROW(mp::spawn(
+      [&path](int rank) {
+        dist::ProcessGroupGloo group(path, rank, 2, dist::GlooOptions{kCollectiveTimeout});
+        TP_CHECK_EQ(group.backend_name(), std::string("gloo"), "backend name");
+        TP_CHECK_EQ(group.rank(), rank, "rank");
+        TP_CHECK_EQ(group.size(), 2, "size");
+        tp::Tensor t = tp::ones({5});
+        for (int i = 0; i < 3; ++i) group.allreduce(t)->wait();
+        group.broadcast(t, 0)->wait();
+        group.allgather({tp::zeros({5}), tp::zeros({5})}, t)->wait();
+        group.barrier()->wait();
+        group.barrier()->wait();
+        const dist::CollectiveCounters& c = group.counters();
+        TP_CHECK_EQ(c.allreduce, 3u, "allreduce count");
+        TP_CHECK_EQ(c.allreduce_elements, 15u, "3 allreduces of 5 elements");
+        TP_CHECK_EQ(c.broadcast, 1u, "broadcast count");
+        TP_CHECK_EQ(c.allgather, 1u, "allgather count");
+        TP_CHECK_EQ(c.barrier, 2u, "barrier count");
+        group.reset_counters();
+        TP_CHECK_EQ(group.counters().allreduce, 0u, "after reset");
+        TP_CHECK_EQ(group.counters().allreduce_elements, 0u, "after reset");
+      },
+      2));
+}
+
+// ---- when ranks disagree -------------------------------------------------------
+
+TEST_CASE("a rank that skips a collective makes the waiting rank time out naming it") {
+  auto job = [] {
+    run_world(
+        2,
+        [](int rank, int) {
+          tp::Tensor t = tp::ones({4});
+          dist::all_reduce(t);  // allreduce #1: both ranks
+          if (rank == 1) {      // rank 1 skips allreduce #2 and stays alive
+            std::this_thread::sleep_for(std::chrono::seconds(60));
+            return;
+          }
+          dist::all_reduce(t);
+        },
+        milliseconds(1500));
+  };
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(job(),
+                       Contains("rank 0 failed: tp::TimeoutError: allreduce #2 on rank 0 timed "
+                                "out after 1500 ms: another rank did not join this collective "
+                                "(did every rank issue the same collectives in the same order?)"),
+                       mp::SpawnError);
+  CHECK(seconds_since(start) < 20.0);
+}
+
+TEST_CASE("allreduce of different sizes on two ranks fails in that allreduce, not later") {
+  // Without the size in Gloo's tag, one rank would return a wrong sum here.
+  CHECK_THROWS_WITH_AS(run_world(
+                           2,
+                           [](int rank, int) {
+                             tp::Tensor t = tp::ones({rank == 0 ? 3 : 4});
+                             dist::all_reduce(t);
+                           },
+                           milliseconds(1500)),
+                       Contains("tp::TimeoutError: allreduce #1 on rank"), mp::SpawnError);
+}
+
+TEST_CASE("a rank that exits early makes its peer fail at once, naming the collective") {
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(run_world(2,
+                                 [](int rank, int) {
+                                   if (rank == 1) return;  // leaves without the allreduce
+                                   tp::Tensor t = tp::ones({4});
+                                   dist::all_reduce(t);
+                                 }),
+                       Contains("rank 0 failed: tp::DistributedError: allreduce #1 on rank 0"),
+                       mp::SpawnError);
+  // Well under the 20 s collective timeout: a closed connection is noticed,
+  // not waited out.
+  CHECK(seconds_since(start) < 10.0);
+}
+
+TEST_CASE("a job that hangs in a collective times out naming the rank and the collective") {
+  mp::SpawnOptions options;
+  // Long enough for rank 0 to reach the allreduce on a loaded machine.
+  options.timeout = milliseconds(4000);
+  tp::TempDir dir("tp-hang");
+  CHECK_THROWS_WITH_AS(
+      mp::spawn(
+          options,
+          [&dir](int rank) {
+            dist::init_process_group("gloo", rank, 2, dir.file_init_method(),
+                                     milliseconds(60000));
+            if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+            tp::Tensor t = tp::ones({4});
+            dist::all_reduce(t);
+          },
+          2),
+      Contains("still running: rank 0 (waiting in allreduce #1), rank 1"), mp::SpawnError);
+}
+
+// ---- bad input: a clear error, before any rank waits on another -------------------
+
+TEST_CASE("init_process_group rejects a world size below 1") {
+  tp::TempDir dir;
+  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 0, dir.file_init_method()),
+                       Contains("world_size must be >= 1 (got 0)"), tp::DistributedError);
+  CHECK_FALSE(dist::is_initialized());
+}
+
+TEST_CASE("init_process_group rejects a rank outside [0, world_size)") {
+  tp::TempDir dir;
+  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", -1, 4, dir.file_init_method()),
+                       Contains("rank -1 is out of range for world_size 4; pass a rank in 0 .. 3"),
+                       tp::DistributedError);
+  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 4, 4, dir.file_init_method()),
+                       Contains("rank 4 is out of range for world_size 4"),
+                       tp::DistributedError);
+}
+
+TEST_CASE("ProcessGroup rejects a size below 1 and a rank out of range") {
+  CHECK_THROWS_WITH_AS(dist::ProcessGroupGloo("/nonexistent", 0, 0),
+                       Contains("world size must be >= 1 (got 0)"), tp::DistributedError);
+  CHECK_THROWS_WITH_AS(dist::ProcessGroupGloo("/nonexistent", 2, 2),
+                       Contains("rank 2 is out of range for world size 2"),
+                       tp::DistributedError);
+}
+
+TEST_CASE("init_process_group names the init methods that work today") {
+  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 2, "tcp://127.0.0.1:29500"),
+                       Contains("unknown init_method 'tcp://127.0.0.1:29500'; supported: "
+                                "file://DIR"),
+                       tp::DistributedError);
+  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 2, "env://"),
+                       Contains("env:// is planned but not implemented yet; use file://DIR"),
+                       tp::DistributedError);
+  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 2, "redis://localhost:6379"),
+                       Contains("redis:// is planned but not implemented yet; use file://DIR"),
+                       tp::DistributedError);
+  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 2, "file://"),
+                       Contains("names no directory"), tp::DistributedError);
+}
+
+TEST_CASE("init_process_group rejects an unknown backend and explains the missing NCCL") {
+  tp::TempDir dir;
+  CHECK_THROWS_WITH_AS(dist::init_process_group("mpi", 0, 1, dir.file_init_method()),
+                       Contains("unknown backend 'mpi'; supported backends: gloo"),
+                       tp::DistributedError);
+  CHECK_THROWS_WITH_AS(dist::init_process_group("nccl", 0, 1, dir.file_init_method()),
+                       Contains("built without NCCL; reconfigure with -Dnccl=enabled"),
+                       tp::DistributedError);
+}
+
+TEST_CASE("init_process_group rejects a rendezvous directory it cannot write") {
+  // The tests may run as root, who may write almost anywhere, but not in /proc.
+  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 1, "file:///proc/forbidden"),
+                       Contains("rendezvous directory '/proc/forbidden' is not writable"),
+                       tp::DistributedError);
+  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 1, "file:///proc"),
+                       Contains("pass file://DIR with a directory every rank can write"),
+                       tp::DistributedError);
+  CHECK_FALSE(dist::is_initialized());
+}
+
+TEST_CASE("init_process_group refuses a rendezvous directory left over from an earlier job") {
+  tp::TempDir dir;
+  std::ofstream(dir.path() + "/tp-rank-0.arrived").put('x');
+  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 1, dir.file_init_method()),
+                       Contains("use a fresh directory for every job"), tp::DistributedError);
+}
+
+TEST_CASE("a rank whose peers never arrive fails at rendezvous saying who is missing") {
+  tp::TempDir dir;
+  CHECK_THROWS_WITH_AS(
+      dist::init_process_group("gloo", 0, 3, dir.file_init_method(), milliseconds(500)),
+      Contains("rank 0 of 3 waited 500 ms for the others at rendezvous"), tp::DistributedError);
+  tp::TempDir dir2;
+  CHECK_THROWS_WITH_AS(
+      dist::init_process_group("gloo", 0, 3, dir2.file_init_method(), milliseconds(200)),
+      Contains("arrived: rank 0; missing: ranks 1, 2"), tp::DistributedError);
+}
+
+TEST_CASE("the free functions need an initialized default group") {
+  CHECK_FALSE(dist::is_initialized());
+  CHECK_THROWS_WITH_AS(dist::default_group(), Contains("no default process group"),
+                       tp::DistributedError);
+  CHECK_THROWS_WITH_AS(dist::barrier(), Contains("call tp::distributed::init_process_group"),
+                       tp::DistributedError);
+  dist::destroy_process_group();  // a no-op without a group
+}
+
+TEST_CASE("init_process_group refuses a second init in the same process") {
+  CHECK_THROWS_WITH_AS(run_world(1,
+                                 [](int, int) {
+                                   tp::TempDir other;
+                                   dist::init_process_group("gloo", 0, 1,
+                                                            other.file_init_method());
+                                 }),
+                       Contains("already initialized (rank 0 of 1, backend gloo); call "
+                                "destroy_process_group() first"),
+                       mp::SpawnError);
+}
+
+TEST_CASE("collectives reject bad tensors on the calling thread with the rank and the fix") {
+  CHECK_THROWS_WITH_AS(run_world(1, [](int, int) {
+                                   tp::Tensor t = tp::zeros({3, 4}).t();
+                                   dist::all_reduce(t);
+                                 }),
+                       Contains("allreduce: rank 0: the tensor is not contiguous (shape (4, 3), "
+                                "strides (1, 4)); a collective sends one dense block of memory: "
+                                "pass t.contiguous()"),
+                       mp::SpawnError);
+  CHECK_THROWS_WITH_AS(run_world(1, [](int, int) { dist::all_reduce(tp::Tensor()); }),
+                       Contains("allreduce: rank 0: the tensor is undefined"), mp::SpawnError);
+  CHECK_THROWS_WITH_AS(run_world(1, [](int, int) {
+                                   dist::broadcast(tp::zeros({2}), 1);
+                                 }),
+                       Contains("broadcast: rank 0: root 1 is out of range for world size 1"),
+                       mp::SpawnError);
+  CHECK_THROWS_WITH_AS(run_world(1, [](int, int) {
+                                   dist::all_gather({tp::zeros({2}), tp::zeros({2})},
+                                                    tp::zeros({2}));
+                                 }),
+                       Contains("allgather: rank 0: got 2 output tensors for world size 1"),
+                       mp::SpawnError);
+  CHECK_THROWS_WITH_AS(run_world(1, [](int, int) {
+                                   dist::all_gather({tp::zeros({3}, tp::kFloat64)},
+                                                    tp::zeros({2}));
+                                 }),
+                       Contains("outputs[0] has shape (3) and dtype float64 but the input has "
+                                "shape (2) and dtype float32"),
+                       mp::SpawnError);
+}

@@ -1,1 +1,407 @@
+// Tests of tp::nn (Module, Linear, ReLU, Sequential, MiniMLP, deep_mlp) and
+// tp::optim::SGD: parameter names and order as torch lists them, Linear's
+// init and forward against hand computation, zero_grad, and SGD updates
+// against their closed forms.
 #include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorplay/autograd/grad_mode.h"
+#include "tensorplay/error.h"
+#include "tensorplay/nn/models.h"
+#include "tensorplay/ops.h"
+#include "tensorplay/optim/sgd.h"
+#include "tensorplay/random.h"
+
+namespace nn = tp::nn;
+using doctest::Approx;
+using doctest::Contains;
+
+namespace {
+
+std::vector<std::string> names_of(const std::vector<nn::NamedTensor>& named) {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : named) out.push_back(name);
+  return out;
+}
+
+// Overwrites a parameter's values without recording autograd history.
+void set_values(const tp::Tensor& p, const std::vector<double>& values) {
+  tp::NoGradGuard no_grad;
+  tp::Tensor(p).copy_(tp::tensor(values, p.shape(), p.dtype()));
+}
+
+// A leaf parameter for optimizer tests: float64 so closed forms compare exactly-ish.
+tp::Tensor param(const std::vector<double>& values) {
+  tp::Tensor p = tp::tensor(values, {static_cast<int64_t>(values.size())}, tp::kFloat64);
+  p.requires_grad_(true);
+  return p;
+}
+
+// A module with a running-statistics buffer and a child, like BatchNorm's
+// running_mean: for the buffer listings.
+class WithBuffers : public nn::Module {
+ public:
+  WithBuffers() {
+    scale = register_parameter("scale", tp::ones({3}, tp::kFloat64));
+    running_mean = register_buffer("running_mean", tp::zeros({3}, tp::kFloat64));
+    head = register_module("head", std::make_shared<nn::Linear>(3, 2, true, tp::kFloat64));
+  }
+  tp::Tensor forward(const tp::Tensor& x) override { return head->forward(x); }
+
+  // Exposes the protected registration calls to the error tests.
+  using nn::Module::register_buffer;
+  using nn::Module::register_parameter;
+  template <typename M>
+  void add(const std::string& name, std::shared_ptr<M> m) {
+    register_module(name, std::move(m));
+  }
+
+  tp::Tensor scale, running_mean;
+  std::shared_ptr<nn::Linear> head;
+};
+
+}  // namespace
+
+// ---- Linear -------------------------------------------------------------------
+
+TEST_CASE("Linear has a (out, in) weight and an (out) bias that require grad") {
+  nn::Linear layer(5, 3);
+  CHECK(layer.in_features() == 5);
+  CHECK(layer.out_features() == 3);
+  CHECK(layer.weight.shape() == tp::Shape{3, 5});
+  CHECK(layer.bias.shape() == tp::Shape{3});
+  CHECK(layer.weight.dtype() == tp::kFloat32);
+  CHECK(layer.weight.requires_grad());
+  CHECK(layer.weight.is_leaf());
+  CHECK(layer.bias.requires_grad());
+  CHECK(names_of(layer.named_parameters()) == std::vector<std::string>{"weight", "bias"});
+  // The listed tensor is the member itself (a handle), not a copy.
+  CHECK(layer.parameters()[0].impl() == layer.weight.impl());
+
+  nn::Linear no_bias(5, 3, /*bias=*/false, tp::kFloat64);
+  CHECK_FALSE(no_bias.bias.defined());
+  CHECK(no_bias.parameters().size() == 1);
+  CHECK(no_bias.weight.dtype() == tp::kFloat64);
+}
+
+TEST_CASE("Linear init draws weight then bias from U(-1/sqrt(in), 1/sqrt(in))") {
+  const int64_t in = 16, out = 8;
+  const double bound = 1.0 / std::sqrt(16.0);  // 0.25
+  tp::manual_seed(77);
+  nn::Linear layer(in, out, true, tp::kFloat64);
+
+  // The same draws from a private generator with the same seed, same order.
+  tp::Generator g(77);
+  const tp::Tensor w = tp::rand_uniform({out, in}, -bound, bound, tp::kFloat64, &g);
+  const tp::Tensor b = tp::rand_uniform({out}, -bound, bound, tp::kFloat64, &g);
+  CHECK(layer.weight.to_vector() == w.to_vector());
+  CHECK(layer.bias.to_vector() == b.to_vector());
+
+  for (const auto& p : layer.parameters()) {
+    for (double v : p.to_vector()) {
+      CHECK(v >= -bound);
+      CHECK(v < bound);
+    }
+  }
+  // Not all in one corner: 136 values from U(-0.25, 0.25) spread out.
+  const auto wv = layer.weight.to_vector();
+  CHECK(*std::min_element(wv.begin(), wv.end()) < -0.2);
+  CHECK(*std::max_element(wv.begin(), wv.end()) > 0.2);
+}
+
+TEST_CASE("Linear forward computes x W^T + b") {
+  nn::Linear layer(2, 3, true, tp::kFloat64);
+  set_values(layer.weight, {1, 2,   //
+                            3, 4,   //
+                            5, 6});  // (3, 2)
+  set_values(layer.bias, {0.5, -1, 2});
+  const tp::Tensor x = tp::tensor({1, -1,   //
+                                   2, 0.5},  //
+                                  {2, 2}, tp::kFloat64);
+  const tp::Tensor y = layer(x);
+  CHECK(y.shape() == tp::Shape{2, 3});
+  // Row 0: [1-2+0.5, 3-4-1, 5-6+2]; row 1: [2+1+0.5, 6+2-1, 10+3+2].
+  CHECK(y.to_vector() == std::vector<double>{-0.5, -2, 1, 3.5, 7, 15});
+}
+
+TEST_CASE("Linear gradients are x summed over the batch and the batch size") {
+  // loss = sum(x W^T + b): d loss / d W[o][i] = sum_b x[b][i]; d loss / d b[o] = B.
+  nn::Linear layer(2, 3, true, tp::kFloat64);
+  const tp::Tensor x = tp::tensor({1, -1, 2, 0.5, 4, 3}, {3, 2}, tp::kFloat64);
+  layer(x).sum().backward();
+  const std::vector<double> per_row = {1 + 2 + 4, -1 + 0.5 + 3};
+  CHECK(layer.weight.grad().to_vector() ==
+        std::vector<double>{per_row[0], per_row[1], per_row[0], per_row[1], per_row[0],
+                            per_row[1]});
+  CHECK(layer.bias.grad().to_vector() == std::vector<double>{3, 3, 3});
+}
+
+TEST_CASE("Linear rejects input of the wrong width, rank or dtype") {
+  nn::Linear layer(16, 4);
+  CHECK_THROWS_WITH_AS(layer(tp::zeros({2, 5})),
+                       Contains("tp::nn::Linear: input has 5 features, expected 16"),
+                       tp::Error);
+  CHECK_THROWS_WITH_AS(layer(tp::zeros({16})), Contains("expected 2-D (batch, 16)"),
+                       tp::Error);
+  CHECK_THROWS_WITH_AS(layer(tp::zeros({2, 16}, tp::kFloat64)),
+                       Contains("input is float64 but the layer is float32"), tp::Error);
+  CHECK_THROWS_WITH_AS(nn::Linear(0, 4), Contains("must both be >= 1"), tp::Error);
+}
+
+TEST_CASE("ReLU zeroes negatives and keeps the shape") {
+  nn::ReLU relu;
+  const tp::Tensor y = relu(tp::tensor({-1, 0, 2, -3, 4, 0.5}, {2, 3}, tp::kFloat64));
+  CHECK(y.shape() == tp::Shape{2, 3});
+  CHECK(y.to_vector() == std::vector<double>{0, 0, 2, 0, 4, 0.5});
+  CHECK(relu.parameters().empty());
+}
+
+// ---- models and parameter order -----------------------------------------------
+
+TEST_CASE("MiniMLP lists six parameters as torch names them, in registration order") {
+  nn::MiniMLP model;  // in 16, hidden 32, out 4
+  const auto named = model.named_parameters();
+  CHECK(names_of(named) == std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight",
+                                                    "fc2.bias", "fc3.weight", "fc3.bias"});
+  CHECK(named[0].second.shape() == tp::Shape{32, 16});
+  CHECK(named[1].second.shape() == tp::Shape{32});
+  CHECK(named[2].second.shape() == tp::Shape{32, 32});
+  CHECK(named[3].second.shape() == tp::Shape{32});
+  CHECK(named[4].second.shape() == tp::Shape{4, 32});
+  CHECK(named[5].second.shape() == tp::Shape{4});
+  CHECK(named[0].second.impl() == model.fc1->weight.impl());
+  CHECK(model.parameters().size() == 6);
+  CHECK(model.children().size() == 3);
+  CHECK(model.buffers().empty());
+}
+
+TEST_CASE("MiniMLP forward is fc3(relu(fc2(relu(fc1(x)))))") {
+  nn::MiniMLPOptions o;
+  o.dtype = tp::kFloat64;
+  nn::MiniMLP model(o);
+  tp::Generator g(3);
+  const tp::Tensor x = tp::randn({5, 16}, tp::kFloat64, &g);
+  const tp::Tensor y = model(x);
+  CHECK(y.shape() == tp::Shape{5, 4});
+  const tp::Tensor expected = (*model.fc3)((*model.fc2)((*model.fc1)(x).relu()).relu());
+  CHECK(tp::max_abs_diff(y, expected) == 0.0);  // same ops in the same order
+}
+
+TEST_CASE("the same seed builds the same MiniMLP and another seed a different one") {
+  tp::manual_seed(5);
+  nn::MiniMLP a;
+  tp::manual_seed(5);
+  nn::MiniMLP b;
+  tp::manual_seed(6);
+  nn::MiniMLP c;
+  const auto pa = a.parameters(), pb = b.parameters(), pc = c.parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    CHECK(pa[i].to_vector() == pb[i].to_vector());
+    CHECK(pa[i].to_vector() != pc[i].to_vector());
+  }
+}
+
+TEST_CASE("deep_mlp has depth+1 Linears named by their Sequential index") {
+  auto net = nn::deep_mlp(8, 16, 3, 2);
+  // Linear, ReLU, Linear, ReLU, Linear, ReLU, Linear: 2*depth + 1 children.
+  CHECK(net->size() == 7);
+  CHECK(names_of(net->named_parameters()) ==
+        std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "4.weight",
+                                 "4.bias", "6.weight", "6.bias"});
+  const auto params = net->parameters();
+  CHECK(params.size() == 2 * (3 + 1));
+  CHECK(params[0].shape() == tp::Shape{16, 8});
+  CHECK(params[2].shape() == tp::Shape{16, 16});
+  CHECK(params[6].shape() == tp::Shape{2, 16});
+  CHECK((*net)(tp::zeros({3, 8})).shape() == tp::Shape{3, 2});
+
+  auto shallow = nn::deep_mlp(8, 16, 1, 2);
+  CHECK(names_of(shallow->named_parameters()) ==
+        std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+  CHECK_THROWS_WITH_AS(nn::deep_mlp(8, 16, 0, 2), Contains("depth must be >= 1, got 0"),
+                       tp::Error);
+}
+
+TEST_CASE("nested Sequentials list parameters depth first with dotted prefixes") {
+  auto inner = std::make_shared<nn::Sequential>();
+  inner->push_back(std::make_shared<nn::ReLU>());
+  inner->push_back(std::make_shared<nn::Linear>(4, 4));
+  nn::Sequential outer;
+  outer.push_back(std::make_shared<nn::Linear>(3, 4));
+  outer.push_back(inner);
+  outer.push_back(std::make_shared<nn::Linear>(4, 1));
+  CHECK(names_of(outer.named_parameters()) ==
+        std::vector<std::string>{"0.weight", "0.bias", "1.1.weight", "1.1.bias", "2.weight",
+                                 "2.bias"});
+  CHECK(outer(tp::zeros({2, 3})).shape() == tp::Shape{2, 1});
+}
+
+TEST_CASE("buffers are listed apart from parameters, with dotted names") {
+  auto outer = std::make_shared<WithBuffers>();
+  outer->add("inner", std::make_shared<WithBuffers>());
+  CHECK(names_of(outer->named_buffers()) ==
+        std::vector<std::string>{"running_mean", "inner.running_mean"});
+  CHECK(names_of(outer->named_parameters()) ==
+        std::vector<std::string>{"scale", "head.weight", "head.bias", "inner.scale",
+                                 "inner.head.weight", "inner.head.bias"});
+  CHECK(outer->buffers().size() == 2);
+  CHECK(outer->buffers()[0].impl() == outer->running_mean.impl());
+  CHECK_FALSE(outer->running_mean.requires_grad());
+}
+
+TEST_CASE("registering a duplicate, dotted, undefined or non-leaf name is an error") {
+  WithBuffers m;
+  CHECK_THROWS_WITH_AS(m.register_parameter("scale", tp::ones({1})),
+                       Contains("already has a parameter or buffer named 'scale'"), tp::Error);
+  CHECK_THROWS_WITH_AS(m.register_buffer("scale", tp::ones({1})),
+                       Contains("already has a parameter or buffer named 'scale'"), tp::Error);
+  CHECK_THROWS_WITH_AS(m.register_parameter("running_mean", tp::ones({1})),
+                       Contains("named 'running_mean'"), tp::Error);
+  CHECK_THROWS_WITH_AS(m.add("head", std::make_shared<nn::ReLU>()),
+                       Contains("already has a submodule named 'head'"), tp::Error);
+  CHECK_THROWS_WITH_AS(m.register_parameter("a.b", tp::ones({1})), Contains("contains '.'"),
+                       tp::Error);
+  CHECK_THROWS_WITH_AS(m.register_parameter("none", tp::Tensor()),
+                       Contains("undefined tensor"), tp::Error);
+  tp::Tensor leaf = param({1.0});
+  CHECK_THROWS_WITH_AS(m.register_parameter("computed", leaf * 2.0),
+                       Contains("has a grad_fn"), tp::Error);
+  CHECK(m.parameters().size() == 3);  // nothing was added by the failed calls
+}
+
+TEST_CASE("train and eval reach every submodule") {
+  nn::MiniMLP model;
+  CHECK(model.is_training());
+  model.eval();
+  CHECK_FALSE(model.is_training());
+  CHECK_FALSE(model.fc2->is_training());
+  model.train();
+  CHECK(model.fc3->is_training());
+}
+
+TEST_CASE("zero_grad clears grads by default and zeroes them in place on request") {
+  nn::MiniMLP model;
+  const tp::Tensor x = tp::ones({2, 16});
+  model(x).sum().backward();
+  for (const auto& p : model.parameters()) CHECK(p.grad().defined());
+
+  model.zero_grad();  // set_to_none = true, PyTorch's default
+  for (const auto& p : model.parameters()) CHECK_FALSE(p.grad().defined());
+
+  model(x).sum().backward();
+  const tp::Tensor g = model.fc3->bias.grad();  // a handle to the gradient
+  CHECK(g.to_vector() == std::vector<double>{2, 2, 2, 2});  // d sum / d bias = batch size
+  model.zero_grad(/*set_to_none=*/false);
+  CHECK(model.fc3->bias.grad().defined());
+  CHECK(model.fc3->bias.grad().impl() == g.impl());  // same tensor, zeroed in place
+  CHECK(g.to_vector() == std::vector<double>{0, 0, 0, 0});
+}
+
+// ---- SGD ------------------------------------------------------------------------
+
+TEST_CASE("SGD without momentum follows p_k = (1 - 2 lr)^k p_0 on sum(p^2)") {
+  // loss = sum(p^2) has grad 2p, so p <- p - lr * 2p = (1 - 2 lr) p each step.
+  tp::Tensor p = param({1.0, -2.0});
+  tp::optim::SGD opt({p}, {.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    p.square().sum().backward();
+    opt.step();
+  }
+  const double f = std::pow(0.8, 3);  // 0.512
+  const auto v = p.to_vector();
+  CHECK(v[0] == Approx(f * 1.0).epsilon(1e-14));
+  CHECK(v[1] == Approx(f * -2.0).epsilon(1e-14));
+  // The step left p a leaf: it recorded no autograd history.
+  CHECK(p.is_leaf());
+  CHECK(p.requires_grad());
+}
+
+TEST_CASE("SGD with momentum accumulates buf = m buf + g on a constant gradient") {
+  // loss = sum(c * p) has the constant grad c. With buf_0 = c and
+  // buf_k = m buf_{k-1} + c, buf_k = c (1 + m + ... + m^k), so after 3 steps
+  //   p_3 = p_0 - lr c [1 + (1 + m) + (1 + m + m^2)].
+  const double lr = 0.05, m = 0.9;
+  const tp::Tensor c = tp::tensor({3.0, -1.0}, {2}, tp::kFloat64);
+  tp::Tensor p = param({0.5, 0.25});
+  tp::optim::SGD opt({p}, {.lr = lr, .momentum = m});
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    (p * c).sum().backward();
+    opt.step();
+  }
+  const double factor = 1 + (1 + m) + (1 + m + m * m);  // 5.71
+  const auto v = p.to_vector();
+  CHECK(v[0] == Approx(0.5 - lr * 3.0 * factor).epsilon(1e-14));
+  CHECK(v[1] == Approx(0.25 - lr * -1.0 * factor).epsilon(1e-14));
+}
+
+TEST_CASE("SGD with momentum matches the update rule on sum(p^2) step by step") {
+  // Here the gradient changes with p, so compare with the rule of sgd.h
+  // evaluated on plain doubles.
+  const double lr = 0.1, m = 0.5;
+  tp::Tensor p = param({1.0});
+  tp::optim::SGD opt({p}, {.lr = lr, .momentum = m});
+  double x = 1.0, buf = 0.0;
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    p.square().sum().backward();
+    opt.step();
+    const double g = 2 * x;
+    buf = step == 0 ? g : m * buf + g;
+    x -= lr * buf;
+    CHECK(p.item() == Approx(x).epsilon(1e-14));
+  }
+  CHECK(x < 0.5);  // and it really moved toward the minimum at 0
+}
+
+TEST_CASE("SGD skips parameters without a gradient and starts their momentum late") {
+  tp::Tensor used = param({1.0});
+  tp::Tensor unused = param({5.0});
+  tp::optim::SGD opt({used, unused}, {.lr = 0.1, .momentum = 0.9});
+  used.square().sum().backward();  // unused gets no gradient
+  opt.step();
+  CHECK_FALSE(unused.grad().defined());
+  CHECK(unused.item() == 5.0);
+  CHECK(used.item() == Approx(1.0 - 0.1 * 2.0));
+
+  // Its first gradient starts its momentum buffer as buf = grad (no stale state).
+  opt.zero_grad();
+  unused.square().sum().backward();  // grad 10
+  opt.step();
+  CHECK(unused.item() == Approx(5.0 - 0.1 * 10.0));
+  CHECK(used.item() == Approx(0.8));  // no grad this time: untouched
+}
+
+TEST_CASE("SGD zero_grad clears or zeroes its parameters' grads") {
+  tp::Tensor p = param({1.0, 2.0});
+  tp::optim::SGD opt({p}, {.lr = 0.1});
+  p.square().sum().backward();
+  opt.zero_grad(/*set_to_none=*/false);
+  CHECK(p.grad().to_vector() == std::vector<double>{0, 0});
+  opt.zero_grad();
+  CHECK_FALSE(p.grad().defined());
+}
+
+TEST_CASE("SGD rejects bad options and parameters") {
+  tp::Tensor p = param({1.0});
+  CHECK_THROWS_WITH_AS(tp::optim::SGD({p}, {.lr = 0.0}), Contains("lr must be > 0, got 0"),
+                       tp::Error);
+  CHECK_THROWS_WITH_AS(tp::optim::SGD({p}, {.lr = -1.0}), Contains("lr must be > 0, got -1"),
+                       tp::Error);
+  CHECK_THROWS_WITH_AS(tp::optim::SGD({p}, {.lr = 0.1, .momentum = -0.5}),
+                       Contains("momentum must be >= 0, got -0.5"), tp::Error);
+  CHECK_THROWS_WITH_AS(tp::optim::SGD({}, {.lr = 0.1}), Contains("empty parameter list"),
+                       tp::Error);
+  CHECK_THROWS_WITH_AS(tp::optim::SGD({p * 2.0}, {.lr = 0.1}),
+                       Contains("parameter 0 is not a leaf that requires grad"), tp::Error);
+  CHECK_THROWS_WITH_AS(tp::optim::SGD({p, tp::ones({1})}, {.lr = 0.1}),
+                       Contains("parameter 1 is not a leaf that requires grad"), tp::Error);
+  CHECK_THROWS_WITH_AS(tp::optim::SGD({tp::Tensor()}, {.lr = 0.1}),
+                       Contains("parameter 0 is an undefined tensor"), tp::Error);
+}

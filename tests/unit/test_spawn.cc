@@ -6,6 +6,7 @@
 // is not shared across fork); they report by returning a string or throwing.
 #include <doctest/doctest.h>
 
+#include <errno.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -191,4 +192,34 @@ TEST_CASE("spawn inside a spawned rank is refused") {
                            },
                            1),
                        Contains("spawn is not reentrant"), mp::SpawnError);
+}
+
+TEST_CASE("a rank starts with default signal handlers, not the parent's") {
+  // doctest installs crash handlers in the parent; a child that inherited
+  // them would print a second, confusing report. Here the parent's handler
+  // would swallow SIGUSR1; in the child the default action ends the rank.
+  struct sigaction previous {};
+  struct sigaction swallow {};
+  swallow.sa_handler = [](int) {};
+  ::sigaction(SIGUSR1, &swallow, &previous);
+  CHECK_THROWS_WITH_AS(mp::spawn([](int) { ::raise(SIGUSR1); }, 1),
+                       Contains("rank 0 failed: killed by signal 10"), mp::SpawnError);
+  ::sigaction(SIGUSR1, &previous, nullptr);
+}
+
+TEST_CASE("a rank writing to a closed pipe or socket gets an error, not SIGPIPE") {
+  // Gloo writes with writev(); when a peer rank is gone, the healthy rank
+  // must see EPIPE (and Gloo an error naming the collective), not die.
+  const auto payloads = mp::spawn(
+      [](int) {
+        int fds[2];
+        if (::pipe(fds) != 0) throw tp::Error("pipe failed");
+        ::close(fds[0]);
+        const ssize_t n = ::write(fds[1], "x", 1);
+        const int err = errno;
+        ::close(fds[1]);
+        return std::string(n < 0 && err == EPIPE ? "EPIPE" : "no error");
+      },
+      1);
+  CHECK(payloads[0] == "EPIPE");
 }

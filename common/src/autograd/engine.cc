@@ -93,14 +93,14 @@ std::unordered_map<Node*, int> count_dependencies(const std::shared_ptr<Node>& r
 void backward(const Tensor& root, const Tensor& grad) {
   // Errors are worded for Tensor::backward, the usual way in.
   TP_CHECK(root.defined(), "tp::Tensor::backward: called on an undefined tensor");
+  TP_CHECK(!t_state.running,
+           "tp::Tensor::backward: called while another backward pass runs on this "
+           "thread (from a hook or callback); reentrant backward is not supported");
   TP_CHECK(root.requires_grad(),
            "tp::Tensor::backward: the tensor of shape ", to_string(root.shape()),
            " does not require grad and has no grad_fn, so there is nothing to "
            "differentiate; call requires_grad_() on the parameters before the "
            "forward pass, and do not run the forward under tp::NoGradGuard");
-  TP_CHECK(!t_state.running,
-           "tp::Tensor::backward: called while another backward pass runs on this "
-           "thread (from a hook or callback); reentrant backward is not supported");
   if (grad.defined()) {
     TP_CHECK(grad.shape() == root.shape() && grad.dtype() == root.dtype(),
              "tp::Tensor::backward: the gradient has shape ", to_string(grad.shape()),

@@ -1,1 +1,507 @@
-// placeholder: implementation pending
+// tp::distributed::ProcessGroupGloo: collectives over Gloo's TCP transport,
+// run in issue order on one communication thread.
+//
+// The life of a collective:
+//   1. The calling thread checks the tensors (so a bad input fails at once,
+//      on the line that passed it), counts it, gives it the next sequence
+//      number, records "<op> queued" and puts a Task on the queue.
+//   2. The communication thread pops tasks one by one and runs each inside
+//      a trace span "<op>"; Gloo blocks it until every rank has joined.
+//   3. It calls work->finish(), with the error if Gloo threw; wait() on the
+//      calling thread returns or rethrows.
+// One thread, one queue: collectives run one at a time in issue order, the
+// CPU analogue of a CUDA communication stream.
+#include "tensorplay/distributed/process_group_gloo.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "rendezvous_dir.h"
+#include "tensorplay/error.h"
+#include "tensorplay/trace.h"
+
+namespace tp::distributed {
+
+using std::chrono::milliseconds;
+using tp::detail::cat;
+
+// ---- the rendezvous directory ----------------------------------------------
+
+void detail::prepare_rendezvous_dir(const std::string& dir, int rank, const char* caller) {
+  const auto fail = [&](const std::string& cause) {
+    TP_THROW(DistributedError, caller, ": rank ", rank, ": rendezvous directory '", dir,
+             "' is not writable (", cause,
+             "); pass file://DIR with a directory every rank can write, such as a "
+             "fresh tp::TempDir");
+  };
+  if (dir.empty()) fail("the path is empty");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);  // mkdir -p; fine if it exists
+  if (ec) fail("cannot create it: " + ec.message());
+  if (!std::filesystem::is_directory(dir, ec)) fail("it is not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) fail(std::strerror(errno));
+  // access() says yes to root almost everywhere (even in /proc); creating a
+  // file is the test that cannot lie.
+  const std::string probe = dir + "/.tp-write-probe-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) fail(std::string("cannot create a file in it: ") + std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+namespace {
+
+constexpr const char* kWho = "tp::distributed::ProcessGroupGloo";
+
+// Note [Rendezvous in two steps]
+// Gloo's FileStore rendezvous reports a missing rank as "Wait timeout for
+// key(s): [2]" (and measures its timeout in whole seconds). So before Gloo
+// sees the directory, every rank drops a marker file and waits until all
+// markers are there: a missing rank becomes an error that lists who arrived
+// and who did not, and the Gloo step only connects processes known to be
+// alive. A marker that already exists means the directory is being reused;
+// Gloo would then read an earlier job's addresses, so that is an error too.
+std::string marker_path(const std::string& dir, int rank) {
+  return dir + "/tp-rank-" + std::to_string(rank) + ".arrived";
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    out += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+  }
+  return out;
+}
+
+void wait_for_all_ranks(const std::string& dir, int rank, int size, milliseconds timeout) {
+  const std::string mine = marker_path(dir, rank);
+  const int fd = ::open(mine.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EEXIST) {
+      TP_THROW(DistributedError, kWho, ": rank ", rank, " of ", size,
+               ": the rendezvous directory '", dir, "' already holds a marker for rank ",
+               rank, ", left by an earlier job or by another process given the same rank; "
+               "use a fresh directory for every job (tp::TempDir) and a distinct rank "
+               "per process");
+    }
+    TP_THROW(DistributedError, kWho, ": rank ", rank, ": cannot write '", mine, "' (",
+             std::strerror(err), "); pass file://DIR with a directory every rank can write");
+  }
+  ::close(fd);
+
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    std::vector<int> arrived;
+    std::vector<int> missing;
+    for (int r = 0; r < size; ++r) {
+      (::access(marker_path(dir, r).c_str(), F_OK) == 0 ? arrived : missing).push_back(r);
+    }
+    if (missing.empty()) return;
+    if (std::chrono::steady_clock::now() - start >= timeout) {
+      TP_THROW(DistributedError, kWho, ": rank ", rank, " of ", size, " waited ",
+               timeout.count(), " ms for the others at rendezvous in '", dir,
+               "'; arrived: ", rank_list(arrived), "; missing: ", rank_list(missing),
+               ". Did every rank start and call init_process_group with the same "
+               "file:// directory and world size?");
+    }
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+}
+
+// ---- checks on the calling thread --------------------------------------------
+
+void check_tensor(const char* fn, int rank, const Tensor& t, const std::string& what) {
+  if (!t.defined()) {
+    TP_THROW(DistributedError, fn, ": rank ", rank, ": ", what,
+             " is undefined; pass a tensor made by tp::zeros, tp::tensor or a model");
+  }
+  if (t.device().type != DeviceType::CPU) {
+    TP_THROW(DistributedError, fn, ": rank ", rank, ": ", what, " is on ",
+             to_string(t.device()), " but the gloo backend works on CPU tensors; "
+             "move it to the CPU first");
+  }
+  if (t.dtype() != kFloat32 && t.dtype() != kFloat64) {
+    TP_THROW(DistributedError, fn, ": rank ", rank, ": ", what, " has dtype ",
+             to_string(t.dtype()), "; the gloo backend supports float32 and float64");
+  }
+  if (!t.is_contiguous()) {
+    TP_THROW(DistributedError, fn, ": rank ", rank, ": ", what,
+             " is not contiguous (shape ", tp::to_string(t.shape()), ", strides ",
+             tp::to_string(t.strides()), "); a collective sends one dense block of memory: "
+             "pass t.contiguous() and copy the result back after wait()");
+  }
+}
+
+// What the communication thread needs of a tensor: its bytes, kept alive by
+// the storage handle. Not the Tensor itself: the communication thread never
+// touches a TensorImpl or the autograd graph, only memory it was handed.
+struct Buffer {
+  std::shared_ptr<Storage> keep_alive;
+  void* data = nullptr;
+  std::size_t numel = 0;
+  std::size_t nbytes = 0;
+  Dtype dtype = kFloat32;
+};
+
+Buffer buffer_of(const Tensor& t) {
+  return Buffer{t.storage(), t.data_ptr(), static_cast<std::size_t>(t.numel()), t.nbytes(),
+                t.dtype()};
+}
+
+// Note [Gloo tags]
+// Every Gloo operation carries a tag; messages only meet messages with the
+// same tag (and the same kind of operation). The low 16 bits are the
+// sequence number, so consecutive collectives never mix. The high 16 bits
+// are a fingerprint of what must agree between ranks (element count, dtype,
+// reduce op, root). Without it, a rank that all-reduces 3 elements while
+// another all-reduces 4 can "succeed" with a wrong result and fail only in a
+// later collective; with it, the two never pair up and the mismatched
+// collective itself times out with a message naming it.
+uint32_t make_tag(uint64_t seq, std::initializer_list<uint64_t> must_agree) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (uint64_t v : must_agree) {
+    for (int byte = 0; byte < 8; ++byte) {
+      h ^= (v >> (8 * byte)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  const uint32_t fingerprint = static_cast<uint32_t>((h >> 48) ^ (h >> 32)) & 0xffff;
+  return (fingerprint << 16) | static_cast<uint32_t>(seq & 0xffff);
+}
+
+// ---- the collectives, as run on the communication thread ---------------------
+
+// c = combine(a, b) elementwise; Gloo calls it on chunks of the buffer.
+template <typename T, typename Combine>
+gloo::AllreduceOptions::Func elementwise(Combine combine) {
+  return [combine](void* c, const void* a, const void* b, std::size_t n) {
+    T* out = static_cast<T*>(c);
+    const T* x = static_cast<const T*>(a);
+    const T* y = static_cast<const T*>(b);
+    for (std::size_t i = 0; i < n; ++i) out[i] = combine(x[i], y[i]);
+  };
+}
+
+template <typename T>
+gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM:
+    case ReduceOp::AVG:  // AVG is SUM, then a division on every rank
+      return elementwise<T>([](T a, T b) { return a + b; });
+    case ReduceOp::MIN:
+      return elementwise<T>([](T a, T b) { return std::min(a, b); });
+    case ReduceOp::MAX:
+      return elementwise<T>([](T a, T b) { return std::max(a, b); });
+  }
+  TP_THROW(Error, "tp::distributed: unknown ReduceOp ", static_cast<int>(op));
+}
+
+template <typename T>
+void run_allreduce(const std::shared_ptr<gloo::Context>& context, const Buffer& buf,
+                   ReduceOp op, uint32_t tag, milliseconds timeout) {
+  T* data = static_cast<T*>(buf.data);
+  gloo::AllreduceOptions opts(context);
+  opts.setOutput(data, buf.numel);  // no separate input: reduce in place
+  opts.setReduceFunction(reduce_function<T>(op));
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allreduce(opts);
+  if (op == ReduceOp::AVG) {
+    const T size = static_cast<T>(context->size);
+    for (std::size_t i = 0; i < buf.numel; ++i) data[i] /= size;
+  }
+}
+
+bool mentions_timeout(const std::string& message) {
+  std::string lower = message;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return lower.find("timed out") != std::string::npos ||
+         lower.find("timeout") != std::string::npos;
+}
+
+}  // namespace
+
+// ---- Impl: the Gloo context and the communication thread ---------------------
+
+struct ProcessGroupGloo::Impl {
+  struct Task {
+    const char* op = nullptr;  // "allreduce", ...: a literal, named in trace and errors
+    uint64_t seq = 0;
+    std::shared_ptr<Work> work;
+    std::function<void(uint32_t tag)> body;  // the Gloo call; tag per Note [Gloo tags]
+    uint32_t tag = 0;
+  };
+
+  Impl(int rank, int size, milliseconds timeout)
+      : rank(rank), size(size), timeout(timeout) {}
+
+  ~Impl() {
+    // Never throws: a destructor runs during unwinding too.
+    try {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        stopping = true;
+      }
+      cv.notify_all();
+      if (comm_thread.joinable()) comm_thread.join();  // after draining the queue
+    } catch (...) {
+    }
+  }
+
+  std::shared_ptr<Work> enqueue(const char* op, const char* queued_event,
+                                std::initializer_list<uint64_t> must_agree,
+                                std::function<void(uint32_t)> body) {
+    const uint64_t seq = next_seq++;
+    auto work = std::make_shared<Work>(op, seq, rank);
+    trace::instant(queued_event, "comm", {{"seq", static_cast<int64_t>(seq)}});
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      queue.push_back(Task{op, seq, work, std::move(body), make_tag(seq, must_agree)});
+    }
+    cv.notify_one();
+    return work;
+  }
+
+  void loop() {
+    trace::set_thread_name("comm");
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        cv.wait(lock, [this] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;  // stopping, and every task has run
+        task = std::move(queue.front());
+        queue.pop_front();
+      }
+      run(task);
+    }
+  }
+
+  void run(Task& task) {
+    trace::Span span(task.op, "comm", {{"seq", static_cast<int64_t>(task.seq)}});
+    const std::string name = cat(task.op, " #", task.seq, " on rank ", rank);
+    if (!failed.empty()) {
+      // A Gloo context is not usable after a failed operation (messages of
+      // the failed collective may still arrive), so later collectives fail
+      // at once instead of each waiting out its own timeout.
+      task.work->finish(std::make_exception_ptr(DistributedError(cat(
+          name, " was not run: this process group stopped after ", failed,
+          " failed; end the job (or build a new group with a fresh rendezvous directory)"))));
+      return;
+    }
+    std::exception_ptr error;
+    try {
+      task.body(task.tag);
+    } catch (const gloo::IoException& e) {
+      // The transport failed: a deadline passed or a connection broke.
+      if (mentions_timeout(e.what())) {
+        error = std::make_exception_ptr(TimeoutError(cat(
+            name, " timed out after ", timeout.count(),
+            " ms: another rank did not join this collective (did every rank issue the "
+            "same collectives in the same order?). Tensors of different sizes or dtypes, "
+            "or a different reduce op or root, count as different collectives. [gloo: ",
+            e.what(), "]")));
+      } else {
+        error = std::make_exception_ptr(DistributedError(cat(
+            name, " failed: the connection to another rank broke (gloo: ", e.what(),
+            "); did another rank exit or crash before joining this collective?")));
+      }
+    } catch (const gloo::EnforceNotMet& e) {
+      error = std::make_exception_ptr(DistributedError(cat(
+          name, " failed inside Gloo: ", e.what(),
+          "; do all ranks pass tensors of the same size and dtype?")));
+    } catch (const std::exception& e) {
+      error = std::make_exception_ptr(DistributedError(cat(name, " failed: ", e.what())));
+    }
+    if (error) failed = cat(task.op, " #", task.seq);
+    task.work->finish(error);
+  }
+
+  const int rank;
+  const int size;
+  const milliseconds timeout;
+  // Constant after construction. Declared before context so the context
+  // (whose pairs point at the device) is destroyed first.
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::Context> context;  // used by the communication thread only
+
+  uint64_t next_seq = 1;  // issuing thread only; 1-based
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<Task> queue;  // guarded by mutex
+  bool stopping = false;   // guarded by mutex; set by the destructor
+
+  std::string failed;  // communication thread only: "allreduce #3" once one failed
+
+  std::thread comm_thread;  // started last, once everything above exists
+};
+
+// ---- construction --------------------------------------------------------------
+
+ProcessGroupGloo::ProcessGroupGloo(const std::string& rendezvous_dir, int rank, int size,
+                                   GlooOptions options)
+    : ProcessGroup(rank, size),  // checks 1 <= size and 0 <= rank < size first
+      options_(options),
+      impl_(std::make_unique<Impl>(rank, size, options.timeout)) {
+  if (options_.timeout.count() <= 0) {
+    TP_THROW(DistributedError, kWho, ": rank ", rank, ": GlooOptions::timeout must be "
+             "positive (got ", options_.timeout.count(), " ms)");
+  }
+  detail::prepare_rendezvous_dir(rendezvous_dir, rank, kWho);
+  wait_for_all_ranks(rendezvous_dir, rank, size, options_.timeout);
+
+  try {
+    // Loopback only: every rank of a job runs on this machine (spawn forks
+    // them). Several machines need env:// or redis://, which come later.
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    impl_->device = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore store(rendezvous_dir);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(options_.timeout);
+    context->connectFullMesh(store, impl_->device);
+    impl_->context = std::move(context);
+  } catch (const std::exception& e) {
+    TP_THROW(DistributedError, kWho, ": rank ", rank, " of ", size,
+             ": connecting to the other ranks through Gloo failed (", e.what(),
+             "); did a rank exit during rendezvous, or is the directory '", rendezvous_dir,
+             "' shared with another job?");
+  }
+  impl_->comm_thread = std::thread([impl = impl_.get()] { impl->loop(); });
+}
+
+ProcessGroupGloo::~ProcessGroupGloo() = default;  // Impl drains and joins
+
+// ---- the collectives, as issued --------------------------------------------------
+
+std::shared_ptr<Work> ProcessGroupGloo::allreduce(const Tensor& tensor, ReduceOp op) {
+  constexpr const char* fn = "tp::distributed::ProcessGroupGloo::allreduce";
+  check_tensor(fn, rank(), tensor, "the tensor");
+  ++counters_.allreduce;
+  counters_.allreduce_elements += static_cast<uint64_t>(tensor.numel());
+  const Buffer buf = buffer_of(tensor);
+  auto context = impl_->context;
+  const milliseconds timeout = options_.timeout;
+  return impl_->enqueue(
+      "allreduce", "allreduce queued",
+      {buf.numel, static_cast<uint64_t>(buf.dtype), static_cast<uint64_t>(op)},
+      [context, buf, op, timeout](uint32_t tag) {
+        if (buf.numel == 0) return;  // Gloo rejects empty buffers; nothing to reduce
+        if (buf.dtype == kFloat64) {
+          run_allreduce<double>(context, buf, op, tag, timeout);
+        } else {
+          run_allreduce<float>(context, buf, op, tag, timeout);
+        }
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
+  constexpr const char* fn = "tp::distributed::ProcessGroupGloo::broadcast";
+  check_tensor(fn, rank(), tensor, "the tensor");
+  if (root < 0 || root >= size()) {
+    TP_THROW(DistributedError, fn, ": rank ", rank(), ": root ", root,
+             " is out of range for world size ", size(), "; pass a rank in 0 .. ",
+             size() - 1);
+  }
+  ++counters_.broadcast;
+  const Buffer buf = buffer_of(tensor);
+  auto context = impl_->context;
+  const milliseconds timeout = options_.timeout;
+  return impl_->enqueue(
+      "broadcast", "broadcast queued",
+      {buf.nbytes, static_cast<uint64_t>(buf.dtype), static_cast<uint64_t>(root)},
+      [context, buf, root, timeout](uint32_t tag) {
+        if (buf.nbytes == 0) return;
+        // Bytes, not elements: broadcast copies and never computes.
+        gloo::BroadcastOptions opts(context);
+        opts.setRoot(root);
+        opts.setOutput(static_cast<uint8_t*>(buf.data), buf.nbytes);  // in place
+        opts.setTag(tag);
+        opts.setTimeout(timeout);
+        gloo::broadcast(opts);
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& outputs,
+                                                  const Tensor& input) {
+  constexpr const char* fn = "tp::distributed::ProcessGroupGloo::allgather";
+  check_tensor(fn, rank(), input, "the input");
+  if (static_cast<int>(outputs.size()) != size()) {
+    TP_THROW(DistributedError, fn, ": rank ", rank(), ": got ", outputs.size(),
+             " output tensors for world size ", size(), "; pass one output per rank");
+  }
+  for (std::size_t r = 0; r < outputs.size(); ++r) {
+    const std::string what = cat("outputs[", r, "]");
+    check_tensor(fn, rank(), outputs[r], what);
+    if (outputs[r].shape() != input.shape() || outputs[r].dtype() != input.dtype()) {
+      TP_THROW(DistributedError, fn, ": rank ", rank(), ": ", what, " has shape ",
+               tp::to_string(outputs[r].shape()), " and dtype ", to_string(outputs[r].dtype()),
+               " but the input has shape ", tp::to_string(input.shape()), " and dtype ",
+               to_string(input.dtype()), "; every output must match the input");
+    }
+  }
+  ++counters_.allgather;
+  const Buffer in = buffer_of(input);
+  std::vector<Buffer> outs;
+  for (const Tensor& t : outputs) outs.push_back(buffer_of(t));
+  auto context = impl_->context;
+  const milliseconds timeout = options_.timeout;
+  return impl_->enqueue(
+      "allgather", "allgather queued", {in.nbytes, static_cast<uint64_t>(in.dtype)},
+      [context, in, outs, timeout](uint32_t tag) {
+        if (in.nbytes == 0) return;
+        // Gloo gathers into one buffer holding every rank's block in rank
+        // order; the outputs are separate tensors, so gather into a staging
+        // buffer and copy each block out.
+        std::vector<uint8_t> staging(in.nbytes * outs.size());
+        gloo::AllgatherOptions opts(context);
+        opts.setInput(static_cast<uint8_t*>(in.data), in.nbytes);
+        opts.setOutput(staging.data(), staging.size());
+        opts.setTag(tag);
+        opts.setTimeout(timeout);
+        gloo::allgather(opts);
+        for (std::size_t r = 0; r < outs.size(); ++r) {
+          std::memcpy(outs[r].data, staging.data() + r * in.nbytes, in.nbytes);
+        }
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::barrier() {
+  ++counters_.barrier;
+  auto context = impl_->context;
+  const milliseconds timeout = options_.timeout;
+  return impl_->enqueue("barrier", "barrier queued", {}, [context, timeout](uint32_t tag) {
+    gloo::BarrierOptions opts(context);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::barrier(opts);
+  });
+}
+
+}  // namespace tp::distributed

@@ -3,6 +3,8 @@
 // number of threads may wait().
 #include "tensorplay/distributed/work.h"
 
+#include <string>
+
 #include "tensorplay/multiprocessing/spawn.h"
 
 namespace tp::distributed {
@@ -12,8 +14,11 @@ void Work::wait() {
   if (!done_) {
     // Shown by spawn's whole-job timeout: "rank 0 (waiting in allreduce #3)"
     // is the first clue to which collective a rank skipped.
-    multiprocessing::set_rank_status("waiting in " + collective_ + " #" +
-                                     std::to_string(seq_));
+    std::string status = "waiting in " + collective_ + " #" + std::to_string(seq_);
+    if (rank_ != multiprocessing::current_rank()) {
+      status += " (group rank " + std::to_string(rank_) + ")";  // a subgroup
+    }
+    multiprocessing::set_rank_status(status);
     done_cv_.wait(lock, [this] { return done_; });
     multiprocessing::set_rank_status("");
   }

@@ -93,27 +93,43 @@ void write_all(int fd, const std::string& data) {
   }
 }
 
-// Signals whose handlers a child must not inherit: the parent (doctest, for
-// one) may have installed crash handlers that would print a report from
-// inside the child. A rank starts with default handling, so a crash reaches
-// the parent as "killed by signal N" and is reported once, there.
-constexpr int kResetSignals[] = {SIGABRT, SIGBUS, SIGFPE,  SIGILL, SIGSEGV,
-                                 SIGTERM, SIGINT, SIGPIPE, SIGTRAP};
+// A rank starts with default signal handling: the parent (doctest, for one)
+// may have installed crash handlers that would print a report from inside
+// the child. With default handling a crash reaches the parent as "killed by
+// signal N" and is reported once, there. SIGPIPE is the exception: it is
+// ignored, as Python does, because Gloo writes to sockets with writev(), and
+// a write to a rank that has already gone must become an error naming the
+// collective ("connection to another rank broke"), not a silent kill of the
+// rank that was still healthy.
+void reset_signal_handling() {
+  for (int sig = 1; sig < SIGRTMIN; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    struct sigaction current {};
+    if (::sigaction(sig, nullptr, &current) != 0) continue;
+    const bool has_handler = (current.sa_flags & SA_SIGINFO) != 0 ||
+                             (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN);
+    if (has_handler) ::signal(sig, SIG_DFL);
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  // spawn blocked every signal around fork (see Job::start); unblock them
+  // now that no inherited handler is left to run.
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+}
 
 // The body of a child process. Never returns: returning would continue the
 // parent's code (its main, its test runner) in the child.
 [[noreturn]] void run_child(const RankFn& fn, int rank, int report_fd,
                             pid_t parent, const SpawnOptions& options) {
   // If the parent dies (killed, crashed), the kernel kills this rank too, so
-  // no orphan keeps waiting in a collective. The getppid() check closes the
-  // race where the parent died before prctl() ran.
+  // no orphan keeps waiting in a collective. (Strictly, the signal fires when
+  // the thread that forked exits; spawn runs on the parent's main thread.)
+  // The getppid() check closes the race where the parent died before prctl().
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(1);
 
-  for (int sig : kResetSignals) ::signal(sig, SIG_DFL);
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  reset_signal_handling();
 
   g_current_rank = rank;
   // Ranks share the machine's cores; one OpenBLAS thread each by default so
@@ -247,6 +263,18 @@ void Job::start(const RankFn& fn) {
   // Anything buffered in stdio now would be flushed by every child too.
   std::fflush(nullptr);
   const pid_t parent = ::getpid();
+  // Block every signal while forking. A child must not run a handler it
+  // inherited (doctest's, say) before run_child() has reset them; a SIGTERM
+  // from spawn that lands in that window stays pending until the child
+  // unblocks it with default handling in place, and then ends the child.
+  sigset_t all;
+  sigset_t previous;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &previous);
+  struct RestoreMask {
+    sigset_t mask;
+    ~RestoreMask() { ::pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
+  } restore{previous};
   for (int rank = 0; rank < nprocs(); ++rank) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) {
@@ -406,8 +434,9 @@ void Job::throw_timeout() {
 // the cause. Every exception report carries the time it was raised on the
 // machine-wide monotonic clock, so the parent blames the earliest one. A
 // rank killed by a signal or exiting with a code carries no time; such a
-// crash is the likelier cause than the exceptions it provokes, so it stays
-// the one blamed when it was seen first.
+// crash is a likelier cause than the exceptions it provokes, so it is blamed
+// before any exception seen in the same tick, and stays blamed when it was
+// seen first.
 void Job::throw_failure(int first_rank, const Outcome& first) {
   end_all();
   int blamed = first_rank;
@@ -434,12 +463,18 @@ std::vector<std::string> Job::join() {
     if (left.count() <= 0) throw_timeout();
     read_pipes(std::min(kTick, left));
     if (!reap_finished()) continue;
+    int failed = -1;  // the failure to blame among those seen in this tick
     for (int rank = 0; rank < nprocs(); ++rank) {
       if (!children_[rank].reaped || outcomes[rank]) continue;
       outcomes[rank] = decode(children_[rank]);
       ++done;
-      if (!outcomes[rank]->ok) throw_failure(rank, *outcomes[rank]);
+      if (outcomes[rank]->ok) continue;
+      // A crash outranks an exception (see Note [Which rank failed first]).
+      if (failed < 0 || (outcomes[failed]->failed_ns && !outcomes[rank]->failed_ns)) {
+        failed = rank;
+      }
     }
+    if (failed >= 0) throw_failure(failed, *outcomes[failed]);
   }
   std::vector<std::string> payloads;
   payloads.reserve(children_.size());

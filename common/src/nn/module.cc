@@ -1,1 +1,110 @@
-// placeholder: implementation pending
+// tp::nn::Module: registration and the recursive, ordered listings that DDP
+// relies on (see module.h).
+#include "tensorplay/nn/module.h"
+
+#include "tensorplay/error.h"
+
+namespace tp::nn {
+namespace {
+
+bool has_name(const std::vector<NamedTensor>& list, const std::string& name) {
+  for (const auto& [n, t] : list) {
+    if (n == name) return true;
+  }
+  return false;
+}
+
+// Names must be usable as one component of a dotted path ("fc1.weight").
+void check_name(const char* what, const std::string& name) {
+  TP_CHECK(!name.empty(), "tp::nn::Module::", what, ": the name is empty; give it a name");
+  TP_CHECK(name.find('.') == std::string::npos, "tp::nn::Module::", what, ": name '", name,
+           "' contains '.', which separates submodule names; pick a name without dots");
+}
+
+}  // namespace
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+std::vector<NamedTensor> Module::named_parameters() const {
+  std::vector<NamedTensor> out;
+  collect("", /*params=*/true, out);
+  return out;
+}
+
+std::vector<Tensor> Module::buffers() const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_buffers()) out.push_back(t);
+  return out;
+}
+
+std::vector<NamedTensor> Module::named_buffers() const {
+  std::vector<NamedTensor> out;
+  collect("", /*params=*/false, out);
+  return out;
+}
+
+// Own tensors first, in registration order, then each child's, depth first,
+// prefixed with "childname." -- the order of torch.nn.Module.named_parameters().
+void Module::collect(const std::string& prefix, bool params,
+                     std::vector<NamedTensor>& out) const {
+  for (const auto& [name, t] : params ? params_ : buffers_) out.emplace_back(prefix + name, t);
+  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", params, out);
+}
+
+void Module::zero_grad(bool set_to_none) {
+  for (Tensor& p : parameters()) {
+    if (set_to_none) {
+      p.set_grad(Tensor());
+    } else if (p.grad().defined()) {
+      p.grad().zero_();
+    }
+  }
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+Tensor Module::register_parameter(const std::string& name, Tensor t) {
+  check_name("register_parameter", name);
+  TP_CHECK(t.defined(), "tp::nn::Module::register_parameter: parameter '", name,
+           "' is an undefined tensor; create it first");
+  TP_CHECK(!has_name(params_, name) && !has_name(buffers_, name),
+           "tp::nn::Module::register_parameter: this module already has a parameter or "
+           "buffer named '", name, "'; names must be unique");
+  TP_CHECK(t.is_leaf(), "tp::nn::Module::register_parameter: parameter '", name,
+           "' has a grad_fn (it was computed from other tensors); register a leaf, "
+           "for example t.detach()");
+  t.requires_grad_(true);
+  params_.emplace_back(name, t);
+  return t;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor t) {
+  check_name("register_buffer", name);
+  TP_CHECK(t.defined(), "tp::nn::Module::register_buffer: buffer '", name,
+           "' is an undefined tensor; create it first");
+  TP_CHECK(!has_name(params_, name) && !has_name(buffers_, name),
+           "tp::nn::Module::register_buffer: this module already has a parameter or "
+           "buffer named '", name, "'; names must be unique");
+  buffers_.emplace_back(name, t);
+  return t;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
+  check_name("register_module", name);
+  TP_CHECK(m != nullptr, "tp::nn::Module::register_module: submodule '", name,
+           "' is null; pass a constructed module");
+  for (const auto& [n, child] : children_) {
+    TP_CHECK(n != name, "tp::nn::Module::register_module: this module already has a "
+             "submodule named '", name, "'; names must be unique");
+  }
+  children_.emplace_back(name, std::move(m));
+}
+
+}  // namespace tp::nn

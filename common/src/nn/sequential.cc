@@ -1,1 +1,19 @@
-// placeholder: implementation pending
+// tp::nn::Sequential (see sequential.h).
+#include "tensorplay/nn/sequential.h"
+
+#include <string>
+
+namespace tp::nn {
+
+void Sequential::push_back(std::shared_ptr<Module> m) {
+  // Child i is named "i", so its parameters list as "i.weight", "i.bias".
+  register_module(std::to_string(size()), std::move(m));
+}
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (const auto& [name, child] : children()) x = child->forward(x);
+  return x;
+}
+
+}  // namespace tp::nn
