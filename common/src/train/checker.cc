@@ -21,8 +21,11 @@ std::vector<RunConfig> standard_configs() {
     c.steps = 6;
     configs.push_back(c);
   };
-  add(1, kFloat32, false, 0.0);  // one rank: DDP must be a no-op
-  add(2, kFloat32, true, 0.0);   // the smallest real group; per-rank seeds test the broadcast
+  // The smallest real group first: per-rank seeds test the broadcast, and a
+  // wrong value shows up as a difference between ranks, which names the cause
+  // better than a collective count does.
+  add(2, kFloat32, true, 0.0);
+  add(1, kFloat32, false, 0.0);  // one rank: DDP must change nothing
   add(3, kFloat64, true, 0.0);   // an odd world size: 1/3 is not exact in binary
   add(4, kFloat32, true, 0.0);
   add(4, kFloat64, false, 0.9);  // momentum carries state across steps
@@ -67,8 +70,8 @@ Finding finding_from_spawn_error(const std::string& stage, const std::exception&
   std::string message = error.what();
   std::string cause;
   if (message.find("not implemented yet") != std::string::npos) {
-    cause = "this is still the exercise stub: fill in the function it names in exercises/" +
-            stage + "-*/ (./kit reset " + stage + " restores the stub)";
+    cause = "this is still the exercise stub: fill in the function the message names (./kit "
+            "reset " + stage + " restores the stubs)";
   } else if (message.find("timed out") != std::string::npos) {
     cause = "a rank waits in a collective that another rank never issued: every rank must "
             "issue the same collectives in the same order";
