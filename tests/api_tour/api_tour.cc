@@ -26,6 +26,19 @@ std::string exact_text(const tp::Tensor& t) {
   return out + "\n";
 }
 
+// True when every rank reported the same parameters as rank 0.
+bool all_ranks_agree(const std::vector<std::string>& params) {
+  for (size_t rank = 1; rank < params.size(); ++rank) {
+    if (params[rank] != params[0]) {
+      std::printf("FAIL: rank %zu ends with different parameters than rank 0\n", rank);
+      return false;
+    }
+  }
+  std::printf("ok: %zu ranks seeded differently and ended with identical parameters\n",
+              params.size());
+  return true;
+}
+
 // [snippet:tour]
 std::string example(int rank, int world_size, const std::string& init_method) {
   dist::init_process_group("gloo", rank, world_size, init_method);
@@ -52,15 +65,6 @@ int main() {
   tp::TempDir rendezvous;  // a fresh file:// rendezvous directory
   std::vector<std::string> params = tp::multiprocessing::spawn(
       example, world_size, world_size, rendezvous.file_init_method());
-  // [/snippet:tour]
-
-  for (int rank = 1; rank < world_size; ++rank) {
-    if (params[rank] != params[0]) {
-      std::printf("FAIL: rank %d ends with different parameters than rank 0\n%s\nvs\n%s\n", rank,
-                  params[rank].c_str(), params[0].c_str());
-      return 1;
-    }
-  }
-  std::printf("ok: %d ranks seeded differently and ended with identical parameters\n", world_size);
-  return 0;
+  return all_ranks_agree(params) ? 0 : 1;
 }
+// [/snippet:tour]

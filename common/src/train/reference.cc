@@ -22,6 +22,7 @@ ReferenceResult train_reference(const RunConfig& config) {
   ReferenceResult result;
   result.initial_params = snapshot(model.named_parameters());
   const double scale = 1.0 / config.world_size;
+  // [snippet:reference-step]
   for (int64_t step = 0; step < config.steps; ++step) {
     optimizer.zero_grad();
     std::vector<double> step_losses;
@@ -38,6 +39,7 @@ ReferenceResult train_reference(const RunConfig& config) {
     result.losses.push_back(std::move(step_losses));
     if (step == 0) result.after_first_step = snapshot(model.named_parameters());
   }
+  // [/snippet:reference-step]
   result.final_params = snapshot(model.named_parameters());
   return result;
 }

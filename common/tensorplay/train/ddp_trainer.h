@@ -70,6 +70,7 @@ RankResult train_rank(int rank, const RunConfig& config,
 
   data::SyntheticRegression dataset(data_options(config));
   optim::SGD optimizer(ddp.parameters(), {config.lr, config.momentum});
+  // [snippet:rank-step]
   for (int64_t step = 0; step < config.steps; ++step) {
     group->reset_counters();
     trace::Span step_span("step", "train", {{"step", step}});
@@ -97,6 +98,7 @@ RankResult train_rank(int rank, const RunConfig& config,
     result.broadcasts_per_step.push_back(group->counters().broadcast);
     if (step == 0) result.after_first_step = snapshot(ddp.named_parameters());
   }
+  // [/snippet:rank-step]
   result.final_params = snapshot(ddp.named_parameters());
   return result;
 }
