@@ -248,6 +248,7 @@ class Job {
   int nprocs() const { return static_cast<int>(children_.size()); }
   std::string status_of(int rank) const;
   void read_pipes(milliseconds wait);
+  bool drain(Child& c);
   bool reap_finished();
   void end_all();
   [[noreturn]] void throw_timeout();
@@ -326,23 +327,28 @@ void Job::read_pipes(milliseconds wait) {
   // With no pipe open, poll() is just a sleep of one tick.
   const int n = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
   if (n <= 0) return;  // timeout, or EINTR: the caller loops anyway
-  char buffer[65536];
   for (std::size_t i = 0; i < fds.size(); ++i) {
     if (fds[i].revents == 0) continue;
     Child& c = *owners[i];
-    for (;;) {
-      const ssize_t got = ::read(c.fd, buffer, sizeof buffer);
-      if (got > 0) {
-        c.report.append(buffer, static_cast<std::size_t>(got));
-        continue;
-      }
-      if (got < 0 && errno == EINTR) continue;
-      if (got == 0) {  // EOF: the child closed its end (it is exiting)
-        ::close(c.fd);
-        c.fd = -1;
-      }
-      break;  // EAGAIN: nothing more for now
+    if (drain(c)) {  // EOF: the child closed its end (it is exiting)
+      ::close(c.fd);
+      c.fd = -1;
     }
+  }
+}
+
+// Appends whatever the child's pipe holds now to its report, without
+// blocking; returns true at end of file.
+bool Job::drain(Child& c) {
+  char buffer[65536];
+  for (;;) {
+    const ssize_t got = ::read(c.fd, buffer, sizeof buffer);
+    if (got > 0) {
+      c.report.append(buffer, static_cast<std::size_t>(got));
+      continue;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    return got == 0;  // otherwise EAGAIN: nothing more for now
   }
 }
 
@@ -361,16 +367,7 @@ bool Job::reap_finished() {
     // pipe now; read it without waiting for EOF, which a grandchild holding
     // the write end could delay forever.
     if (c.fd >= 0) {
-      char buffer[65536];
-      for (;;) {
-        const ssize_t got = ::read(c.fd, buffer, sizeof buffer);
-        if (got > 0) {
-          c.report.append(buffer, static_cast<std::size_t>(got));
-          continue;
-        }
-        if (got < 0 && errno == EINTR) continue;
-        break;
-      }
+      drain(c);
       ::close(c.fd);
       c.fd = -1;
     }
