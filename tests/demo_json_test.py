@@ -23,12 +23,27 @@ def fail(message):
 def main(demo):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "demo.json")
-        run = subprocess.run([demo, "--world-size", str(WORLD), "--steps", str(STEPS), "--json", path],
+        trace_path = os.path.join(tmp, "trace.json")
+        run = subprocess.run([demo, "--world-size", str(WORLD), "--steps", str(STEPS), "--json", path,
+                              "--trace", trace_path],
                              capture_output=True, text=True, timeout=240)
         print(run.stdout, run.stderr)
         if run.returncode != 0:
             fail(f"the demo exited with {run.returncode}")
         data = json.load(open(path))
+        trace = json.load(open(trace_path))["traceEvents"]
+
+    # The trace: every rank's main and comm threads, one all-reduce span per
+    # parameter per step on each rank.
+    names = {(e["pid"], e["args"]["name"]) for e in trace if e["ph"] == "M"}
+    for rank in range(WORLD):
+        if (rank, "main") not in names or (rank, "comm") not in names:
+            fail(f"the trace lacks rank {rank}'s main or comm thread: {sorted(names)}")
+        spans = [e for e in trace if e["pid"] == rank and e["ph"] == "X" and e["name"] == "allreduce"]
+        if len(spans) != 6 * STEPS:
+            fail(f"rank {rank}: {len(spans)} allreduce spans in the trace, expected {6 * STEPS}")
+    if "timeline of step" not in run.stdout:
+        fail("--trace printed no ASCII timeline")
 
     tol = data["config"]["tolerance"]
     if data["config"]["world_size"] != WORLD or len(data["steps"]) != STEPS:

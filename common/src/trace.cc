@@ -108,14 +108,12 @@ int64_t record_begin(std::string name, const char* category, char phase,
   return static_cast<int64_t>(r.discarded + r.events.size() - 1);
 }
 
-// Label of a timeline row. Names are known only for this process's threads
-// (set_thread_name); rows of other ranks fall back to "thread N".
-std::string thread_label(int pid, int tid) {
-  Recorder& r = recorder();
-  std::lock_guard<std::mutex> lock(r.mu);
-  if (pid == r.pid) {
-    auto it = r.thread_names.find(tid);
-    if (it != r.thread_names.end()) return it->second;
+// Label of a timeline row: the name its events carry (events() stamps each
+// with its thread's set_thread_name() label, so rows of other ranks keep
+// their names), else "thread N".
+std::string thread_label(const std::vector<Event>& events, int pid, int tid) {
+  for (const Event& e : events) {
+    if (e.pid == pid && e.tid == tid && !e.thread.empty()) return e.thread;
   }
   return "thread " + std::to_string(tid);
 }
@@ -179,6 +177,10 @@ std::vector<Event> events() {
   {
     std::lock_guard<std::mutex> lock(r.mu);
     copy = r.events;
+    for (Event& e : copy) {
+      auto it = r.thread_names.find(e.tid);
+      if (it != r.thread_names.end()) e.thread = it->second;
+    }
   }
   // Appended under the lock that hands out begin_order, so already sorted;
   // the sort states the contract rather than relying on it.
@@ -253,7 +255,7 @@ std::string to_chrome_json(const std::vector<Event>& events) {
     begin_object();
     out += "\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " + std::to_string(pid) +
            ", \"tid\": " + std::to_string(tid) + ", \"args\": {\"name\": ";
-    append_json_string(out, thread_label(pid, tid));
+    append_json_string(out, thread_label(events, pid, tid));
     out += "}}";
   }
 
@@ -356,7 +358,7 @@ std::string render_ascii(const std::vector<Event>& events, int width) {
   size_t label_width = 0;
   for (const auto& [key, row] : rows) {
     std::string label = "rank " + std::to_string(key.first) + " " +
-                        thread_label(key.first, key.second);
+                        thread_label(events, key.first, key.second);
     label_width = std::max(label_width, label.size());
     lines.emplace_back(std::move(label), &row);
   }

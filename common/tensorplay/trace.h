@@ -38,6 +38,7 @@ struct Event {
   char phase = 'X';       // 'X' span, 'i' instant
   int pid = 0;            // rank
   int tid = 0;            // small per-process thread number
+  std::string thread;     // the thread's set_thread_name() label, "" if none
   int64_t ts_us = 0;      // start, microseconds since enable()
   int64_t dur_us = 0;     // spans only
   uint64_t begin_order = 0;  // position of the start in the total order

@@ -55,6 +55,14 @@ int main(int argc, char** argv) {
   spec.stage = "01";
   spec.title = "naive DDP, one all-reduce per parameter";
   spec.configs = tp::train::standard_configs();
-  spec.stage_checks = count_collectives;
+  for (RunConfig& config : spec.configs) config.trace = true;
+  spec.stage_checks = [](const RunConfig& config, const std::vector<RankResult>& ranks,
+                         size_t num_params) {
+    std::vector<Finding> out = count_collectives(config, ranks, num_params);
+    for (Finding& f : tp::train::check_sync_between_backward_and_step(ranks)) {
+      out.push_back(std::move(f));
+    }
+    return out;
+  };
   return tp::train::run_checker<stage01::DistributedDataParallel>(argc, argv, spec);
 }

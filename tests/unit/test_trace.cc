@@ -392,3 +392,25 @@ TEST_CASE("ASCII timeline of no events says so, and a bad width is rejected") {
   CHECK_THROWS_WITH_AS(trace::render_ascii({e}, 0), doctest::Contains("width must be at least 1"),
                        tp::Error);
 }
+
+TEST_CASE("events from another rank keep their thread names in the JSON and the timeline") {
+  tp::trace::Event main_span;
+  main_span.name = "backward";
+  main_span.category = "compute";
+  main_span.pid = 3;
+  main_span.tid = 0;
+  main_span.thread = "main";
+  main_span.dur_us = 10;
+  tp::trace::Event comm_span = main_span;
+  comm_span.name = "allreduce";
+  comm_span.category = "comm";
+  comm_span.tid = 1;
+  comm_span.thread = "comm";
+  comm_span.ts_us = 5;
+  const std::vector<tp::trace::Event> events{main_span, comm_span};
+  const std::string json = tp::trace::to_chrome_json(events);
+  CHECK(json.find("\"pid\": 3, \"tid\": 1, \"args\": {\"name\": \"comm\"}") != std::string::npos);
+  const std::string timeline = tp::trace::render_ascii(events, 20);
+  CHECK(timeline.find("rank 3 comm") != std::string::npos);
+  CHECK(timeline.find("rank 3 main") != std::string::npos);
+}

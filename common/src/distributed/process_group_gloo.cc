@@ -303,16 +303,27 @@ struct ProcessGroupGloo::Impl {
   }
 
   void run(Task& task) {
-    trace::Span span(task.op, "comm", {{"seq", static_cast<int64_t>(task.seq)}});
+    std::exception_ptr error;
+    {
+      // The span ends before finish() wakes the waiter, so in the trace's
+      // order the collective is over before anything the waiter does next
+      // (checkers assert "all-reduces end before the optimizer step").
+      trace::Span span(task.op, "comm", {{"seq", static_cast<int64_t>(task.seq)}});
+      error = execute(task);
+    }
+    task.work->finish(error);
+  }
+
+  // Runs one collective; returns its error, if any.
+  std::exception_ptr execute(Task& task) {
     const std::string name = cat(task.op, " #", task.seq, " on rank ", rank);
     if (!failed.empty()) {
       // A Gloo context is not usable after a failed operation (messages of
       // the failed collective may still arrive), so later collectives fail
       // at once instead of each waiting out its own timeout.
-      task.work->finish(std::make_exception_ptr(DistributedError(cat(
+      return std::make_exception_ptr(DistributedError(cat(
           name, " was not run: this process group stopped after ", failed,
-          " failed; end the job (or build a new group with a fresh rendezvous directory)"))));
-      return;
+          " failed; end the job (or build a new group with a fresh rendezvous directory)")));
     }
     std::exception_ptr error;
     try {
@@ -339,7 +350,7 @@ struct ProcessGroupGloo::Impl {
       error = std::make_exception_ptr(DistributedError(cat(name, " failed: ", e.what())));
     }
     if (error) failed = cat(task.op, " #", task.seq);
-    task.work->finish(error);
+    return error;
   }
 
   const int rank;

@@ -32,6 +32,52 @@ std::vector<RunConfig> standard_configs() {
   return configs;
 }
 
+std::vector<Finding> check_sync_between_backward_and_step(const std::vector<RankResult>& ranks) {
+  std::vector<Finding> out;
+  for (const RankResult& r : ranks) {
+    int64_t step = -1;
+    uint64_t backward_end = 0, optimizer_begin = 0;
+    std::vector<const trace::Event*> allreduces;  // of the current step
+    auto check_step = [&]() {
+      for (const trace::Event* a : allreduces) {
+        if (a->begin_order < backward_end) {
+          out.push_back({detail::cat("rank ", r.rank, ", step ", step,
+                                         ": an all-reduce started before backward finished"),
+                         "call sync_grads() after loss.backward(): the gradients are not final "
+                         "before"});
+          return;
+        }
+        if (optimizer_begin == 0 || a->end_order > optimizer_begin) {
+          out.push_back({detail::cat("rank ", r.rank, ", step ", step,
+                                         ": an all-reduce was still running when the optimizer "
+                                         "step began"),
+                         "wait() for every all-reduce in sync_grads: the optimizer must read "
+                         "averaged gradients"});
+          return;
+        }
+      }
+    };
+    for (const trace::Event& e : r.events) {
+      if (e.name == "step") {
+        if (step >= 0) check_step();
+        if (!out.empty()) return out;
+        step = e.args.empty() ? step + 1 : e.args[0].second;
+        backward_end = optimizer_begin = 0;
+        allreduces.clear();
+      } else if (e.name == "backward") {
+        backward_end = e.end_order;
+      } else if (e.name == "optimizer") {
+        optimizer_begin = e.begin_order;
+      } else if (e.name == "allreduce" && e.phase == 'X' && step >= 0) {
+        allreduces.push_back(&e);
+      }
+    }
+    if (step >= 0) check_step();
+    if (!out.empty()) return out;
+  }
+  return out;
+}
+
 void CheckerRun::print(const std::string& text) {
   std::fputs(text.c_str(), stdout);
   std::fflush(stdout);

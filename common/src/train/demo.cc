@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "tensorplay/trace.h"
 #include "tensorplay/train/compare.h"
 
 namespace tp::train {
@@ -18,7 +19,7 @@ namespace {
   std::fprintf(out,
                "usage: ./kit demo %s [--world-size W] [--steps N] [--batch B] [--lr X]\n"
                "                  [--momentum M] [--dtype float32|float64] [--per-rank-seed]\n"
-               "                  [--json FILE]\n",
+               "                  [--json FILE] [--trace FILE]\n",
                stage.c_str());
   std::exit(code);
 }
@@ -54,6 +55,37 @@ std::string json_list(const std::vector<T>& items, F&& render) {
   std::string out = "[";
   for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + render(items[i]);
   return out + "]";
+}
+
+// Writes every rank's events as one Chrome trace and prints the last step's
+// timeline. Each rank's clock starts at its own trace::enable(), so clocks of
+// different ranks are not aligned: the timeline starts every rank's row at
+// that rank's own step start. Within a rank the order is exact.
+void report_trace(const DemoArgs& args, const std::vector<RankResult>& ranks) {
+  std::vector<trace::Event> all, last_step;
+  const int64_t last = args.config.steps - 1;
+  for (const RankResult& r : ranks) {
+    int64_t begin = -1, end = -1;
+    for (const trace::Event& e : r.events) {
+      all.push_back(e);
+      if (e.name == "step" && !e.args.empty() && e.args[0].second == last) {
+        begin = e.ts_us;
+        end = e.ts_us + e.dur_us;
+      }
+    }
+    for (trace::Event e : r.events) {
+      if (e.ts_us < begin || e.ts_us > end || e.name == "step") continue;
+      e.ts_us -= begin;  // every rank's row starts at its own step start
+      last_step.push_back(std::move(e));
+    }
+  }
+  std::ofstream out(args.trace_path);
+  if (!out) TP_THROW(Error, "demo: cannot write --trace file '", args.trace_path, "'");
+  out << trace::to_chrome_json(all);
+  std::printf("\ntimeline of step %lld, each rank from its own step start (all steps: open %s in "
+              "ui.perfetto.dev):\n%s",
+              static_cast<long long>(last), args.trace_path.c_str(),
+              trace::render_ascii(last_step, 100).c_str());
 }
 
 }  // namespace
@@ -94,6 +126,9 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage) {
       args.config.per_rank_seed = true;
     } else if (flag == "--json") {
       args.json_path = value();
+    } else if (flag == "--trace") {
+      args.trace_path = value();
+      args.config.trace = true;
     } else {
       usage(stage, 2, "unknown flag '" + flag + "'");
     }
@@ -152,6 +187,7 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
     std::printf("verdict: DIFFERS from the reference\n%s", format_findings(findings).c_str());
   }
 
+  if (!args.trace_path.empty()) report_trace(args, ranks);
   if (args.json_path.empty()) return;
   // JSON schema: {stage, title, config{...}, steps[{step, reference_loss,
   // reference_rank_losses[W], ddp_rank_losses[W], max_abs_diff}], final{...}}.

@@ -111,6 +111,16 @@ std::string serialize(const RankResult& r) {
   put_snapshot(out, "initial", r.initial_params);
   put_snapshot(out, "first", r.after_first_step);
   put_snapshot(out, "final", r.final_params);
+  for (const trace::Event& e : r.events) {
+    // Names may contain spaces, so they come last: the rest of the line.
+    out << "event " << e.phase << ' ' << e.pid << ' ' << e.tid << ' ' << e.ts_us << ' '
+        << e.dur_us << ' ' << e.begin_order << ' ' << e.end_order << ' ' << e.args.size();
+    for (const auto& [key, value] : e.args) out << ' ' << key << ' ' << value;
+    // "-" stands for an empty category or thread name (both are one word).
+    out << ' ' << (e.category.empty() ? "-" : e.category) << ' '
+        << (e.thread.empty() ? "-" : e.thread) << ' ' << e.name
+        << '\n';
+  }
   out << "end\n";
   return out.str();
 }
@@ -140,6 +150,21 @@ RankResult parse_rank_result(const std::string& text) {
       read_snapshot_line(in, r.after_first_step);
     } else if (key == "final") {
       read_snapshot_line(in, r.final_params);
+    } else if (key == "event") {
+      trace::Event e;
+      size_t nargs = 0;
+      in >> e.phase >> e.pid >> e.tid >> e.ts_us >> e.dur_us >> e.begin_order >> e.end_order >>
+          nargs;
+      for (size_t i = 0; i < nargs; ++i) {
+        std::pair<std::string, int64_t> arg;
+        in >> arg.first >> arg.second;
+        e.args.push_back(std::move(arg));
+      }
+      in >> e.category >> e.thread;
+      if (e.category == "-") e.category.clear();
+      if (e.thread == "-") e.thread.clear();
+      std::getline(in >> std::ws, e.name);
+      r.events.push_back(std::move(e));
     } else if (key == "end") {
       ended = true;
     } else {

@@ -44,6 +44,12 @@ struct CheckerSpec {
 // and per-rank seeds.
 std::vector<RunConfig> standard_configs();
 
+// Stages that sync after backward (01, 02), checked on each rank's trace
+// (RunConfig::trace) with happens-before on the trace's total order, never
+// wall-clock time: every all-reduce of step s starts after step s's backward
+// has finished, and finishes before step s's optimizer step starts.
+std::vector<Finding> check_sync_between_backward_and_step(const std::vector<RankResult>& ranks);
+
 // Command-line handling, reporting and --expect-fail logic (checker.cc).
 struct CheckerRun {
   std::string expect_file;  // --expect-fail FILE

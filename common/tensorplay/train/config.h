@@ -28,6 +28,9 @@ struct RunConfig {
   // build different models and only DDP's broadcast from rank 0 makes them
   // agree (and agree with the reference).
   bool per_rank_seed = false;
+  // Record a tp::trace timeline on every rank (forward, backward, sync,
+  // collectives) and return it in RankResult::events.
+  bool trace = false;
   nn::MiniMLPOptions model;
   data::SyntheticRegressionOptions data;
   // Deadline of one collective (a skipped collective becomes an error naming

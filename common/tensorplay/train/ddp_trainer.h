@@ -56,6 +56,10 @@ template <DataParallelModel D>
 RankResult train_rank(int rank, const RunConfig& config,
                       const std::shared_ptr<distributed::ProcessGroup>& group,
                       const typename D::Options& options) {
+  if (config.trace) {
+    trace::enable(rank);
+    trace::set_thread_name("main");
+  }
   manual_seed(model_seed_for_rank(config, rank));
   auto model = std::make_shared<nn::MiniMLP>(model_options(config));
 
@@ -100,6 +104,10 @@ RankResult train_rank(int rank, const RunConfig& config,
   }
   // [/snippet:rank-step]
   result.final_params = snapshot(ddp.named_parameters());
+  if (config.trace) {
+    trace::disable();
+    result.events = trace::events();
+  }
   return result;
 }
 

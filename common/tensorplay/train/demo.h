@@ -3,13 +3,16 @@
 //
 //   ./kit demo NN [--world-size W] [--steps N] [--batch B] [--lr X]
 //                 [--momentum M] [--dtype float32|float64] [--per-rank-seed]
-//                 [--json FILE]
+//                 [--json FILE] [--trace FILE]
 //
 // Columns: step; the reference's loss (mean over the ranks' micro-batches);
 // DDP's loss on rank 0 and the reference's for rank 0's micro-batch; the same
 // for the last rank; and the largest |DDP - reference| over all ranks at that
 // step. Then the final parameter norms and the largest parameter differences.
 // --json FILE writes the same numbers, every rank included (schema in demo.cc).
+// --trace FILE records every rank's timeline (tp::trace), writes it as one
+// Chrome trace (open it in ui.perfetto.dev) and prints the last step as an
+// ASCII timeline.
 #pragma once
 
 #include <cstdio>
@@ -22,7 +25,8 @@ namespace tp::train {
 
 struct DemoArgs {
   RunConfig config;
-  std::string json_path;  // empty: no JSON
+  std::string json_path;   // empty: no JSON
+  std::string trace_path;  // empty: no trace
 };
 
 // Parses the flags above (defaults: 4 ranks, 10 steps). Prints usage and

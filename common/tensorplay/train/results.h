@@ -16,6 +16,7 @@
 
 #include "tensorplay/nn/module.h"
 #include "tensorplay/tensor.h"
+#include "tensorplay/trace.h"
 
 namespace tp::train {
 
@@ -40,6 +41,7 @@ struct RankResult {
   uint64_t construction_allreduces = 0;       // issued by the DDP constructor
   uint64_t construction_broadcasts = 0;
   uint64_t construction_allgathers = 0;
+  std::vector<trace::Event> events;  // when RunConfig::trace is set
 };
 
 struct ReferenceResult {
