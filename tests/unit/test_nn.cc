@@ -404,4 +404,8 @@ TEST_CASE("SGD rejects bad options and parameters") {
                        Contains("parameter 1 is not a leaf that requires grad"), tp::Error);
   CHECK_THROWS_WITH_AS(tp::optim::SGD({tp::Tensor()}, {.lr = 0.1}),
                        Contains("parameter 0 is an undefined tensor"), tp::Error);
+  CHECK_THROWS_WITH_AS(tp::optim::SGD({p, param({2.0}), p}, {.lr = 0.1}),
+                       Contains("parameter 2 is the same tensor as parameter 0; pass each "
+                                "parameter once"),
+                       tp::Error);
 }

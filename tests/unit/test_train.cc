@@ -184,14 +184,34 @@ TEST_CASE("diagnose: a missing rank or step is reported before any numbers") {
 
 TEST_CASE("the order check accepts all-reduces between backward and the optimizer step") {
   RankResult r;
+  r.losses = {0.5};
+  r.allreduces_per_step = {2};
   r.events = {span("step", 1, 10, 0), span("backward", 2, 3), span("allreduce", 4, 5),
               span("allreduce", 6, 7), span("optimizer", 8, 9)};
   CHECK(tp::train::check_sync_between_backward_and_step({r}).empty());
 }
 
+TEST_CASE("the order check refuses to pass a run without a trace") {
+  RankResult r;
+  r.losses = {0.5, 0.4};
+  CHECK(joined(tp::train::check_sync_between_backward_and_step({r}))
+            .find("the trace shows 0 training steps, the run had 2") != std::string::npos);
+}
+
+TEST_CASE("the order check flags an all-reduce that was issued but never ran") {
+  RankResult r;
+  r.losses = {0.5};
+  r.allreduces_per_step = {2};
+  r.events = {span("step", 1, 10, 0), span("backward", 2, 3), span("allreduce", 4, 5),
+              span("optimizer", 8, 9)};
+  CHECK(joined(tp::train::check_sync_between_backward_and_step({r}))
+            .find("2 all-reduces were issued but 1 ran") != std::string::npos);
+}
+
 TEST_CASE("the order check flags an all-reduce that starts before backward ends") {
   RankResult r;
   r.rank = 3;
+  r.losses = {0.5};
   r.events = {span("step", 1, 10, 0), span("backward", 2, 5), span("allreduce", 4, 6),
               span("optimizer", 8, 9)};
   CHECK(joined(tp::train::check_sync_between_backward_and_step({r}))
@@ -200,6 +220,7 @@ TEST_CASE("the order check flags an all-reduce that starts before backward ends"
 
 TEST_CASE("the order check flags an all-reduce still running when the optimizer starts") {
   RankResult r;
+  r.losses = {0.5, 0.4};
   r.events = {span("step", 1, 20, 0), span("backward", 2, 3), span("optimizer", 8, 9),
               span("step", 21, 30, 1), span("backward", 22, 23), span("allreduce", 24, 28),
               span("optimizer", 25, 26)};

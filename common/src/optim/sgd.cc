@@ -20,6 +20,11 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
     TP_CHECK(p.defined(), "tp::optim::SGD: parameter ", i, " is an undefined tensor");
     TP_CHECK(p.is_leaf() && p.requires_grad(), "tp::optim::SGD: parameter ", i,
              " is not a leaf that requires grad; pass the module's parameters()");
+    for (size_t j = 0; j < i; ++j) {
+      // The same tensor twice would be stepped twice per step().
+      TP_CHECK(params_[j].impl() != p.impl(), "tp::optim::SGD: parameter ", i,
+               " is the same tensor as parameter ", j, "; pass each parameter once");
+    }
   }
   momentum_buffers_.resize(params_.size());
 }
@@ -36,7 +41,7 @@ void SGD::step() {
     if (momentum > 0) {
       Tensor& buf = momentum_buffers_[i];
       if (!buf.defined()) {
-        buf = g.detach().clone();  // buf = grad on the first step
+        buf = g.clone();  // buf = grad on the first step
       } else {
         buf.mul_(momentum).add_(g);  // buf = momentum * buf + grad
       }

@@ -36,32 +36,43 @@ std::vector<Finding> check_sync_between_backward_and_step(const std::vector<Rank
   std::vector<Finding> out;
   for (const RankResult& r : ranks) {
     int64_t step = -1;
+    int64_t steps_seen = 0;
     uint64_t backward_end = 0, optimizer_begin = 0;
-    std::vector<const trace::Event*> allreduces;  // of the current step
-    auto check_step = [&]() {
+    std::vector<const trace::Event*> allreduces;  // spans of the current step
+    // Returns false (after recording a finding) when step `step` breaks the order.
+    auto step_ok = [&]() {
+      const auto where = detail::cat("rank ", r.rank, ", step ", step);
+      const auto counted = static_cast<size_t>(step) < r.allreduces_per_step.size()
+                               ? r.allreduces_per_step[static_cast<size_t>(step)]
+                               : allreduces.size();
+      if (allreduces.size() != counted) {
+        out.push_back({detail::cat(where, ": ", counted, " all-reduces were issued but ",
+                                   allreduces.size(), " ran before the step ended"),
+                       "wait() for every all-reduce in sync_grads before returning"});
+        return false;
+      }
       for (const trace::Event* a : allreduces) {
         if (a->begin_order < backward_end) {
-          out.push_back({detail::cat("rank ", r.rank, ", step ", step,
-                                         ": an all-reduce started before backward finished"),
+          out.push_back({where + ": an all-reduce started before backward finished",
                          "call sync_grads() after loss.backward(): the gradients are not final "
                          "before"});
-          return;
+          return false;
         }
-        if (optimizer_begin == 0 || a->end_order > optimizer_begin) {
-          out.push_back({detail::cat("rank ", r.rank, ", step ", step,
-                                         ": an all-reduce was still running when the optimizer "
-                                         "step began"),
+        // end_order 0: the span never ended, the collective was still running.
+        if (optimizer_begin == 0 || a->end_order == 0 || a->end_order > optimizer_begin) {
+          out.push_back({where + ": an all-reduce was still running when the optimizer step began",
                          "wait() for every all-reduce in sync_grads: the optimizer must read "
                          "averaged gradients"});
-          return;
+          return false;
         }
       }
+      return true;
     };
     for (const trace::Event& e : r.events) {
       if (e.name == "step") {
-        if (step >= 0) check_step();
-        if (!out.empty()) return out;
+        if (step >= 0 && !step_ok()) return out;
         step = e.args.empty() ? step + 1 : e.args[0].second;
+        ++steps_seen;
         backward_end = optimizer_begin = 0;
         allreduces.clear();
       } else if (e.name == "backward") {
@@ -72,8 +83,14 @@ std::vector<Finding> check_sync_between_backward_and_step(const std::vector<Rank
         allreduces.push_back(&e);
       }
     }
-    if (step >= 0) check_step();
-    if (!out.empty()) return out;
+    if (step >= 0 && !step_ok()) return out;
+    // An empty trace would pass every check above: say so instead.
+    if (steps_seen != static_cast<int64_t>(r.losses.size())) {
+      out.push_back({detail::cat("rank ", r.rank, ": the trace shows ", steps_seen,
+                                 " training steps, the run had ", r.losses.size()),
+                     "the order checks need RunConfig::trace on every rank"});
+      return out;
+    }
   }
   return out;
 }
@@ -98,7 +115,15 @@ CheckerRun parse_checker_args(int argc, char** argv) {
     if (arg == "--expect-fail") {
       run.expect_file = value();
     } else if (arg == "--only") {
-      run.only = std::atoi(value().c_str());
+      const std::string text = value();
+      char* end = nullptr;
+      const long n = std::strtol(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || n < 0) {
+        std::fprintf(stderr, "checker: --only expects a config number (see --list), got '%s'\n",
+                     text.c_str());
+        std::exit(2);
+      }
+      run.only = static_cast<int>(n);
     } else if (arg == "--list") {
       run.list = true;
     } else {
@@ -129,8 +154,14 @@ Finding finding_from_spawn_error(const std::string& stage, const std::exception&
 
 int finish_checker(CheckerRun& run, const CheckerSpec& spec, bool passed) {
   if (run.expect_file.empty()) {
-    run.print(passed ? "stage " + spec.stage + ": every configuration matches the reference\n"
-                     : "stage " + spec.stage + ": FAILED (see above)\n");
+    if (!passed) {
+      run.print("stage " + spec.stage + ": FAILED (see above)\n");
+    } else if (run.only >= 0) {
+      run.print(detail::cat("stage ", spec.stage, ": configuration ", run.only,
+                            " matches the reference (the others were not run)\n"));
+    } else {
+      run.print("stage " + spec.stage + ": every configuration matches the reference\n");
+    }
     return passed ? 0 : 1;
   }
   std::ifstream in(run.expect_file);

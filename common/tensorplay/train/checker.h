@@ -74,6 +74,11 @@ int run_checker(int argc, char** argv, const CheckerSpec& spec,
     }
     return 0;
   }
+  if (run.only >= static_cast<int>(spec.configs.size())) {
+    std::fprintf(stderr, "checker: --only %d: there are %zu configurations (see --list)\n",
+                 run.only, spec.configs.size());
+    return 2;
+  }
   run.print("stage " + spec.stage + " checker (" + spec.title + ")\n");
   bool passed = true;
   for (size_t i = 0; i < spec.configs.size() && passed; ++i) {
