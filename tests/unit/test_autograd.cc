@@ -411,6 +411,28 @@ TEST_CASE("hooks fire once per leaf per backward, later-used parameters first") 
   CHECK(fired == std::vector<std::string>{"b2", "w2", "b1", "w1"});
 }
 
+TEST_CASE("a hook fires as soon as its gradient is final even while an earlier graph is alive") {
+  // Keeping the previous loss alive keeps w2's AccumulateGrad from that
+  // step, with its old sequence number. Its hook must still fire right after
+  // w2's gradient is computed, before backward reaches the first layer's new
+  // leaf b (Note [Ready order]).
+  Tensor x = tp::tensor(pseudo_random(12, 50), {4, 3}, tp::kFloat64);
+  Tensor w1 = leaf({3, 5}, 51);
+  Tensor w2 = leaf({5, 2}, 52);
+  auto loss_of = [&](const Tensor& b) {
+    return tp::sum(tp::matmul(tp::relu(tp::add(tp::matmul(x, w1), b)), w2));
+  };
+  Tensor previous = loss_of(leaf({5}, 53));
+  previous.backward();
+  Tensor b = leaf({5}, 54);  // a new leaf, so a new, newer AccumulateGrad
+  bool b_had_grad_in_w2_hook = true;
+  w2.register_post_accumulate_grad_hook(
+      [&](Tensor&) { b_had_grad_in_w2_hook = b.grad().defined(); });
+  loss_of(b).backward();
+  CHECK_FALSE(b_had_grad_in_w2_hook);
+  CHECK(previous.grad_fn() != nullptr);  // the earlier graph really was alive
+}
+
 TEST_CASE("a hook sees the leaf's final gradient for the pass") {
   TinyMlp mlp;
   std::map<std::string, Values> seen;

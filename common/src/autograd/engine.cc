@@ -55,11 +55,13 @@ class RunningPass {
 // PyTorch's engine does. Nodes are created in forward order, so this walks the
 // graph roughly in reverse order of use: the last layer's parameters get
 // their final gradients (and fire their post-accumulate-grad hooks) first, the
-// first layer's last. An AccumulateGrad is created at its leaf's first use,
-// when the consuming op's node links to it (Node::add_next), so it outranks
-// that node and everything created before: it runs as soon as it is ready.
-// (PyTorch gets the same effect by giving AccumulateGrad the largest
-// sequence_nr outright.)
+// first layer's last. An AccumulateGrad outranks every other ready node, so
+// it runs as soon as it is ready -- as in PyTorch, which gives AccumulateGrad
+// the largest sequence_nr outright. Its own sequence_nr would not do: a leaf
+// keeps its AccumulateGrad while any graph that uses it is alive, so if the
+// previous step's loss is still held, the accumulator carries that step's
+// low number and its hooks would fire only at the very end of backward.
+// Among several ready AccumulateGrads, the newer runs first.
 //
 // DDP depends on this order: it puts parameters into buckets in reverse
 // registration order, expecting that order of gradient readiness, and starts
@@ -67,7 +69,9 @@ class RunningPass {
 // backward is still computing the earlier layers.
 struct LaterCreatedFirst {
   bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
-    return a->sequence_nr() < b->sequence_nr();  // max-heap on sequence_nr
+    // Max-heap on (is AccumulateGrad, sequence_nr).
+    if (a->is_accumulate_grad() != b->is_accumulate_grad()) return b->is_accumulate_grad();
+    return a->sequence_nr() < b->sequence_nr();
   }
 };
 

@@ -41,6 +41,9 @@ class Node : public std::enable_shared_from_this<Node> {
     return next_functions_;
   }
   uint64_t sequence_nr() const { return sequence_nr_; }
+  // True only for AccumulateGrad, which the engine runs before any other
+  // ready node (Note [Ready order] in engine.cc).
+  virtual bool is_accumulate_grad() const { return false; }
 
   // Used by ops when building the graph: one call per input, in order.
   void add_next(const Tensor& input);
@@ -60,6 +63,7 @@ class AccumulateGrad : public Node {
  public:
   explicit AccumulateGrad(Tensor variable);
   std::string name() const override { return "AccumulateGrad"; }
+  bool is_accumulate_grad() const override { return true; }
   std::vector<Tensor> apply(const Tensor& grad_output) override;
   const Tensor& variable() const { return variable_; }
 
