@@ -481,11 +481,20 @@ Tensor& Tensor::fill_(double value) {
   return *this;
 }
 
-// Elements are read and written in the same row-major order; src and this
-// must not overlap in memory (except being the very same view).
-Tensor& Tensor::copy_(const Tensor& src) {
+// The tensor to read from when writing into dst: src itself, or a private
+// copy of it when src is another view of dst's storage (a.add_(a.t())).
+// Elements are read and written in one pass, so a source that overlaps the
+// destination would otherwise be read after it was overwritten.
+static Tensor unaliased_source(const TensorImpl& dst, const Tensor& src) {
+  const TensorImpl& s = *src.impl();
+  const bool same_view = s.offset == dst.offset && s.strides == dst.strides;
+  return s.storage == dst.storage && !same_view ? src.detach().clone() : src;
+}
+
+Tensor& Tensor::copy_(const Tensor& source) {
   const TensorImpl& dst = checked(*this, "tp::Tensor::copy_");
-  TP_CHECK(src.defined(), "tp::Tensor::copy_: the source is an undefined tensor");
+  TP_CHECK(source.defined(), "tp::Tensor::copy_: the source is an undefined tensor");
+  const Tensor src = unaliased_source(dst, source);
   const TensorImpl& s = *src.impl();
   TP_CHECK(dst.shape == s.shape, "tp::Tensor::copy_: shapes ", tp::to_string(dst.shape),
            " (destination) and ", tp::to_string(s.shape),
@@ -503,9 +512,10 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
-Tensor& Tensor::add_(const Tensor& other, double alpha) {
+Tensor& Tensor::add_(const Tensor& other_view, double alpha) {
   const TensorImpl& dst = checked(*this, "tp::Tensor::add_");
-  TP_CHECK(other.defined(), "tp::Tensor::add_: the other tensor is undefined");
+  TP_CHECK(other_view.defined(), "tp::Tensor::add_: the other tensor is undefined");
+  const Tensor other = unaliased_source(dst, other_view);
   const TensorImpl& o = *other.impl();
   TP_CHECK(dst.shape == o.shape, "tp::Tensor::add_: shapes ", tp::to_string(dst.shape),
            " and ", tp::to_string(o.shape), " differ; add_ needs equal shapes");
@@ -515,14 +525,9 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
     using T = decltype(tag);
     T* out = storage_base<T>(dst);
     const T* in = storage_base<T>(o);
-    const T a = static_cast<T>(alpha);
-    if (alpha == 1.0) {  // the gradient-accumulation case: no multiply at all
-      for_each_index_pair(dst.shape, dst.strides, dst.offset, o.strides, o.offset,
-                          [&](int64_t i, int64_t j) { out[i] += in[j]; });
-    } else {
-      for_each_index_pair(dst.shape, dst.strides, dst.offset, o.strides, o.offset,
-                          [&](int64_t i, int64_t j) { out[i] += a * in[j]; });
-    }
+    const T a = static_cast<T>(alpha);  // a * x == x exactly when alpha is 1
+    for_each_index_pair(dst.shape, dst.strides, dst.offset, o.strides, o.offset,
+                        [&](int64_t i, int64_t j) { out[i] += a * in[j]; });
   });
   return *this;
 }
@@ -538,8 +543,8 @@ Tensor& Tensor::mul_(double value) {
   return *this;
 }
 
-// Divides (rather than multiplying by 1/value) so that x.div_(w) gives the
-// same bits as the reference's x / w.
+// Divides rather than multiplying by 1/value: 1/3 is not exact, so
+// x * (1/3) can differ from x / 3 in the last bit.
 Tensor& Tensor::div_(double value) {
   const TensorImpl& t = checked(*this, "tp::Tensor::div_");
   dispatch(t.dtype, [&](auto tag) {

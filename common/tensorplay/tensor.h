@@ -168,6 +168,8 @@ class Tensor {
   Tensor& zero_();
   Tensor& fill_(double value);
   // Copies src's values into this view. REQUIRES: same shape; dtypes may differ.
+  // A src that overlaps this view (a.copy_(a.t())) is read as it was before
+  // the call; so is add_'s other.
   Tensor& copy_(const Tensor& src);
   // this += alpha * other. REQUIRES: same shape and dtype.
   Tensor& add_(const Tensor& other, double alpha = 1.0);

@@ -10,6 +10,7 @@
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/autograd/node.h"
 #include "tensorplay/tensor.h"
+#include "tensorplay/ops.h"
 
 using doctest::Contains;
 using tp::Tensor;
@@ -324,14 +325,34 @@ TEST_CASE("in-place ops walk a 3-D strided view in row-major order") {
   CHECK(after[13] == 13);
 }
 
-TEST_CASE("in-place ops record no autograd history") {
+TEST_CASE("in-place ops record no autograd history, even with grad mode on") {
   Tensor w = tp::ones({2}).requires_grad_();
+  Tensor y = tp::mul(w, 2.0);  // a non-leaf with history
+  const auto history = y.grad_fn();
+  y.mul_(3).add_(tp::ones({2})).div_(7);
+  CHECK(y.grad_fn() == history);  // the same node: nothing was recorded
+  CHECK(y.to_vector() == Values{1, 1});
   {
     tp::NoGradGuard no_grad;
     w.mul_(3);
   }
   CHECK(w.is_leaf());
   CHECK(w.to_vector() == Values{3, 3});
+}
+
+TEST_CASE("copy_ and add_ read an overlapping source as it was before the call") {
+  Tensor a = iota({2, 2});  // [[0, 1], [2, 3]]
+  a.add_(a.t());
+  CHECK(a.to_vector() == Values{0, 3, 3, 6});
+  Tensor c = iota({2, 2});
+  c.copy_(c.t());
+  CHECK(c.to_vector() == Values{0, 2, 1, 3});
+  Tensor d = iota({4});  // shifted overlap: d[1:4] = d[0:3]
+  d.narrow(0, 1, 3).copy_(d.narrow(0, 0, 3));
+  CHECK(d.to_vector() == Values{0, 0, 1, 2});
+  Tensor e = iota({3});  // the very same view is fine without a copy
+  e.add_(e);
+  CHECK(e.to_vector() == Values{0, 2, 4});
 }
 
 TEST_CASE("add_ and copy_ reject mismatched shapes; add_ rejects mixed dtypes") {
