@@ -361,6 +361,31 @@ TEST_CASE("a rank that exits early makes its peer fail at once, naming the colle
   CHECK(seconds_since(start) < 10.0);
 }
 
+TEST_CASE("the rank that threw is blamed, not the peer whose connection it broke") {
+  // Rank 1 throws while rank 0 waits in an allreduce. Unwinding destroys rank
+  // 1's group (closing its sockets, so rank 0 fails with a broken connection)
+  // and then takes a while longer, so rank 0's report is the earlier one.
+  // spawn must still name rank 1 and its message (Note [Which rank failed
+  // first] in spawn.cc).
+  struct SlowToUnwind {
+    ~SlowToUnwind() { std::this_thread::sleep_for(milliseconds(300)); }
+  };
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    tp::TempDir rendezvous("tp-blame");
+    CHECK_THROWS_WITH_AS(
+        mp::spawn(
+            [&](int rank) {
+              SlowToUnwind slow;
+              dist::ProcessGroupGloo group(rendezvous.path(), rank, 2,
+                                           dist::GlooOptions{kCollectiveTimeout});
+              if (rank == 1) TP_THROW(tp::Error, "boom from rank 1");
+              group.allreduce(tp::ones({4}))->wait();
+            },
+            2),
+        Contains("rank 1 failed: tp::Error: boom from rank 1"), mp::SpawnError);
+  }
+}
+
 TEST_CASE("a job that hangs in a collective times out naming the rank and the collective") {
   mp::SpawnOptions options;
   // Long enough for rank 0 to reach the allreduce on a loaded machine.

@@ -434,14 +434,43 @@ void Job::throw_timeout() {
 // crash is a likelier cause than the exceptions it provokes, so it is blamed
 // before any exception seen in the same tick, and stays blamed when it was
 // seen first.
+// Time alone can mislead: a rank takes its time after unwinding, and its
+// destructors close its sockets, so a peer's "connection broke" may carry
+// the earlier time. Errors that are consequences of another rank's failure
+// (a broken connection, a group stopped by an earlier failure) are therefore
+// blamed only when no rank reported anything else. And before ending the
+// others, the parent gives them a short window to fail on their own and
+// report, since SIGTERM would cut a rank off mid-report.
+bool is_consequence(const Outcome& o) {
+  return o.message.find("the connection to another rank broke") != std::string::npos ||
+         o.message.find("this process group stopped after") != std::string::npos;
+}
+
 void Job::throw_failure(int first_rank, const Outcome& first) {
+  if (first.failed_ns) {
+    const auto settle = Clock::now() + std::min(options_.kill_grace, milliseconds(500));
+    auto alive = [&] {
+      return std::any_of(children_.begin(), children_.end(),
+                         [](const Child& c) { return !c.reaped; });
+    };
+    while (alive() && Clock::now() < settle) {
+      read_pipes(kTick);
+      reap_finished();
+    }
+  }
   end_all();
   int blamed = first_rank;
   Outcome blamed_outcome = first;
   if (first.failed_ns) {
+    // Blame order: a cause before a consequence, then the earlier time.
+    auto before = [](const Outcome& a, const Outcome& b) {
+      if (is_consequence(a) != is_consequence(b)) return !is_consequence(a);
+      return *a.failed_ns < *b.failed_ns;
+    };
     for (int rank = 0; rank < nprocs(); ++rank) {
+      if (!children_[rank].reaped) continue;
       const Outcome o = decode(children_[rank]);
-      if (o.failed_ns && *o.failed_ns < *blamed_outcome.failed_ns) {
+      if (o.failed_ns && before(o, blamed_outcome)) {
         blamed = rank;
         blamed_outcome = o;
       }
