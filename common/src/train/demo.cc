@@ -182,7 +182,7 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
   }
   std::vector<Finding> findings = diagnose(config, reference, ranks, tolerance);
   if (findings.empty()) {
-    std::printf("verdict: matches the reference within %.0e (relative)\n", tolerance);
+    std::printf("verdict: matches the reference within %.0e x max(1, |value|)\n", tolerance);
   } else {
     std::printf("verdict: DIFFERS from the reference\n%s", format_findings(findings).c_str());
   }
