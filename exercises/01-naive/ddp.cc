@@ -5,6 +5,7 @@
 // and lessons/01-naive/README.md for the why.
 #include "ddp.h"
 
+#include <algorithm>
 #include <string>
 
 #include "tensorplay/autograd/grad_mode.h"
@@ -17,17 +18,27 @@ using tp::distributed::ReduceOp;
 
 namespace {
 
-// A parameter's shape travels as a fixed-width row of numbers so that all
-// ranks can compare their models with one all-gather: [ndim, size_0 .. size_3],
-// padded with zeros. Four dimensions cover every kit model.
+// A parameter's shape and dtype travel as a fixed-width row of numbers so
+// that all ranks can compare their models with one all-gather:
+// [ndim, size_0 .. size_3 (zero-padded), element size in bytes]. Four
+// dimensions cover every kit model; a parameter with more is reported by
+// every rank after the gather (a check before it would stop only that rank
+// and leave the others waiting in the all-gather).
 constexpr int64_t kMaxDims = 4;
-constexpr int64_t kRowWidth = 1 + kMaxDims;
+constexpr int64_t kRowWidth = 1 + kMaxDims + 1;
 
-tp::Shape row_to_shape(const std::vector<double>& rows, int64_t param) {
-  const double* row = rows.data() + param * kRowWidth;
-  tp::Shape shape(static_cast<size_t>(row[0]));
-  for (size_t d = 0; d < shape.size(); ++d) shape[d] = static_cast<int64_t>(row[1 + d]);
-  return shape;
+const double* row_of(const std::vector<double>& rows, int64_t param) {
+  return rows.data() + param * kRowWidth;
+}
+
+// "(32, 16) float32", from a row of the gathered table.
+std::string describe_row(const double* row) {
+  const auto ndim = static_cast<int64_t>(row[0]);
+  tp::Shape shape;
+  for (int64_t d = 0; d < std::min(ndim, kMaxDims); ++d) {
+    shape.push_back(static_cast<int64_t>(row[1 + d]));
+  }
+  return tp::to_string(shape) + (row[kRowWidth - 1] == 8 ? " float64" : " float32");
 }
 
 }  // namespace
@@ -70,30 +81,35 @@ void DistributedDataParallel::verify_same_model_on_all_ranks() {
     }
   }
 
-  // Then every parameter's shape.
+  // Then every parameter's shape and dtype.
+  if (count == 0) return;
   std::vector<double> mine(static_cast<size_t>(count * kRowWidth), 0.0);
   for (int64_t i = 0; i < count; ++i) {
-    const tp::Shape& shape = params_[static_cast<size_t>(i)].second.shape();
-    TP_CHECK_LE(static_cast<int64_t>(shape.size()), kMaxDims,
-                "stage01 DDP: parameter ", params_[static_cast<size_t>(i)].first,
-                " has more than ", kMaxDims, " dimensions");
-    mine[static_cast<size_t>(i * kRowWidth)] = static_cast<double>(shape.size());
-    for (size_t d = 0; d < shape.size(); ++d) {
-      mine[static_cast<size_t>(i * kRowWidth) + 1 + d] = static_cast<double>(shape[d]);
+    const Tensor& param = params_[static_cast<size_t>(i)].second;
+    double* row = mine.data() + i * kRowWidth;
+    row[0] = static_cast<double>(param.dim());
+    for (int64_t d = 0; d < std::min(param.dim(), kMaxDims); ++d) {
+      row[1 + d] = static_cast<double>(param.size(d));
     }
+    row[kRowWidth - 1] = static_cast<double>(param.element_size());
   }
-  if (count == 0) return;
   std::vector<Tensor> rows = gather(tp::tensor(mine, {count, kRowWidth}, tp::kFloat64));
   const std::vector<double> rank0_rows = rows[0].to_vector();
-  for (int r = 1; r < world_size; ++r) {
+  for (int r = 0; r < world_size; ++r) {
     const std::vector<double> their_rows = rows[static_cast<size_t>(r)].to_vector();
     for (int64_t i = 0; i < count; ++i) {
-      tp::Shape a = row_to_shape(rank0_rows, i);
-      tp::Shape b = row_to_shape(their_rows, i);
-      if (a != b) {
+      const double* theirs = row_of(their_rows, i);
+      const double* rank0s = row_of(rank0_rows, i);
+      const std::string name = params_[static_cast<size_t>(i)].first;
+      if (theirs[0] > static_cast<double>(kMaxDims)) {
         TP_THROW(tp::DistributedError, "stage01 DDP (rank ", rank, "): parameter ", i, " (",
-                 params_[static_cast<size_t>(i)].first, " here) has shape ", tp::to_string(a),
-                 " on rank 0 but ", tp::to_string(b), " on rank ", r,
+                 name, " here) has ", theirs[0], " dimensions on rank ", r, "; this DDP "
+                 "compares models of up to ", kMaxDims, " dimensions per parameter");
+      }
+      if (!std::equal(theirs, theirs + kRowWidth, rank0s)) {
+        TP_THROW(tp::DistributedError, "stage01 DDP (rank ", rank, "): parameter ", i, " (",
+                 name, " here) is ", describe_row(rank0s), " on rank 0 but ",
+                 describe_row(theirs), " on rank ", r,
                  "; every rank must build the same model before wrapping it in DDP");
       }
     }

@@ -41,7 +41,19 @@ TEST_CASE("ranks wrapping different layer sizes get an error naming the paramete
         if (rank == 2) options.hidden = 8;  // rank 2 built another model
         stage01::DistributedDataParallel ddp(std::make_shared<tp::nn::MiniMLP>(options), group);
       }),
-      doctest::Contains("parameter 0 (fc1.weight here) has shape (32, 16) on rank 0 but (8, 16) on rank 2"),
+      doctest::Contains("parameter 0 (fc1.weight here) is (32, 16) float32 on rank 0 but (8, 16) "
+                        "float32 on rank 2"),
+      SpawnError);
+}
+
+TEST_CASE("ranks wrapping the same shapes in different dtypes get an error naming both") {
+  CHECK_THROWS_WITH_AS(
+      run_ranks(2, [](int rank, auto group) {
+        tp::nn::MiniMLPOptions options;
+        if (rank == 1) options.dtype = tp::kFloat64;
+        stage01::DistributedDataParallel ddp(std::make_shared<tp::nn::MiniMLP>(options), group);
+      }),
+      doctest::Contains("is (32, 16) float32 on rank 0 but (32, 16) float64 on rank 1"),
       SpawnError);
 }
 
