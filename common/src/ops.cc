@@ -176,6 +176,10 @@ Tensor matmul_kernel(const Tensor& a, const Tensor& b) {
 // Backward: grad_a = grad_out @ b^T     ((n, m) @ (m, k) -> (n, k))
 //           grad_b = a^T @ grad_out     ((k, n) @ (n, m) -> (k, m))
 // t() is a view, so BLAS reads the transposes in place.
+// When b is itself a transposed view (Linear's x @ W^T), grad_b is computed
+// as (grad_out^T @ a)^T: the same values, but laid out so that TBackward's
+// transpose hands W's AccumulateGrad a contiguous (out, in) gradient, which
+// it can keep without a copy.
 class MatmulBackward : public Node {
  public:
   MatmulBackward(Tensor a, Tensor b) : a_(std::move(a)), b_(std::move(b)) {}
@@ -184,7 +188,10 @@ class MatmulBackward : public Node {
     Tensor grad_a;
     Tensor grad_b;
     if (next_functions_[0]) grad_a = matmul(grad_out, b_.t());
-    if (next_functions_[1]) grad_b = matmul(a_.t(), grad_out);
+    if (next_functions_[1]) {
+      const bool b_is_transposed = !b_.is_contiguous() && b_.strides()[0] == 1;
+      grad_b = b_is_transposed ? matmul(grad_out.t(), a_).t() : matmul(a_.t(), grad_out);
+    }
     return {grad_a, grad_b};
   }
 

@@ -51,10 +51,17 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
            " for a leaf of shape ", to_string(leaf.shape), " and dtype ",
            to_string(leaf.dtype), "; a backward rule returned a wrong shape");
   if (!leaf.grad) {
-    // First gradient: a private contiguous copy. grad_output may alias other
-    // tensors (the gradient the user passed to backward, or the same tensor
-    // another node received), so the leaf must not keep it.
-    leaf.grad = grad_output.clone().impl_ptr();  // grad mode is off: no history
+    // First gradient: the leaf needs a private contiguous tensor. When the
+    // engine holds the only handle to grad_output and its storage, nobody
+    // else can see it, so the leaf takes it as it is (the usual case: a
+    // fresh result of a backward rule). Otherwise grad_output may alias
+    // other tensors (the gradient the user passed to backward, or the same
+    // tensor another node received) and the leaf gets a copy.
+    const bool unshared = grad_output.impl_ptr().use_count() == 1 &&
+                          grad_output.storage().use_count() == 1;
+    leaf.grad = unshared && grad_output.is_contiguous()
+                    ? grad_output.impl_ptr()
+                    : grad_output.clone().impl_ptr();  // grad mode is off: no history
   } else {
     // Later gradients add in place, so a grad that is a view into a DDP
     // bucket (set with set_grad) stays that view.
