@@ -5,6 +5,7 @@ Reads Meson's testlog.json. A doctest executable reports its own test cases
 ("[doctest] test cases: 12 | 11 passed | 1 failed"); any other test (a checker
 run, a script) counts as one test case. A test that crashed or timed out after
 its test cases passed still counts one failure, so a crash is never green.
+A skipped test (exit code 77) is counted as skipped, never as passed.
 Exit status: 0 when nothing failed, 1 otherwise.
 """
 import json
@@ -15,14 +16,17 @@ DOCTEST = re.compile(r"\[doctest\] test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\
 
 
 def main(path):
-    passed = failed = 0
+    passed = failed = skipped = 0
     failing = []
     with open(path) as log:
         for line in log:
             if not line.strip():
                 continue
             test = json.loads(line)
-            ok = test.get("result") in ("OK", "EXPECTEDFAIL", "SKIP")
+            if test.get("result") == "SKIP":
+                skipped += 1
+                continue
+            ok = test.get("result") in ("OK", "EXPECTEDFAIL")
             m = DOCTEST.search(test.get("stdout") or "")
             if m:
                 p, f = int(m.group(2)), int(m.group(3))
@@ -36,7 +40,7 @@ def main(path):
                 failing.append(f"{test.get('name')} ({test.get('result')})")
     if failing:
         print("failing: " + ", ".join(failing))
-    print(f"{passed} passed, {failed} failed")
+    print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
     return 0 if failed == 0 else 1
 
 

@@ -316,13 +316,14 @@ struct ProcessGroupGloo::Impl {
 
   // Runs one collective; returns its error, if any.
   std::exception_ptr execute(Task& task) {
-    const std::string name = cat(task.op, " #", task.seq, " on rank ", rank);
+    // Formatted only on the error paths: every collective passes here.
+    auto name = [&] { return cat(task.op, " #", task.seq, " on rank ", rank); };
     if (!failed.empty()) {
       // A Gloo context is not usable after a failed operation (messages of
       // the failed collective may still arrive), so later collectives fail
       // at once instead of each waiting out its own timeout.
       return std::make_exception_ptr(DistributedError(cat(
-          name, " was not run: this process group stopped after ", failed,
+          name(), " was not run: this process group stopped after ", failed,
           " failed; end the job (or build a new group with a fresh rendezvous directory)")));
     }
     std::exception_ptr error;
@@ -332,22 +333,22 @@ struct ProcessGroupGloo::Impl {
       // The transport failed: a deadline passed or a connection broke.
       if (mentions_timeout(e.what())) {
         error = std::make_exception_ptr(TimeoutError(cat(
-            name, " timed out after ", timeout.count(),
+            name(), " timed out after ", timeout.count(),
             " ms: another rank did not join this collective (did every rank issue the "
             "same collectives in the same order?). Tensors of different sizes or dtypes, "
             "or a different reduce op or root, count as different collectives. [gloo: ",
             e.what(), "]")));
       } else {
         error = std::make_exception_ptr(DistributedError(cat(
-            name, " failed: the connection to another rank broke (gloo: ", e.what(),
+            name(), " failed: the connection to another rank broke (gloo: ", e.what(),
             "); did another rank exit or crash before joining this collective?")));
       }
     } catch (const gloo::EnforceNotMet& e) {
       error = std::make_exception_ptr(DistributedError(cat(
-          name, " failed inside Gloo: ", e.what(),
+          name(), " failed inside Gloo: ", e.what(),
           "; do all ranks pass tensors of the same size and dtype?")));
     } catch (const std::exception& e) {
-      error = std::make_exception_ptr(DistributedError(cat(name, " failed: ", e.what())));
+      error = std::make_exception_ptr(DistributedError(cat(name(), " failed: ", e.what())));
     }
     if (error) failed = cat(task.op, " #", task.seq);
     return error;

@@ -11,7 +11,9 @@ namespace tp::distributed {
 
 void Work::wait() {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!done_) {
+  if (!done_ && multiprocessing::current_rank() < 0) {
+    done_cv_.wait(lock, [this] { return done_; });
+  } else if (!done_) {
     // Shown by spawn's whole-job timeout: "rank 0 (waiting in allreduce #3)"
     // is the first clue to which collective a rank skipped.
     std::string status = "waiting in " + collective_ + " #" + std::to_string(seq_);
