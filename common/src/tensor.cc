@@ -161,6 +161,18 @@ const TensorImpl& checked(const Tensor& t, const char* fn) {
   return *t.impl();
 }
 
+// checked() for the in-place ops. Writing into a leaf that requires grad while
+// grad mode is on would change a parameter behind autograd's back (a graph
+// built from it would differentiate the old values), so it is refused, as
+// PyTorch refuses it; optimizers and DDP's broadcast write under NoGradGuard.
+const TensorImpl& checked_for_write(const Tensor& t, const char* fn) {
+  const TensorImpl& impl = checked(t, fn);
+  TP_CHECK(!(impl.requires_grad && !impl.grad_fn && autograd::is_grad_enabled()), fn,
+           ": writes into a leaf that requires grad while grad mode is on; wrap the "
+           "update in tp::NoGradGuard (as optimizers do) or write into detach()");
+  return impl;
+}
+
 // Resolves a possibly negative dim against ndim, or throws naming fn.
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* fn, const Shape& shape) {
   const int64_t wrapped = dim < 0 ? dim + ndim : dim;
@@ -471,7 +483,7 @@ Tensor Tensor::to(Dtype dtype) const {
 Tensor& Tensor::zero_() { return fill_(0.0); }
 
 Tensor& Tensor::fill_(double value) {
-  const TensorImpl& t = checked(*this, "tp::Tensor::fill_");
+  const TensorImpl& t = checked_for_write(*this, "tp::Tensor::fill_");
   dispatch(t.dtype, [&](auto tag) {
     using T = decltype(tag);
     T* base = storage_base<T>(t);
@@ -492,7 +504,7 @@ static Tensor unaliased_source(const TensorImpl& dst, const Tensor& src) {
 }
 
 Tensor& Tensor::copy_(const Tensor& source) {
-  const TensorImpl& dst = checked(*this, "tp::Tensor::copy_");
+  const TensorImpl& dst = checked_for_write(*this, "tp::Tensor::copy_");
   TP_CHECK(source.defined(), "tp::Tensor::copy_: the source is an undefined tensor");
   const Tensor src = unaliased_source(dst, source);
   const TensorImpl& s = *src.impl();
@@ -513,7 +525,7 @@ Tensor& Tensor::copy_(const Tensor& source) {
 }
 
 Tensor& Tensor::add_(const Tensor& other_view, double alpha) {
-  const TensorImpl& dst = checked(*this, "tp::Tensor::add_");
+  const TensorImpl& dst = checked_for_write(*this, "tp::Tensor::add_");
   TP_CHECK(other_view.defined(), "tp::Tensor::add_: the other tensor is undefined");
   const Tensor other = unaliased_source(dst, other_view);
   const TensorImpl& o = *other.impl();
@@ -533,7 +545,7 @@ Tensor& Tensor::add_(const Tensor& other_view, double alpha) {
 }
 
 Tensor& Tensor::mul_(double value) {
-  const TensorImpl& t = checked(*this, "tp::Tensor::mul_");
+  const TensorImpl& t = checked_for_write(*this, "tp::Tensor::mul_");
   dispatch(t.dtype, [&](auto tag) {
     using T = decltype(tag);
     T* base = storage_base<T>(t);
@@ -546,7 +558,7 @@ Tensor& Tensor::mul_(double value) {
 // Divides rather than multiplying by 1/value: 1/3 is not exact, so
 // x * (1/3) can differ from x / 3 in the last bit.
 Tensor& Tensor::div_(double value) {
-  const TensorImpl& t = checked(*this, "tp::Tensor::div_");
+  const TensorImpl& t = checked_for_write(*this, "tp::Tensor::div_");
   dispatch(t.dtype, [&](auto tag) {
     using T = decltype(tag);
     T* base = storage_base<T>(t);

@@ -340,6 +340,21 @@ TEST_CASE("in-place ops record no autograd history, even with grad mode on") {
   CHECK(w.to_vector() == Values{3, 3});
 }
 
+TEST_CASE("writing into a leaf that requires grad needs NoGradGuard or detach()") {
+  Tensor w = tp::ones({2}).requires_grad_();
+  CHECK_THROWS_WITH_AS(w.mul_(3), doctest::Contains("tp::Tensor::mul_: writes into a leaf that "
+                                                    "requires grad while grad mode is on"),
+                       tp::Error);
+  CHECK_THROWS_AS(w.zero_(), tp::Error);
+  CHECK_THROWS_AS(w.add_(tp::ones({2})), tp::Error);
+  w.detach().mul_(2);  // same storage, no autograd: allowed
+  {
+    tp::NoGradGuard no_grad;
+    w.add_(tp::ones({2}));
+  }
+  CHECK(w.to_vector() == Values{3, 3});
+}
+
 TEST_CASE("copy_ and add_ read an overlapping source as it was before the call") {
   Tensor a = iota({2, 2});  // [[0, 1], [2, 3]]
   a.add_(a.t());
