@@ -249,6 +249,10 @@ class Job {
   std::string status_of(int rank) const;
   void read_pipes(milliseconds wait);
   bool drain(Child& c);
+  bool any_alive() const {
+    return std::any_of(children_.begin(), children_.end(),
+                       [](const Child& c) { return !c.reaped; });
+  }
   bool reap_finished();
   void end_all();
   [[noreturn]] void throw_timeout();
@@ -383,11 +387,7 @@ void Job::end_all() {
     if (!c.reaped) ::kill(c.pid, SIGTERM);
   }
   const auto deadline = Clock::now() + options_.kill_grace;
-  auto alive = [&] {
-    return std::any_of(children_.begin(), children_.end(),
-                       [](const Child& c) { return !c.reaped; });
-  };
-  while (alive() && Clock::now() < deadline) {
+  while (any_alive() && Clock::now() < deadline) {
     read_pipes(kTick);
     reap_finished();
   }
@@ -449,11 +449,7 @@ bool is_consequence(const Outcome& o) {
 void Job::throw_failure(int first_rank, const Outcome& first) {
   if (first.failed_ns) {
     const auto settle = Clock::now() + std::min(options_.kill_grace, milliseconds(500));
-    auto alive = [&] {
-      return std::any_of(children_.begin(), children_.end(),
-                         [](const Child& c) { return !c.reaped; });
-    };
-    while (alive() && Clock::now() < settle) {
+    while (any_alive() && Clock::now() < settle) {
       read_pipes(kTick);
       reap_finished();
     }
