@@ -3,6 +3,8 @@
 
     gen_exercise.py STAGE_DIR OUT_DIR         write OUT_DIR/<files>
     gen_exercise.py --check STAGE_DIR EX_DIR  exit 1 (with a diff) if EX_DIR is stale
+    gen_exercise.py --one NAME STAGE_DIR OUT  write only file NAME's exercise, to OUT
+                                              (the build's pristine copy of ddp.cc)
 
 Every .h/.cc file of solutions/NN-topic/ is copied; each region
 
@@ -100,6 +102,16 @@ def exercise_files(stage_dir):
 
 
 def main(argv):
+    if argv[:1] == ["--one"]:
+        if len(argv) != 4:
+            sys.exit(__doc__)
+        name, stage_dir, out = argv[1:]
+        files = exercise_files(stage_dir)
+        if name not in files:
+            sys.exit(f"gen_exercise: {stage_dir} has no {name}")
+        with open(out, "w") as f:
+            f.write(files[name])
+        return 0
     check = "--check" in argv
     args = [a for a in argv if a != "--check"]
     if len(args) != 2:

@@ -1,35 +1,47 @@
 #!/usr/bin/env python3
-"""Applies a planted-bug mutant to a solution file.
+"""Applies a planted-bug mutant to a stage's solution.
 
-    mutate.py MUTANT SOURCE OUTPUT
+    mutate.py MUTANT SOLUTION_DIR OUT_CC OUT_H
 
 A mutant file (tests/mutants/NN-topic/*.mutant) reads:
 
     # what the bug is, in one or two comment lines
     expect: a phrase the checker's report must contain
     <<<<<<< solution
-    exact lines of the solution
+    exact lines of the solution's ddp.cc
     =======
     the lines that replace them (may be empty)
     >>>>>>> mutant
 
-There may be several blocks. Each solution text must occur exactly once in
-SOURCE; when the solution changes so that it no longer does, this fails with
-a message naming the mutant, so mutants cannot silently stop applying.
+There may be several blocks. `<<<<<<< solution ddp.h` patches the header
+instead, so a mutant may patch both files. Each solution text must occur
+exactly once in its file; when the solution changes so that it no longer
+does, this fails with a message naming the mutant, so mutants cannot
+silently stop applying.
+
+OUT_CC and OUT_H receive the patched ddp.cc and ddp.h (unpatched files are
+copied). When the header is patched, the .cc includes OUT_H's name instead
+of "ddp.h", so the planted-bug pair compiles together.
 """
+import os
 import sys
+
+FILES = ("ddp.cc", "ddp.h")
 
 
 def parse(path):
-    blocks, mode, find, repl = [], None, [], []
-    for number, line in enumerate(open(path).read().splitlines(True), 1):
+    blocks, mode, target, find, repl = [], None, None, [], []
+    for line in open(path).read().splitlines(True):
         tag = line.rstrip("\n")
-        if tag == "<<<<<<< solution":
+        if tag.startswith("<<<<<<< solution"):
+            target = tag[len("<<<<<<< solution"):].strip() or "ddp.cc"
+            if target not in FILES:
+                sys.exit(f"mutate: {path}: a block patches {target}; a mutant patches {' or '.join(FILES)}")
             mode, find, repl = "find", [], []
         elif tag == "=======" and mode == "find":
             mode = "repl"
         elif tag == ">>>>>>> mutant" and mode == "repl":
-            blocks.append(("".join(find), "".join(repl)))
+            blocks.append((target, "".join(find), "".join(repl)))
             mode = None
         elif mode == "find":
             find.append(line)
@@ -42,19 +54,28 @@ def parse(path):
     return blocks
 
 
-def main(mutant, source, output):
-    text = open(source).read()
-    for find, repl in parse(mutant):
-        count = text.count(find)
+def main(mutant, solution_dir, out_cc, out_h):
+    texts = {name: open(os.path.join(solution_dir, name)).read() for name in FILES}
+    patched = set()
+    for target, find, repl in parse(mutant):
+        count = texts[target].count(find)
         if count != 1:
-            sys.exit(f"mutate: {mutant} no longer applies to {source}: its solution text occurs "
-                     f"{count} times (expected once); update the mutant:\n{find}")
-        text = text.replace(find, repl)
-    with open(output, "w") as f:
-        f.write(f"// PLANTED BUG from {mutant}: do not copy.\n" + text)
+            sys.exit(f"mutate: {mutant} no longer applies to {solution_dir}/{target}: its solution "
+                     f"text occurs {count} times (expected once); update the mutant:\n{find}")
+        texts[target] = texts[target].replace(find, repl)
+        patched.add(target)
+    if "ddp.h" in patched:
+        include = '#include "ddp.h"'
+        if texts["ddp.cc"].count(include) != 1:
+            sys.exit(f"mutate: {solution_dir}/ddp.cc must include \"ddp.h\" once for a header mutant")
+        texts["ddp.cc"] = texts["ddp.cc"].replace(include, f'#include "{os.path.basename(out_h)}"')
+    banner = f"// PLANTED BUG from {mutant}: do not copy.\n"
+    for name, out in (("ddp.cc", out_cc), ("ddp.h", out_h)):
+        with open(out, "w") as f:
+            f.write(banner + texts[name])
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) != 5:
         sys.exit(__doc__)
     main(*sys.argv[1:])

@@ -268,12 +268,24 @@ class CloneBackward : public autograd::Node {
 
 // ---- RemovableHandle ------------------------------------------------------------
 
-void RemovableHandle::remove() {
+RemovableHandle::RemovableHandle(RemovableHandle&& other) noexcept
+    : owner_(std::move(other.owner_)), id_(std::exchange(other.id_, 0)) {}
+
+RemovableHandle& RemovableHandle::operator=(RemovableHandle&& other) noexcept {
+  if (this != &other) {
+    remove();  // this handle's own hook goes first, as unique_ptr frees its object
+    owner_ = std::move(other.owner_);
+    id_ = std::exchange(other.id_, 0);
+  }
+  return *this;
+}
+
+void RemovableHandle::remove() noexcept {
   std::shared_ptr<TensorImpl> owner = owner_.lock();
-  if (!owner) return;  // the tensor is gone, and its hooks with it
+  owner_.reset();
+  if (!owner) return;  // already removed, moved from, or the tensor is gone
   auto& hooks = owner->post_accumulate_grad_hooks;
   std::erase_if(hooks, [&](const auto& entry) { return entry.first == id_; });
-  owner_.reset();
 }
 
 // ---- metadata ---------------------------------------------------------------------

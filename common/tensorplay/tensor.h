@@ -89,23 +89,47 @@ class AccumulateGrad;
 class Tensor;
 
 // Called by the autograd engine the moment a leaf's gradient is final for the
-// current backward pass; the argument is the leaf itself (read its grad()).
-using PostAccumulateGradHook = std::function<void(Tensor& param)>;
+// current backward pass. The argument is the leaf itself, the very handle that
+// its AccumulateGrad node holds, so it is const: the hook may read
+// param.grad(), change the gradient in place (param.grad().div_(w)) or replace
+// it (param.set_grad(bucket_view)), all const methods, but it cannot rebind the
+// handle. (`param = Tensor()` does not compile; through a mutable reference it
+// would empty the node's leaf and crash the next backward.)
+using PostAccumulateGradHook = std::function<void(const Tensor& param)>;
 
 struct TensorImpl;
 
-// Returned by register_post_accumulate_grad_hook; remove() unregisters the hook
-// (safe to call twice, safe after the tensor is gone).
+// The registration of one post-accumulate-grad hook, returned by
+// Tensor::register_post_accumulate_grad_hook.
+//
+// Ownership: the hook lives as long as its handle. Keep the handle, e.g. in a
+// member vector, as DDP does; destroying it removes the hook, so a DDP object
+// that owns its handles removes its hooks when it is destroyed (and a handle
+// dropped on the floor removes its hook at once: hence [[nodiscard]]).
+// Move-only, like std::unique_ptr: one hook, one owner. Moving transfers the
+// hook; move-assigning over a handle first removes the hook that handle held.
+// The handle refers to the tensor weakly: it does not keep the tensor alive,
+// and outliving the tensor is harmless. Not thread-safe (like Tensor).
 class RemovableHandle {
  public:
-  RemovableHandle() = default;
+  RemovableHandle() = default;  // holds no hook
   RemovableHandle(std::weak_ptr<TensorImpl> owner, uint64_t id)
       : owner_(std::move(owner)), id_(id) {}
-  void remove();
+  ~RemovableHandle() { remove(); }
+  RemovableHandle(const RemovableHandle&) = delete;
+  RemovableHandle& operator=(const RemovableHandle&) = delete;
+  RemovableHandle(RemovableHandle&& other) noexcept;
+  RemovableHandle& operator=(RemovableHandle&& other) noexcept;
+
+  // Unregisters the hook now; afterwards the handle holds none. Safe to call
+  // twice, on a default or moved-from handle, and after the tensor is gone.
+  // From inside the hook itself, the hook still finishes this pass (the
+  // engine runs a snapshot of the list) and does not fire in the next.
+  void remove() noexcept;
 
  private:
-  std::weak_ptr<TensorImpl> owner_;
-  uint64_t id_ = 0;
+  std::weak_ptr<TensorImpl> owner_;  // empty once removed or moved from
+  uint64_t id_ = 0;                  // the hook's id in owner's list
 };
 
 class Tensor {
@@ -203,8 +227,11 @@ class Tensor {
   // one-element tensor (it defaults to 1).
   void backward(const Tensor& gradient = Tensor()) const;
   // Registers fn to run right after AccumulateGrad writes this leaf's
-  // gradient, once per backward pass. REQUIRES: is_leaf() && requires_grad().
-  RemovableHandle register_post_accumulate_grad_hook(PostAccumulateGradHook fn) const;
+  // gradient, once per backward pass. The hook stays registered as long as
+  // the returned handle lives (see RemovableHandle); keep it.
+  // REQUIRES: is_leaf() && requires_grad().
+  [[nodiscard]] RemovableHandle register_post_accumulate_grad_hook(
+      PostAccumulateGradHook fn) const;
 
   // "tensor([[1, 2], [3, 4]], dtype=float32)"; long tensors are elided.
   std::string to_string() const;
@@ -232,8 +259,9 @@ struct TensorImpl {
   // Leaves only: created on first use by the graph; weak so that the graph,
   // not the leaf, keeps it alive (no cycle).
   std::weak_ptr<autograd::AccumulateGrad> grad_accumulator;
+  // (id, hook) in registration order; an entry is erased by its handle.
   std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate_grad_hooks;
-  uint64_t next_hook_id = 1;
+  uint64_t next_hook_id = 1;  // ids are never reused, so a stale handle erases nothing
 };
 
 // ---- factories -----------------------------------------------------------

@@ -22,6 +22,8 @@
 //     the same number of times; every parameter has a gradient.
 //   - Not thread-safe; the process group's communication thread only touches
 //     the gradient it is all-reducing.
+//   - Neither copyable nor movable: it stands for one replica in one process
+//     group (later stages register hooks that point back at it).
 #pragma once
 
 #include <memory>
@@ -30,6 +32,7 @@
 #include "tensorplay/distributed/process_group.h"
 #include "tensorplay/nn/module.h"
 #include "tensorplay/tensor.h"
+#include "tensorplay/train/capabilities.h"
 
 namespace stage01 {
 
@@ -41,12 +44,17 @@ struct Options {
 class DistributedDataParallel {
  public:
   using Options = stage01::Options;
+  // For the kit's trainer: gradients are averaged by sync_grads(), called
+  // after backward.
+  static constexpr tp::train::Capabilities capabilities{.syncs_after_backward = true};
 
   // Verifies that all ranks hold the same parameter shapes, then broadcasts
   // rank 0's parameters (and buffers) to every rank.
   DistributedDataParallel(std::shared_ptr<tp::nn::Module> module,
                           std::shared_ptr<tp::distributed::ProcessGroup> process_group,
                           Options options = {});
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
   // Runs the wrapped module; DDP adds nothing to the forward pass here.
   tp::Tensor forward(const tp::Tensor& input);

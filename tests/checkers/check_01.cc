@@ -1,68 +1,87 @@
-// Checker for stage 01 (naive DDP). Built three ways from this one source:
-// against solutions/01-naive (must pass), against the generated exercise
-// (must fail at once, naming the stub) and against each planted-bug mutant in
-// tests/mutants/01-naive (must fail with the diagnosis the mutant names).
-// `./kit check 01` builds it against your exercises/01-naive.
+// Checker for stage 01 (naive DDP). Compiled once and linked with every
+// ddp.cc: solutions/01-naive (must pass), the generated exercise (must fail
+// at once, naming the stub), each planted-bug mutant in tests/mutants/01-naive
+// (must fail with the diagnosis the mutant names), and your exercises/01-naive
+// (`./kit check 01`).
+// TP_STAGE_HEADER is set only for a planted bug that patches the header.
+#ifdef TP_STAGE_HEADER
+#include TP_STAGE_HEADER
+#else
 #include "ddp.h"
+#endif
 
 #include "tensorplay/train/checker.h"
 
 namespace {
 
-using tp::train::Finding;
-using tp::train::RankResult;
-using tp::train::RunConfig;
+namespace train = tp::train;
+using Case = train::CheckCase<stage01::Options>;
 
-// Stage 01's shape of communication, counted on every rank:
-//   construction: one broadcast per parameter (MiniMLP has no buffers) and no
-//                 all-reduce;
-//   every step:   exactly one all-reduce per parameter.
-std::vector<Finding> count_collectives(const RunConfig&, const std::vector<RankResult>& ranks,
-                                       size_t num_params) {
-  std::vector<Finding> out;
-  for (const RankResult& r : ranks) {
-    if (r.construction_broadcasts != num_params) {
-      out.push_back({tp::detail::cat("rank ", r.rank, ": the constructor issued ",
-                                     r.construction_broadcasts, " broadcasts for ", num_params,
-                                     " parameters"),
-                     "broadcast each parameter (and buffer) from rank 0 exactly once"});
-      break;
-    }
-    if (r.construction_allreduces != 0) {
-      out.push_back({tp::detail::cat("rank ", r.rank, ": the constructor issued ",
-                                     r.construction_allreduces, " all-reduces"),
-                     "construction copies rank 0's model with broadcasts; all-reduce averages"});
-      break;
-    }
-    for (size_t step = 0; step < r.allreduces_per_step.size(); ++step) {
-      if (r.allreduces_per_step[step] != num_params) {
-        out.push_back({tp::detail::cat("rank ", r.rank, ", step ", step, ": counted ",
-                                       r.allreduces_per_step[step], " all-reduces; stage 01 issues "
-                                       "exactly one per parameter (", num_params, ")"),
-                       "sync_grads must all-reduce each parameter's gradient once per step: no "
-                       "parameter skipped, none synced twice"});
-        return out;
-      }
-    }
+// Stage 01's words for its own parts (see tp::train::Advice).
+train::Advice advice() {
+  train::Advice a;
+  a.where_sync = "in sync_grads()";
+  a.how_sync_runs = "by sync_grads() after loss.backward(), on every rank";
+  return a;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out = train::cases_of<stage01::Options>(train::standard_configs());
+  // A model with a buffer (running statistics updated in every forward):
+  // with broadcast_buffers the constructor copies rank 0's buffers; without,
+  // each rank keeps its own. Per-rank seeds make the two differ.
+  train::RunConfig buffered;
+  buffered.world_size = 3;
+  buffered.steps = 4;
+  buffered.per_rank_seed = true;
+  buffered.model_kind = train::ModelKind::Buffered;
+  buffered.buffer_sync = train::BufferSync::AtConstruction;
+  out.push_back({buffered, {.broadcast_buffers = true}, "broadcast_buffers on"});
+  buffered.buffer_sync = train::BufferSync::None;
+  out.push_back({buffered, {.broadcast_buffers = false}, "broadcast_buffers off"});
+  // Gradient accumulation: sync_grads() after the last of K backward passes
+  // averages the accumulated sum, so the earlier ones need no collective.
+  train::RunConfig accumulate;
+  accumulate.world_size = 2;
+  accumulate.steps = 3;
+  accumulate.micro_batches = 3;
+  accumulate.per_rank_seed = true;
+  out.push_back({accumulate, {}, "gradient accumulation, sync_grads() once per step"});
+  for (Case& c : out) c.config.trace = true;
+  return out;
+}
+
+// Stage 01's shape of communication, counted on every rank, and its order on
+// the trace.
+std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
+  const uint64_t params = run.num_params();
+  const uint64_t buffers = c.options.broadcast_buffers ? run.num_buffers() : 0;
+  std::vector<train::Finding> out = train::check_construction_counts(
+      run, params + buffers, 0,
+      "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
+      "once");
+  if (out.empty()) {
+    out = train::check_allreduces_per_step(
+        run, params, "one per parameter",
+        "sync_grads must all-reduce each parameter's gradient once per step: no parameter "
+        "skipped, none synced twice");
   }
+  if (out.empty()) {
+    out = train::check_quiet_until_last_micro_batch(
+        run, "sync_grads() runs once per optimizer step, after the last backward");
+  }
+  if (out.empty()) out = train::check_sync_between_backward_and_step(run, advice());
   return out;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  tp::train::CheckerSpec spec;
+  train::CheckerSpec<stage01::Options> spec;
   spec.stage = "01";
   spec.title = "naive DDP, one all-reduce per parameter";
-  spec.configs = tp::train::standard_configs();
-  for (RunConfig& config : spec.configs) config.trace = true;
-  spec.stage_checks = [](const RunConfig& config, const std::vector<RankResult>& ranks,
-                         size_t num_params) {
-    std::vector<Finding> out = count_collectives(config, ranks, num_params);
-    for (Finding& f : tp::train::check_sync_between_backward_and_step(ranks)) {
-      out.push_back(std::move(f));
-    }
-    return out;
-  };
-  return tp::train::run_checker<stage01::DistributedDataParallel>(argc, argv, spec);
+  spec.cases = cases();
+  spec.advice = advice();
+  spec.stage_checks = stage_checks;
+  return train::run_checker<stage01::DistributedDataParallel>(argc, argv, spec);
 }

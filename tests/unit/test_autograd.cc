@@ -7,14 +7,18 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tensorplay/autograd/engine.h"
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/autograd/node.h"
 #include "tensorplay/ops.h"
+#include "tensorplay/trace.h"
 
 using doctest::Contains;
 using tp::Tensor;
@@ -401,9 +405,10 @@ struct TinyMlp {
 TEST_CASE("hooks fire once per leaf per backward, later-used parameters first") {
   TinyMlp mlp;
   std::vector<std::string> fired;
+  std::vector<tp::RemovableHandle> handles;  // each hook lives as long as its handle
   for (const auto& [name, param] : mlp.named_parameters()) {
-    param.register_post_accumulate_grad_hook(
-        [&fired, name = name](Tensor&) { fired.push_back(name); });
+    handles.push_back(param.register_post_accumulate_grad_hook(
+        [&fired, name = name](const Tensor&) { fired.push_back(name); }));
   }
   mlp.loss().backward();
   // The output layer's parameters were used last, so their gradients are
@@ -429,8 +434,8 @@ TEST_CASE("a hook fires as soon as its gradient is final even while an earlier g
   previous.backward();
   Tensor b = leaf({5}, 54);  // a new leaf, so a new, newer AccumulateGrad
   bool b_had_grad_in_w2_hook = true;
-  w2.register_post_accumulate_grad_hook(
-      [&](Tensor&) { b_had_grad_in_w2_hook = b.grad().defined(); });
+  tp::RemovableHandle handle = w2.register_post_accumulate_grad_hook(
+      [&](const Tensor&) { b_had_grad_in_w2_hook = b.grad().defined(); });
   loss_of(b).backward();
   CHECK_FALSE(b_had_grad_in_w2_hook);
   CHECK(previous.grad_fn() != nullptr);  // the earlier graph really was alive
@@ -439,9 +444,10 @@ TEST_CASE("a hook fires as soon as its gradient is final even while an earlier g
 TEST_CASE("a hook sees the leaf's final gradient for the pass") {
   TinyMlp mlp;
   std::map<std::string, Values> seen;
+  std::vector<tp::RemovableHandle> handles;
   for (const auto& [name, param] : mlp.named_parameters()) {
-    param.register_post_accumulate_grad_hook(
-        [&seen, name = name](Tensor& p) { seen[name] = p.grad().to_vector(); });
+    handles.push_back(param.register_post_accumulate_grad_hook(
+        [&seen, name = name](const Tensor& p) { seen[name] = p.grad().to_vector(); }));
   }
   mlp.loss().backward();
   for (const auto& [name, param] : mlp.named_parameters()) {
@@ -453,7 +459,7 @@ TEST_CASE("a hook sees the leaf's final gradient for the pass") {
   Tensor w = tp::ones({2}, tp::kFloat64).requires_grad_();
   int calls = 0;
   Values at_hook;
-  w.register_post_accumulate_grad_hook([&](Tensor& p) {
+  tp::RemovableHandle handle = w.register_post_accumulate_grad_hook([&](const Tensor& p) {
     ++calls;
     at_hook = p.grad().to_vector();
   });
@@ -465,11 +471,12 @@ TEST_CASE("a hook sees the leaf's final gradient for the pass") {
 TEST_CASE("hooks on one leaf run in registration order and receive the leaf") {
   Tensor w = tp::ones({2}).requires_grad_();
   std::vector<int> order;
-  w.register_post_accumulate_grad_hook([&](Tensor& p) {
+  tp::RemovableHandle first = w.register_post_accumulate_grad_hook([&](const Tensor& p) {
     CHECK(p.impl() == w.impl());
     order.push_back(1);
   });
-  w.register_post_accumulate_grad_hook([&](Tensor&) { order.push_back(2); });
+  tp::RemovableHandle second =
+      w.register_post_accumulate_grad_hook([&](const Tensor&) { order.push_back(2); });
   tp::sum(w).backward();
   CHECK(order == std::vector<int>{1, 2});
 }
@@ -478,7 +485,7 @@ TEST_CASE("a removed hook no longer fires; remove is safe twice and after the te
   Tensor w = tp::ones({2}).requires_grad_();
   int calls = 0;
   tp::RemovableHandle handle =
-      w.register_post_accumulate_grad_hook([&](Tensor&) { ++calls; });
+      w.register_post_accumulate_grad_hook([&](const Tensor&) { ++calls; });
   tp::sum(w).backward();
   CHECK(calls == 1);
   handle.remove();
@@ -489,7 +496,7 @@ TEST_CASE("a removed hook no longer fires; remove is safe twice and after the te
   tp::RemovableHandle orphan;
   {
     Tensor gone = tp::ones({1}).requires_grad_();
-    orphan = gone.register_post_accumulate_grad_hook([](Tensor&) {});
+    orphan = gone.register_post_accumulate_grad_hook([](const Tensor&) {});
   }
   orphan.remove();
   tp::RemovableHandle().remove();  // a default handle too
@@ -499,7 +506,7 @@ TEST_CASE("a hook that removes itself still runs this pass and not the next") {
   Tensor w = tp::ones({2}).requires_grad_();
   int calls = 0;
   tp::RemovableHandle handle;
-  handle = w.register_post_accumulate_grad_hook([&](Tensor&) {
+  handle = w.register_post_accumulate_grad_hook([&](const Tensor&) {
     ++calls;
     handle.remove();
   });
@@ -508,15 +515,114 @@ TEST_CASE("a hook that removes itself still runs this pass and not the next") {
   CHECK(calls == 1);
 }
 
+TEST_CASE("a hook stops firing when its handle is destroyed") {
+  Tensor w = tp::ones({2}).requires_grad_();
+  int calls = 0;
+  {
+    tp::RemovableHandle handle =
+        w.register_post_accumulate_grad_hook([&](const Tensor&) { ++calls; });
+    tp::sum(w).backward();
+    CHECK(calls == 1);
+  }
+  tp::sum(w).backward();
+  CHECK(calls == 1);
+  CHECK(w.impl()->post_accumulate_grad_hooks.empty());
+}
+
+TEST_CASE("moving a handle keeps the hook; the moved-from handle owns nothing") {
+  Tensor w = tp::ones({2}).requires_grad_();
+  int calls = 0;
+  std::vector<tp::RemovableHandle> kept;  // as DDP keeps its handles
+  {
+    tp::RemovableHandle local =
+        w.register_post_accumulate_grad_hook([&](const Tensor&) { ++calls; });
+    kept.push_back(std::move(local));
+    local.remove();  // a moved-from handle: removes nothing, then dies harmlessly
+  }
+  kept.reserve(16);  // the vector reallocates: its handles move again
+  tp::sum(w).backward();
+  CHECK(calls == 1);
+
+  tp::RemovableHandle moved_again(std::move(kept.front()));
+  kept.clear();
+  tp::sum(w).backward();
+  CHECK(calls == 2);
+  moved_again.remove();
+  tp::sum(w).backward();
+  CHECK(calls == 2);
+}
+
+TEST_CASE("move-assigning over a handle removes the hook it held first") {
+  Tensor w = tp::ones({2}).requires_grad_();
+  std::vector<std::string> fired;
+  tp::RemovableHandle handle =
+      w.register_post_accumulate_grad_hook([&](const Tensor&) { fired.push_back("old"); });
+  handle = w.register_post_accumulate_grad_hook([&](const Tensor&) { fired.push_back("new"); });
+  tp::sum(w).backward();
+  CHECK(fired == std::vector<std::string>{"new"});
+
+  tp::RemovableHandle& same = handle;
+  handle = std::move(same);  // self-move keeps the hook
+  fired.clear();
+  tp::sum(w).backward();
+  CHECK(fired == std::vector<std::string>{"new"});
+}
+
+TEST_CASE("a handle that outlives its tensor is harmless and does not keep it alive") {
+  std::weak_ptr<tp::TensorImpl> watch;
+  tp::RemovableHandle outliving;
+  {
+    Tensor gone = tp::ones({1}).requires_grad_();
+    watch = gone.impl_ptr();
+    outliving = gone.register_post_accumulate_grad_hook([](const Tensor&) {});
+  }
+  CHECK(watch.expired());  // the handle refers to its tensor weakly
+  // outliving's destructor runs at the end of this test: nothing to remove.
+}
+
+// A hook gets the leaf as const Tensor&, the handle that AccumulateGrad itself
+// holds: it may change the gradient but never rebind the leaf. A hook written
+// as [](tp::Tensor& p) { p = tp::Tensor(); } does not compile, because a
+// lambda taking Tensor& cannot become a PostAccumulateGradHook and a
+// const Tensor& cannot be assigned to. The static_asserts pin both facts.
+// (Likewise, a discarded register_post_accumulate_grad_hook result is a
+// compiler warning, thanks to [[nodiscard]].)
+static_assert(!std::is_constructible_v<tp::PostAccumulateGradHook, void (*)(Tensor&)>);
+static_assert(!std::is_assignable_v<const Tensor&, Tensor>);
+static_assert(!std::is_copy_constructible_v<tp::RemovableHandle>);
+static_assert(!std::is_copy_assignable_v<tp::RemovableHandle>);
+static_assert(std::is_nothrow_move_constructible_v<tp::RemovableHandle>);
+static_assert(std::is_nothrow_move_assignable_v<tp::RemovableHandle>);
+
+TEST_CASE("a hook changes the gradient through the const leaf: in place or with set_grad") {
+  Tensor w = tp::ones({2}, tp::kFloat64).requires_grad_();
+  Tensor v = tp::ones({2}, tp::kFloat64).requires_grad_();
+  Tensor slot = tp::zeros({2}, tp::kFloat64);  // as a DDP bucket view would be
+  tp::RemovableHandle halve =
+      w.register_post_accumulate_grad_hook([](const Tensor& p) { p.grad().div_(2.0); });
+  tp::RemovableHandle redirect = v.register_post_accumulate_grad_hook([&](const Tensor& p) {
+    slot.copy_(p.grad());
+    p.set_grad(slot);
+  });
+  tp::sum(tp::add(tp::mul(w, 3.0), tp::mul(v, 5.0))).backward();
+  CHECK(w.grad().to_vector() == Values{1.5, 1.5});
+  CHECK(v.grad().to_vector() == Values{5, 5});
+  CHECK(v.grad().is_alias_of(slot));
+  // The leaves themselves are intact: the next pass finds them as before.
+  tp::sum(tp::add(tp::mul(w, 3.0), tp::mul(v, 5.0))).backward();
+  CHECK(w.grad().to_vector() == Values{2.25, 2.25});  // (1.5 + 3) / 2
+  CHECK(slot.to_vector() == Values{10, 10});          // accumulated into the view
+}
+
 TEST_CASE("hooks can be registered only on leaves that require grad") {
   Tensor plain = tp::ones({2});
-  CHECK_THROWS_WITH_AS(plain.register_post_accumulate_grad_hook([](Tensor&) {}),
+  CHECK_THROWS_WITH_AS((void)plain.register_post_accumulate_grad_hook([](const Tensor&) {}),
                        Contains("the tensor must be a leaf that requires grad (it does not "
                                 "require grad)"),
                        tp::Error);
   Tensor w = tp::ones({2}).requires_grad_();
   Tensor y = tp::mul(w, 2.0);
-  CHECK_THROWS_WITH_AS(y.register_post_accumulate_grad_hook([](Tensor&) {}),
+  CHECK_THROWS_WITH_AS((void)y.register_post_accumulate_grad_hook([](const Tensor&) {}),
                        Contains("(it was produced by MulScalarBackward)"), tp::Error);
 }
 
@@ -526,8 +632,9 @@ TEST_CASE("queued callbacks run after the last node, after every hook, in order"
   TinyMlp mlp;
   std::vector<std::string> events;
   bool queued = false;
+  std::vector<tp::RemovableHandle> handles;
   for (const auto& [name, param] : mlp.named_parameters()) {
-    param.register_post_accumulate_grad_hook([&, name = name](Tensor&) {
+    handles.push_back(param.register_post_accumulate_grad_hook([&, name = name](const Tensor&) {
       CHECK(tp::autograd::in_backward());
       events.push_back(name);
       if (queued) return;
@@ -538,7 +645,7 @@ TEST_CASE("queued callbacks run after the last node, after every hook, in order"
         events.push_back("callback 1");
         tp::autograd::queue_callback([&] { events.push_back("callback 2"); });
       });
-    });
+    }));
   }
   CHECK_FALSE(tp::autograd::in_backward());
   mlp.loss().backward();
@@ -562,7 +669,7 @@ TEST_CASE("queue_callback outside a backward pass throws") {
 TEST_CASE("an exception from a hook aborts backward and drops queued callbacks") {
   Tensor w = tp::ones({2}).requires_grad_();
   bool callback_ran = false;
-  tp::RemovableHandle handle = w.register_post_accumulate_grad_hook([&](Tensor&) {
+  tp::RemovableHandle handle = w.register_post_accumulate_grad_hook([&](const Tensor&) {
     tp::autograd::queue_callback([&] { callback_ran = true; });
     throw tp::Error("hook failed");
   });
@@ -577,7 +684,83 @@ TEST_CASE("an exception from a hook aborts backward and drops queued callbacks")
 TEST_CASE("backward from inside a hook is refused") {
   Tensor w = tp::ones({2}).requires_grad_();
   Tensor other = tp::ones({2}).requires_grad_();
-  w.register_post_accumulate_grad_hook([&](Tensor&) { tp::sum(other).backward(); });
+  tp::RemovableHandle handle =
+      w.register_post_accumulate_grad_hook([&](const Tensor&) { tp::sum(other).backward(); });
   CHECK_THROWS_WITH_AS(tp::sum(w).backward(), Contains("reentrant backward is not supported"),
                        tp::Error);
+}
+
+// ---- phase marks on the trace ----------------------------------------------------
+
+namespace {
+
+// Tracing on, empty, for one test; off and empty afterwards.
+struct TraceOn {
+  TraceOn() { tp::trace::enable(0); }
+  ~TraceOn() {
+    tp::trace::disable();
+    tp::trace::clear();
+  }
+};
+
+std::vector<tp::trace::Event> events_named(const std::string& name) {
+  std::vector<tp::trace::Event> found;
+  for (const tp::trace::Event& e : tp::trace::events()) {
+    if (e.name == name) found.push_back(e);
+  }
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("with tracing on, hooks come before graph done and callbacks inside the callbacks span") {
+  TraceOn trace_on;
+  TinyMlp mlp;
+  std::vector<tp::RemovableHandle> handles;
+  for (const auto& [name, param] : mlp.named_parameters()) {
+    handles.push_back(param.register_post_accumulate_grad_hook([](const Tensor&) {
+      tp::trace::instant("hook", "hook");
+      tp::autograd::queue_callback([] { tp::trace::instant("callback", "test"); });
+    }));
+  }
+  mlp.loss().backward();
+
+  const auto hooks = events_named("hook");
+  const auto graph_done = events_named("graph done");
+  const auto callbacks = events_named("callbacks");
+  const auto callback_marks = events_named("callback");
+  REQUIRE(hooks.size() == 4);
+  REQUIRE(graph_done.size() == 1);
+  REQUIRE(callbacks.size() == 1);
+  REQUIRE(callback_marks.size() == 4);
+  CHECK(graph_done[0].category == "autograd");
+  CHECK(graph_done[0].phase == 'i');
+  CHECK(callbacks[0].category == "autograd");
+  CHECK(callbacks[0].phase == 'X');
+  for (const auto& hook : hooks) CHECK(hook.begin_order < graph_done[0].begin_order);
+  CHECK(graph_done[0].end_order < callbacks[0].begin_order);
+  for (const auto& mark : callback_marks) {
+    CHECK(callbacks[0].begin_order < mark.begin_order);
+    CHECK(mark.end_order < callbacks[0].end_order);
+  }
+}
+
+TEST_CASE("with tracing on, a backward without callbacks marks graph done and no callbacks span") {
+  TraceOn trace_on;
+  TinyMlp mlp;
+  mlp.loss().backward();
+  const auto graph_done = events_named("graph done");
+  REQUIRE(graph_done.size() == 1);
+  CHECK(graph_done[0].category == "autograd");
+  CHECK(events_named("callbacks").empty());
+}
+
+TEST_CASE("with tracing off, backward records nothing") {
+  tp::trace::disable();
+  tp::trace::clear();
+  TinyMlp mlp;
+  tp::RemovableHandle handle = mlp.w1.register_post_accumulate_grad_hook(
+      [](const Tensor&) { tp::autograd::queue_callback([] {}); });
+  mlp.loss().backward();
+  CHECK(tp::trace::events().empty());
 }

@@ -1,11 +1,13 @@
-// Tests of tp::nn (Module, Linear, ReLU, Sequential, MiniMLP, deep_mlp) and
-// tp::optim::SGD: parameter names and order as torch lists them, Linear's
-// init and forward against hand computation, zero_grad, and SGD updates
-// against their closed forms.
+// Tests of tp::nn (Module, Linear, ReLU, Sequential, MiniMLP, BranchyMLP,
+// RunningMean, BufferedMLP, deep_mlp) and tp::optim::SGD: parameter and
+// buffer names and order as torch lists them, forwards against hand
+// computation, gradients against float64 finite differences, zero_grad, and
+// SGD updates against their closed forms.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +42,70 @@ tp::Tensor param(const std::vector<double>& values) {
   tp::Tensor p = tp::tensor(values, {static_cast<int64_t>(values.size())}, tp::kFloat64);
   p.requires_grad_(true);
   return p;
+}
+
+// Names of the parameters whose grad() is defined, in listing order.
+std::vector<std::string> names_with_grad(const nn::Module& model) {
+  std::vector<std::string> out;
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (p.grad().defined()) out.push_back(name);
+  }
+  return out;
+}
+
+// Checks dL/d(leaf) for L = sum(f() * w), with a fixed w, against float64
+// central finite differences, element by element, for every leaf. A leaf that
+// backward left without a gradient must be one L does not depend on at all:
+// both perturbed values of L are then bit-identical, so its numeric
+// derivative is exactly 0.
+//
+// f must be a pure function of the leaves' values (a model in eval mode, or
+// one without buffers). Tolerance: with eps = 1e-6 in float64 the central
+// difference is off by ~eps^2 |L^(3)| + 1e-16 |L| / eps, about 1e-10 for the
+// O(1) values here, so 1e-6 relative (floor 1e-6) leaves a wide margin while a
+// wrong gradient (a missing path, a sign, a transpose) is off by O(1). The
+// inputs keep every ReLU input away from 0 by far more than eps can move it.
+void check_grads_by_finite_differences(const std::function<tp::Tensor()>& f,
+                                       const std::vector<tp::Tensor>& leaves) {
+  constexpr double kEps = 1e-6;
+  for (const tp::Tensor& x : leaves) x.set_grad(tp::Tensor());
+  const tp::Tensor out = f();
+  std::vector<double> wv(static_cast<std::size_t>(out.numel()));
+  for (std::size_t i = 0; i < wv.size(); ++i) wv[i] = 0.5 + 0.25 * static_cast<double>(i % 5);
+  const tp::Tensor w = tp::tensor(wv, out.shape(), tp::kFloat64);
+  tp::sum(tp::mul(out, w)).backward();
+
+  auto objective = [&] {
+    tp::NoGradGuard no_grad;
+    return tp::sum(tp::mul(f(), w)).item();
+  };
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const tp::Tensor& x = leaves[i];
+    CAPTURE(i);
+    REQUIRE(x.is_contiguous());
+    const bool has_grad = x.grad().defined();
+    const std::vector<double> analytic = has_grad ? x.grad().to_vector() : std::vector<double>{};
+    double* data = x.data_ptr<double>();  // contiguous: element j is data[j]
+    for (int64_t j = 0; j < x.numel(); ++j) {
+      CAPTURE(j);
+      const double saved = data[j];
+      data[j] = saved + kEps;
+      const double plus = objective();
+      data[j] = saved - kEps;
+      const double minus = objective();
+      data[j] = saved;
+      const double numeric = (plus - minus) / (2 * kEps);
+      if (has_grad) {
+        CHECK(analytic[static_cast<std::size_t>(j)] == Approx(numeric).epsilon(1e-6));
+      } else {
+        CHECK(numeric == 0.0);
+      }
+    }
+  }
+}
+
+nn::MiniMLPOptions float64_options(int64_t in, int64_t hidden, int64_t out) {
+  return {.in_features = in, .hidden = hidden, .out_features = out, .dtype = tp::kFloat64};
 }
 
 // A module with a running-statistics buffer and a child, like BatchNorm's
@@ -239,6 +305,358 @@ TEST_CASE("nested Sequentials list parameters depth first with dotted prefixes")
         std::vector<std::string>{"0.weight", "0.bias", "1.1.weight", "1.1.bias", "2.weight",
                                  "2.bias"});
   CHECK(outer(tp::zeros({2, 3})).shape() == tp::Shape{2, 1});
+}
+
+TEST_CASE("Sequential built from a list names its children 0, 1, 2 and runs them in order") {
+  auto first = std::make_shared<nn::Linear>(2, 3, true, tp::kFloat64);
+  auto relu = std::make_shared<nn::ReLU>();
+  auto last = std::make_shared<nn::Linear>(3, 1, true, tp::kFloat64);
+  set_values(first->weight, {1, 0,     //
+                             0, 1,     //
+                             -1, -1});  // (3, 2)
+  set_values(first->bias, {0, 0, 0});
+  set_values(last->weight, {1, 10, 100});
+  set_values(last->bias, {0.5});
+  auto net = std::make_shared<nn::Sequential>(
+      std::vector<std::shared_ptr<nn::Module>>{first, relu, last});
+
+  CHECK(net->size() == 3);
+  REQUIRE(net->children().size() == 3);
+  CHECK(net->children()[0].first == "0");
+  CHECK(net->children()[0].second == first);
+  CHECK(net->children()[1].first == "1");
+  CHECK(net->children()[1].second == relu);
+  CHECK(net->children()[2].first == "2");
+  CHECK(net->children()[2].second == last);
+  CHECK(names_of(net->named_parameters()) ==
+        std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+
+  // x = (2, -3): first gives (2, -3, 1), relu (2, 0, 1), last 2 + 0 + 100 + 0.5.
+  // Any other order fails on shapes or gives another number.
+  const tp::Tensor y = (*net)(tp::tensor({2, -3}, {1, 2}, tp::kFloat64));
+  CHECK(y.to_vector() == std::vector<double>{102.5});
+
+  // The list constructor and push_back build the same thing.
+  nn::Sequential pushed;
+  pushed.push_back(first);
+  pushed.push_back(relu);
+  pushed.push_back(last);
+  CHECK(names_of(pushed.named_parameters()) == names_of(net->named_parameters()));
+
+  CHECK(nn::Sequential(std::vector<std::shared_ptr<nn::Module>>{}).size() == 0);
+  CHECK_THROWS_WITH_AS(nn::Sequential({first, nullptr}), Contains("submodule '1' is null"),
+                       tp::Error);
+}
+
+// ---- BranchyMLP: a data-dependent route ---------------------------------------------
+
+TEST_CASE("BranchyMLP lists ten parameters as torch names them, in registration order") {
+  nn::BranchyMLP model({.in_features = 3, .hidden = 5, .out_features = 2});
+  const auto named = model.named_parameters();
+  CHECK(names_of(named) ==
+        std::vector<std::string>{"fc1.weight", "fc1.bias", "branch_a.weight", "branch_a.bias",
+                                 "branch_b.weight", "branch_b.bias", "head.weight",
+                                 "head.bias", "spare.weight", "spare.bias"});
+  const std::vector<tp::Shape> shapes = {{5, 3}, {5}, {5, 5}, {5}, {5, 5},
+                                         {5},    {2, 5}, {2}, {2, 5}, {2}};
+  REQUIRE(named.size() == shapes.size());
+  for (std::size_t i = 0; i < shapes.size(); ++i) CHECK(named[i].second.shape() == shapes[i]);
+  CHECK(named[4].second.impl() == model.branch_b->weight.impl());
+  CHECK(named[8].second.impl() == model.spare->weight.impl());
+  CHECK(model.buffers().empty());
+}
+
+TEST_CASE("BranchyMLP is initialised in registration order from the global generator") {
+  tp::manual_seed(21);
+  nn::BranchyMLP model({.in_features = 3, .hidden = 4, .out_features = 2});
+  // Linear draws weight then bias; the modules draw in the order they are listed.
+  tp::Generator g(21);
+  for (const auto& [name, p] : model.named_parameters()) {
+    CAPTURE(name);
+    const double bound = 1.0 / std::sqrt(name.starts_with("fc1.") ? 3.0 : 4.0);
+    CHECK(p.to_vector() ==
+          tp::rand_uniform(p.shape(), -bound, bound, tp::kFloat32, &g).to_vector());
+  }
+}
+
+TEST_CASE("BranchyMLP::route is A when column 0 sums to >= 0 over the rows, else B") {
+  using Route = nn::BranchyMLP::Route;
+  // Column 0 sums to 1 - 0.5 = 0.5; the other column is large and negative.
+  CHECK(nn::BranchyMLP::route(tp::tensor({1, -50, -0.5, -50}, {2, 2})) == Route::A);
+  // Column 0 sums to -1 + 0.5 = -0.5; the other column is large and positive.
+  CHECK(nn::BranchyMLP::route(tp::tensor({-1, 50, 0.5, 50}, {2, 2})) == Route::B);
+  // Exactly 0 counts as A.
+  CHECK(nn::BranchyMLP::route(tp::tensor({1, -3, -1, -3}, {2, 2}, tp::kFloat64)) ==
+        Route::A);
+  // One row, one column, barely negative.
+  CHECK(nn::BranchyMLP::route(tp::tensor({-1e-300}, {1, 1}, tp::kFloat64)) == Route::B);
+  // It reads values, not storage: column 0 of the transposed view is (-2, -3),
+  // while the storage's first column is (-2, 4).
+  const tp::Tensor stored = tp::tensor({-2, -3,  //
+                                        4, 5},   //
+                                       {2, 2});
+  CHECK(nn::BranchyMLP::route(stored) == Route::A);
+  CHECK(nn::BranchyMLP::route(stored.t()) == Route::B);
+
+  // It records no autograd history and leaves x alone.
+  tp::Tensor x = tp::tensor({-1, 2}, {1, 2}, tp::kFloat64).requires_grad_();
+  CHECK(nn::BranchyMLP::route(x) == Route::B);
+  CHECK_FALSE(x.grad().defined());
+  CHECK(x.to_vector() == std::vector<double>{-1, 2});
+
+  CHECK_THROWS_WITH_AS(nn::BranchyMLP::route(tp::zeros({4})),
+                       Contains("tp::nn::BranchyMLP::route: expected a 2-D input"), tp::Error);
+}
+
+TEST_CASE("BranchyMLP forward is head(relu(branch(relu(fc1(x))))) with the routed branch") {
+  nn::BranchyMLP model(float64_options(3, 4, 2));
+  const tp::Tensor xa = tp::tensor({0.5, -1, 2,        //
+                                    1.0, 0.3, -0.7},   //
+                                   {2, 3}, tp::kFloat64);  // column 0 sums to 1.5
+  const tp::Tensor xb = tp::tensor({-0.5, -1, 2,       //
+                                    -1.0, 0.3, -0.7},  //
+                                   {2, 3}, tp::kFloat64);  // column 0 sums to -1.5
+  REQUIRE(nn::BranchyMLP::route(xa) == nn::BranchyMLP::Route::A);
+  REQUIRE(nn::BranchyMLP::route(xb) == nn::BranchyMLP::Route::B);
+
+  const tp::Tensor ya = model(xa);
+  CHECK(ya.shape() == tp::Shape{2, 2});
+  const tp::Tensor expected_a =
+      (*model.head)((*model.branch_a)((*model.fc1)(xa).relu()).relu());
+  CHECK(tp::max_abs_diff(ya, expected_a) == 0.0);  // same ops in the same order
+
+  const tp::Tensor yb = model(xb);
+  const tp::Tensor expected_b =
+      (*model.head)((*model.branch_b)((*model.fc1)(xb).relu()).relu());
+  CHECK(tp::max_abs_diff(yb, expected_b) == 0.0);
+  // And the route matters: xb sent through branch_a gives something else.
+  const tp::Tensor xb_through_a =
+      (*model.head)((*model.branch_a)((*model.fc1)(xb).relu()).relu());
+  CHECK(tp::max_abs_diff(yb, xb_through_a) > 0.0);
+}
+
+TEST_CASE("BranchyMLP gives gradients to fc1, head and the taken branch only") {
+  nn::BranchyMLP model(float64_options(3, 4, 2));
+  const tp::Tensor xa = tp::tensor({2, 1, -1, 1, 0.5, 0.25}, {2, 3}, tp::kFloat64);
+  const tp::Tensor xb = tp::tensor({-2, 1, -1, 1, 0.5, 0.25}, {2, 3}, tp::kFloat64);
+
+  model(xa).sum().backward();
+  CHECK(names_with_grad(model) == std::vector<std::string>{"fc1.weight", "fc1.bias",
+                                                           "branch_a.weight", "branch_a.bias",
+                                                           "head.weight", "head.bias"});
+  model.zero_grad();
+  model(xb).sum().backward();
+  CHECK(names_with_grad(model) == std::vector<std::string>{"fc1.weight", "fc1.bias",
+                                                           "branch_b.weight", "branch_b.bias",
+                                                           "head.weight", "head.bias"});
+  // Two micro-batches accumulated without zero_grad (what no_sync does): the
+  // union of both routes, and still nothing for spare.
+  model(xa).sum().backward();
+  CHECK(names_with_grad(model) ==
+        std::vector<std::string>{"fc1.weight", "fc1.bias", "branch_a.weight", "branch_a.bias",
+                                 "branch_b.weight", "branch_b.bias", "head.weight",
+                                 "head.bias"});
+  CHECK_FALSE(model.spare->weight.grad().defined());
+  CHECK_FALSE(model.spare->bias.grad().defined());
+}
+
+TEST_CASE("BranchyMLP gradients match finite differences on both routes") {
+  // The route depends on x only, so perturbing a parameter cannot switch it:
+  // L is smooth in every parameter away from the ReLU kinks.
+  tp::manual_seed(4);
+  nn::BranchyMLP model(float64_options(3, 4, 2));
+  const tp::Tensor xa = tp::tensor({0.9, -0.4, 0.3,   //
+                                    -0.2, 0.8, -0.6,  //
+                                    0.5, 0.1, 0.7},   //
+                                   {3, 3}, tp::kFloat64);  // column 0 sums to 1.2
+  const tp::Tensor xb = tp::tensor({-0.9, -0.4, 0.3,  //
+                                    0.2, 0.8, -0.6,   //
+                                    -0.5, 0.1, 0.7},  //
+                                   {3, 3}, tp::kFloat64);  // column 0 sums to -1.2
+  SUBCASE("route A") {
+    REQUIRE(nn::BranchyMLP::route(xa) == nn::BranchyMLP::Route::A);
+    check_grads_by_finite_differences([&] { return model(xa); }, model.parameters());
+    CHECK(model.branch_a->weight.grad().defined());
+    CHECK_FALSE(model.branch_b->weight.grad().defined());
+  }
+  SUBCASE("route B") {
+    REQUIRE(nn::BranchyMLP::route(xb) == nn::BranchyMLP::Route::B);
+    check_grads_by_finite_differences([&] { return model(xb); }, model.parameters());
+    CHECK(model.branch_b->weight.grad().defined());
+    CHECK_FALSE(model.branch_a->weight.grad().defined());
+  }
+  CHECK_FALSE(model.spare->weight.grad().defined());
+}
+
+// ---- RunningMean: a buffer updated in forward -----------------------------------------
+
+TEST_CASE("RunningMean subtracts the old running mean, then updates it as an EMA") {
+  // momentum 0.25 keeps every value below exact in binary, so the checks are ==.
+  nn::RunningMean norm(2, /*momentum=*/0.25, tp::kFloat64);
+  CHECK(norm.features() == 2);
+  CHECK(norm.momentum() == 0.25);
+  set_values(norm.running_mean, {1, -2});
+
+  // Step 1: x = [[3, 0], [5, 4]]; y = x - (1, -2) = [[2, 2], [4, 6]].
+  // Row mean (4, 2); running_mean = 0.75 (1, -2) + 0.25 (4, 2) = (1.75, -1).
+  const tp::Tensor y1 = norm(tp::tensor({3, 0, 5, 4}, {2, 2}, tp::kFloat64));
+  CHECK(y1.shape() == tp::Shape{2, 2});
+  CHECK(y1.to_vector() == std::vector<double>{2, 2, 4, 6});
+  CHECK(norm.running_mean.to_vector() == std::vector<double>{1.75, -1});
+
+  // Step 2: x = [[0, 0], [2, -2]]; y = x - (1.75, -1) = [[-1.75, 1], [0.25, -1]].
+  // Row mean (1, -1); running_mean = 0.75 (1.75, -1) + 0.25 (1, -1) = (1.5625, -1).
+  const tp::Tensor y2 = norm(tp::tensor({0, 0, 2, -2}, {2, 2}, tp::kFloat64));
+  CHECK(y2.to_vector() == std::vector<double>{-1.75, 1, 0.25, -1});
+  CHECK(norm.running_mean.to_vector() == std::vector<double>{1.5625, -1});
+  // The first output kept its values: it does not alias the buffer.
+  CHECK(y1.to_vector() == std::vector<double>{2, 2, 4, 6});
+
+  // The listed buffer is the member itself, updated in place.
+  REQUIRE(norm.buffers().size() == 1);
+  CHECK(norm.buffers()[0].impl() == norm.running_mean.impl());
+  CHECK(names_of(norm.named_buffers()) == std::vector<std::string>{"running_mean"});
+  CHECK(norm.parameters().empty());
+  CHECK(nn::RunningMean(3).momentum() == 0.1);  // the default, as in BatchNorm
+}
+
+TEST_CASE("RunningMean in eval mode uses the buffer but does not update it") {
+  nn::RunningMean norm(2, 0.25, tp::kFloat64);
+  set_values(norm.running_mean, {1, -2});
+  norm.eval();
+  const tp::Tensor y = norm(tp::tensor({3, 0, 5, 4}, {2, 2}, tp::kFloat64));
+  CHECK(y.to_vector() == std::vector<double>{2, 2, 4, 6});
+  CHECK(norm.running_mean.to_vector() == std::vector<double>{1, -2});
+
+  norm.train();  // and back in training mode it updates again
+  norm(tp::tensor({3, 0, 5, 4}, {2, 2}, tp::kFloat64));
+  CHECK(norm.running_mean.to_vector() == std::vector<double>{1.75, -1});
+}
+
+TEST_CASE("RunningMean's gradient w.r.t. the input is the identity; the buffer gets none") {
+  nn::RunningMean norm(3, 0.1, tp::kFloat64);
+  tp::Tensor x = tp::tensor({0.5, -1, 2, 3, 0.25, -4}, {2, 3}, tp::kFloat64).requires_grad_();
+  const tp::Tensor w = tp::tensor({1, 2, 3, 4, 5, 6}, {2, 3}, tp::kFloat64);
+  // L = sum(y * w) with y = x - running_mean: dL/dx = w, in training mode too
+  // (the update records no history).
+  tp::sum(tp::mul(norm(x), w)).backward();
+  CHECK(x.grad().to_vector() == w.to_vector());
+  CHECK_FALSE(norm.running_mean.requires_grad());
+  CHECK(norm.running_mean.is_leaf());
+  CHECK_FALSE(norm.running_mean.grad().defined());
+
+  // The same by finite differences, in eval mode so that f is pure.
+  norm.eval();
+  check_grads_by_finite_differences([&] { return norm(x); }, {x});
+}
+
+TEST_CASE("RunningMean's initial buffer is 0.1 * randn from the global generator") {
+  tp::manual_seed(11);
+  nn::RunningMean a(4, 0.1, tp::kFloat64);
+  tp::manual_seed(12);
+  nn::RunningMean b(4, 0.1, tp::kFloat64);
+  tp::manual_seed(11);
+  nn::RunningMean c(4, 0.1, tp::kFloat64);
+  // Different seeds (as on DDP's ranks) give different buffers; the same seed
+  // gives the same one.
+  CHECK(a.running_mean.to_vector() != b.running_mean.to_vector());
+  CHECK(a.running_mean.to_vector() == c.running_mean.to_vector());
+
+  tp::Generator g(11);
+  CHECK(a.running_mean.to_vector() == tp::randn({4}, tp::kFloat64, &g).mul_(0.1).to_vector());
+  CHECK(a.running_mean.shape() == tp::Shape{4});
+  CHECK(a.running_mean.dtype() == tp::kFloat64);
+}
+
+TEST_CASE("RunningMean rejects bad sizes, momenta and inputs") {
+  CHECK_THROWS_WITH_AS(nn::RunningMean(0), Contains("features must be >= 1, got 0"),
+                       tp::Error);
+  CHECK_THROWS_WITH_AS(nn::RunningMean(2, 1.5),
+                       Contains("momentum must be in [0, 1], got 1.5"), tp::Error);
+  nn::RunningMean norm(3);
+  CHECK_THROWS_WITH_AS(norm(tp::zeros({2, 4})),
+                       Contains("input has shape (2, 4), expected (batch, 3)"), tp::Error);
+  CHECK_THROWS_WITH_AS(norm(tp::zeros({2, 3}, tp::kFloat64)),
+                       Contains("input is float64 but the buffer is float32"), tp::Error);
+  const std::vector<double> before = norm.running_mean.to_vector();
+  CHECK_THROWS_WITH_AS(norm(tp::zeros({0, 3})), Contains("the batch is empty"), tp::Error);
+  CHECK(norm.running_mean.to_vector() == before);
+}
+
+// ---- BufferedMLP ----------------------------------------------------------------------
+
+TEST_CASE("BufferedMLP lists six parameters and one buffer, norm.running_mean") {
+  nn::BufferedMLP model({.in_features = 3, .hidden = 5, .out_features = 2});
+  const auto named = model.named_parameters();
+  CHECK(names_of(named) == std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight",
+                                                    "fc2.bias", "fc3.weight", "fc3.bias"});
+  const std::vector<tp::Shape> shapes = {{5, 3}, {5}, {5, 5}, {5}, {2, 5}, {2}};
+  REQUIRE(named.size() == shapes.size());
+  for (std::size_t i = 0; i < shapes.size(); ++i) CHECK(named[i].second.shape() == shapes[i]);
+
+  const auto buffers = model.named_buffers();
+  CHECK(names_of(buffers) == std::vector<std::string>{"norm.running_mean"});
+  REQUIRE(buffers.size() == 1);
+  CHECK(buffers[0].second.shape() == tp::Shape{5});
+  CHECK(buffers[0].second.impl() == model.norm->running_mean.impl());
+  CHECK_FALSE(buffers[0].second.requires_grad());
+  CHECK(model.norm->momentum() == 0.1);
+  REQUIRE(model.children().size() == 4);
+  CHECK(model.children()[1].first == "norm");
+}
+
+TEST_CASE("BufferedMLP draws fc1, then norm's buffer, then fc2 and fc3") {
+  tp::manual_seed(8);
+  nn::BufferedMLP model(float64_options(3, 4, 2));
+  tp::Generator g(8);
+  const double b3 = 1.0 / std::sqrt(3.0), b4 = 1.0 / std::sqrt(4.0);
+  CHECK(model.fc1->weight.to_vector() ==
+        tp::rand_uniform({4, 3}, -b3, b3, tp::kFloat64, &g).to_vector());
+  CHECK(model.fc1->bias.to_vector() ==
+        tp::rand_uniform({4}, -b3, b3, tp::kFloat64, &g).to_vector());
+  CHECK(model.norm->running_mean.to_vector() ==
+        tp::randn({4}, tp::kFloat64, &g).mul_(0.1).to_vector());
+  CHECK(model.fc2->weight.to_vector() ==
+        tp::rand_uniform({4, 4}, -b4, b4, tp::kFloat64, &g).to_vector());
+}
+
+TEST_CASE("BufferedMLP forward is fc3(relu(fc2(relu(norm(fc1(x)))))) and updates the buffer") {
+  nn::BufferedMLP model(float64_options(3, 4, 2));
+  const tp::Tensor x =
+      tp::tensor({0.5, -1, 2, 1.0, 0.3, -0.7, -0.2, 0.4, 0.9}, {3, 3}, tp::kFloat64);
+  const std::vector<double> before = model.norm->running_mean.to_vector();
+
+  const tp::Tensor y = model(x);  // training mode: the buffer moves
+  CHECK(y.shape() == tp::Shape{3, 2});
+
+  // The buffer: 0.9 * before + 0.1 * (row mean of fc1(x)).
+  const std::vector<double> h = (*model.fc1)(x).to_vector();  // (3, 4)
+  const std::vector<double> after = model.norm->running_mean.to_vector();
+  for (std::size_t j = 0; j < 4; ++j) {
+    CAPTURE(j);
+    const double row_mean = (h[j] + h[4 + j] + h[8 + j]) / 3.0;
+    CHECK(after[j] == Approx(0.9 * before[j] + 0.1 * row_mean).epsilon(1e-15));
+    CHECK(after[j] != before[j]);
+  }
+
+  // The output: the hand composition with the buffer as it was before, in
+  // eval mode so that it is not updated once more.
+  set_values(model.norm->running_mean, before);
+  model.eval();
+  const tp::Tensor expected =
+      (*model.fc3)((*model.fc2)((*model.norm)((*model.fc1)(x)).relu()).relu());
+  CHECK(tp::max_abs_diff(y, expected) == 0.0);  // same ops in the same order
+  CHECK(model.norm->running_mean.to_vector() == before);
+}
+
+TEST_CASE("BufferedMLP gradients match finite differences in eval mode") {
+  tp::manual_seed(6);
+  nn::BufferedMLP model(float64_options(3, 4, 2));
+  model.eval();  // a pure function of the parameters for the differences
+  const tp::Tensor x = tp::tensor({0.9, -0.4, 0.3, -0.2, 0.8, -0.6}, {2, 3}, tp::kFloat64);
+  check_grads_by_finite_differences([&] { return model(x); }, model.parameters());
+  for (const auto& p : model.parameters()) CHECK(p.grad().defined());
+  CHECK_FALSE(model.norm->running_mean.grad().defined());
 }
 
 TEST_CASE("buffers are listed apart from parameters, with dotted names") {

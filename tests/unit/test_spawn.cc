@@ -10,14 +10,21 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <bit>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "tensorplay/error.h"
 #include "tensorplay/multiprocessing/spawn.h"
+#include "tensorplay/util/temp_dir.h"
 
 namespace mp = tp::multiprocessing;
 using doctest::Contains;
@@ -30,6 +37,33 @@ void sleep_forever() { std::this_thread::sleep_for(std::chrono::seconds(600)); }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Cross-process signalling through a directory: one rank raises a flag, a
+// rank that must act after it waits for the flag. Ordering by events, not by
+// sleeps that a loaded machine can stretch.
+void raise_flag(const std::string& dir, const std::string& name) {
+  std::ofstream(dir + "/" + name).put('x');
+}
+
+void wait_for_flag(const std::string& dir, const std::string& name) {
+  const std::string path = dir + "/" + name;
+  const auto start = std::chrono::steady_clock::now();
+  while (::access(path.c_str(), F_OK) != 0) {
+    if (seconds_since(start) > 60) throw tp::Error("no flag " + name + " after 60 s");
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+}
+
+// Runs job, which must throw SpawnError, and returns the error.
+template <typename Job>
+mp::SpawnError spawn_error_of(Job job) {
+  try {
+    job();
+  } catch (const mp::SpawnError& e) {
+    return e;
+  }
+  throw std::logic_error("the job did not fail");
 }
 
 }  // namespace
@@ -48,7 +82,48 @@ TEST_CASE("spawn returns each rank's payload in rank order") {
 
 TEST_CASE("spawn returns empty payloads for a function that returns void") {
   const auto payloads = mp::spawn([](int) {}, 3);
+  static_assert(std::is_same_v<decltype(payloads), const std::vector<std::string>>);
   CHECK(payloads == std::vector<std::string>(3));
+}
+
+TEST_CASE("spawn returns the doubles the ranks return, bit for bit") {
+  // Values whose decimal text would lose bits or signs: 0.1 is not a short
+  // binary fraction, -0.0 == 0.0, a NaN has a payload and equals nothing.
+  const double quiet_nan_with_payload = std::bit_cast<double>(uint64_t{0x7ff8000000000123});
+  const std::vector<double> sent = {0.1,
+                                    -0.0,
+                                    1.0 / 3.0,
+                                    -std::numeric_limits<double>::infinity(),
+                                    std::numeric_limits<double>::denorm_min(),
+                                    std::numeric_limits<double>::max(),
+                                    quiet_nan_with_payload};
+  const auto got = mp::spawn([&sent](int rank) { return sent[rank]; },
+                             static_cast<int>(sent.size()));
+  static_assert(std::is_same_v<decltype(got), const std::vector<double>>);
+  REQUIRE(got.size() == sent.size());
+  for (std::size_t r = 0; r < sent.size(); ++r) {
+    CAPTURE(r);
+    CHECK(std::bit_cast<uint64_t>(got[r]) == std::bit_cast<uint64_t>(sent[r]));
+  }
+}
+
+TEST_CASE("spawn returns integers, floats and bools the ranks return, exactly") {
+  const auto big = mp::spawn(
+      [](int rank) {
+        return rank == 0 ? std::numeric_limits<int64_t>::min()
+                         : std::numeric_limits<int64_t>::max();
+      },
+      2);
+  CHECK(big == std::vector<int64_t>{std::numeric_limits<int64_t>::min(),
+                                    std::numeric_limits<int64_t>::max()});
+  const auto floats = mp::spawn([](int rank) { return rank == 0 ? 0.1f : -0.0f; }, 2);
+  static_assert(std::is_same_v<decltype(floats), const std::vector<float>>);
+  CHECK(std::bit_cast<uint32_t>(floats[0]) == std::bit_cast<uint32_t>(0.1f));
+  CHECK(std::bit_cast<uint32_t>(floats[1]) == std::bit_cast<uint32_t>(-0.0f));
+  const auto odd = mp::spawn([](int rank) { return rank % 2 == 1; }, 3);
+  CHECK(odd == std::vector<bool>{false, true, false});
+  const auto ranks = mp::spawn([](int rank, int offset) { return rank + offset; }, 3, 10);
+  CHECK(ranks == std::vector<int>{10, 11, 12});
 }
 
 TEST_CASE("spawn carries payloads larger than a pipe buffer without blocking a rank") {
@@ -81,11 +156,85 @@ TEST_CASE("spawn rethrows an exception from rank 2 of 4 with the rank, the type 
       job(),
       Contains("rank 2 failed: tp::TimeoutError: allreduce #3 on rank 2 timed out"),
       mp::SpawnError);
-  try {
-    job();
-  } catch (const mp::SpawnError& e) {
-    CHECK(e.rank() == 2);
-  }
+  const mp::SpawnError e = spawn_error_of(job);
+  CHECK(e.rank() == 2);
+  CHECK(e.kind() == tp::ErrorKind::Timeout);  // the kind of what rank 2 threw
+}
+
+TEST_CASE("SpawnError's kind is the blamed failure's: Stub, Cause, Consequence or Timeout") {
+  const auto kind_when_rank_0 = [](auto fail) {
+    return spawn_error_of([&] {
+             mp::spawn(
+                 [&](int rank) {
+                   if (rank == 0) fail();
+                 },
+                 2);
+           })
+        .kind();
+  };
+  CHECK(kind_when_rank_0([] { throw tp::NotImplemented("stage 01: f is not implemented yet"); }) ==
+        tp::ErrorKind::Stub);
+  CHECK(kind_when_rank_0([] { throw tp::Error("boom"); }) == tp::ErrorKind::Cause);
+  CHECK(kind_when_rank_0([] { throw std::runtime_error("not a tp::Error"); }) ==
+        tp::ErrorKind::Cause);
+  CHECK(kind_when_rank_0([] { throw 42; }) == tp::ErrorKind::Cause);
+  CHECK(kind_when_rank_0([] { std::abort(); }) == tp::ErrorKind::Cause);
+  CHECK(kind_when_rank_0([] { ::_exit(3); }) == tp::ErrorKind::Cause);
+  // Blamed only because nobody else failed; its kind still says so.
+  CHECK(kind_when_rank_0([] { throw tp::PeerFailedError("allreduce #1 on rank 0 failed"); }) ==
+        tp::ErrorKind::Consequence);
+}
+
+TEST_CASE("a rank's own failure is blamed before an earlier failure that blames another rank") {
+  // Rank 0 reports first, with a PeerFailedError whose text matches nothing
+  // spawn could look for; rank 1's plain error comes after it. The kind, not
+  // the time or the text, decides.
+  tp::TempDir flags("tp-spawn-kind");
+  const std::string dir = flags.path();
+  const mp::SpawnError e = spawn_error_of([&] {
+    mp::spawn(
+        [&dir](int rank) {
+          if (rank == 0) {
+            struct RaiseFlagWhenUnwinding {
+              std::string dir;
+              ~RaiseFlagWhenUnwinding() { raise_flag(dir, "peer-failed"); }
+            } flag{dir};
+            throw tp::PeerFailedError("allreduce #1 on rank 0: rank 1 went away");
+          }
+          wait_for_flag(dir, "peer-failed");
+          throw tp::Error("rank 1's own failure");
+        },
+        2);
+  });
+  CHECK(e.rank() == 1);
+  CHECK(e.kind() == tp::ErrorKind::Cause);
+  CHECK(std::string(e.what()).find("rank 1 failed: tp::Error: rank 1's own failure") !=
+        std::string::npos);
+}
+
+TEST_CASE("the earliest throw is blamed, even if that rank takes longer to unwind") {
+  // Rank 0 throws first, then spends 150 ms unwinding; rank 1 throws after
+  // rank 0's throw but reports first. Times are taken at the throw, so rank 0
+  // is blamed; timed at the catch, rank 1 would be.
+  tp::TempDir flags("tp-spawn-time");
+  const std::string dir = flags.path();
+  CHECK_THROWS_WITH_AS(mp::spawn(
+                           [&dir](int rank) {
+                             if (rank == 0) {
+                               struct SlowToUnwind {
+                                 std::string dir;
+                                 ~SlowToUnwind() {
+                                   raise_flag(dir, "thrown");
+                                   std::this_thread::sleep_for(milliseconds(150));
+                                 }
+                               } slow{dir};
+                               throw tp::Error("first");
+                             }
+                             wait_for_flag(dir, "thrown");
+                             throw tp::Error("second");
+                           },
+                           2),
+                       Contains("rank 0 failed: tp::Error: first"), mp::SpawnError);
 }
 
 TEST_CASE("spawn names the signal of a rank that aborts") {
@@ -134,26 +283,36 @@ TEST_CASE("spawn ends surviving ranks within seconds when one rank fails") {
 TEST_CASE("spawn kills a rank that ignores SIGTERM after the grace period") {
   mp::SpawnOptions options;
   options.kill_grace = milliseconds(300);
+  tp::TempDir flags("tp-spawn-sigterm");
+  const std::string dir = flags.path();
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH_AS(mp::spawn(
                            options,
-                           [](int rank) {
+                           [&dir](int rank) {
                              if (rank == 0) {
-                               std::this_thread::sleep_for(milliseconds(100));
+                               // Fail only once rank 1 surely ignores SIGTERM.
+                               wait_for_flag(dir, "ignoring-sigterm");
                                throw tp::Error("boom");
                              }
                              ::signal(SIGTERM, SIG_IGN);
+                             raise_flag(dir, "ignoring-sigterm");
                              sleep_forever();
                            },
                            2),
                        Contains("rank 0 failed: tp::Error: boom"), mp::SpawnError);
+  // Rank 1 outlived SIGTERM, so spawn waited the whole grace period; it
+  // ended long before its 600 s sleep, so SIGKILL came after it.
+  CHECK(seconds_since(start) >= 0.3);
   CHECK(seconds_since(start) < 20.0);
 }
 
 TEST_CASE("spawn turns a hang into a SpawnError naming the ranks still running and their status") {
   mp::SpawnOptions options;
-  options.timeout = milliseconds(1500);
-  auto job = [&] {
+  // Rank 1 must have finished and rank 0 set its status by then: each takes
+  // milliseconds, so 3 s is ample even on a loaded machine.
+  options.timeout = milliseconds(3000);
+  const auto start = std::chrono::steady_clock::now();
+  const mp::SpawnError e = spawn_error_of([&] {
     mp::spawn(
         options,
         [](int rank) {
@@ -162,20 +321,16 @@ TEST_CASE("spawn turns a hang into a SpawnError naming the ranks still running a
           sleep_forever();
         },
         3);
-  };
-  const auto start = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH_AS(job(), Contains("timed out after 1500 ms"), mp::SpawnError);
+  });
   CHECK(seconds_since(start) < 20.0);
-  try {
-    job();
-  } catch (const mp::SpawnError& e) {
-    const std::string what = e.what();
-    CHECK(e.rank() == -1);
-    CHECK(what.find("still running: rank 0 (waiting in allreduce #3), "
-                    "rank 2 (no collective in progress)") != std::string::npos);
-    CHECK(what.find("already finished: rank 1") != std::string::npos);
-    CHECK(what.find("skipped a collective") != std::string::npos);
-  }
+  const std::string what = e.what();
+  CHECK(what.find("the job timed out after 3000 ms") != std::string::npos);
+  CHECK(e.rank() == -1);
+  CHECK(e.kind() == tp::ErrorKind::Timeout);
+  CHECK(what.find("still running: rank 0 (waiting in allreduce #3), "
+                  "rank 2 (no collective in progress)") != std::string::npos);
+  CHECK(what.find("already finished: rank 1") != std::string::npos);
+  CHECK(what.find("skipped a collective") != std::string::npos);
 }
 
 TEST_CASE("spawn rejects nprocs below 1 before forking") {

@@ -1,20 +1,29 @@
-// The training harness: result round trips, the reference trainer, the
-// diagnosis on hand-made results, and the trace-order check. The checkers
-// stand on these, so each verdict is tested on inputs built to trigger it.
+// The training harness: the plan and its schedule, result round trips, the
+// reference trainer on every knob against a hand-computed run, the diagnosis
+// on hand-made results, and the trace predicates (one of them also against
+// two small real DDPs: one that overlaps, one that only looks like it does).
+// The checkers stand on these, so each verdict is tested on inputs built to
+// trigger it.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 
+#include "tensorplay/autograd/engine.h"
+#include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/train/checker.h"
 #include "tensorplay/train/compare.h"
+#include "tensorplay/train/predicates.h"
 #include "tensorplay/train/reference.h"
 #include "tensorplay/train/results.h"
 
 namespace {
 
+using doctest::Contains;
 using tp::train::RankResult;
 using tp::train::ReferenceResult;
 using tp::train::RunConfig;
+namespace train = tp::train;
 
 RunConfig small_config(int world_size) {
   RunConfig c;
@@ -30,10 +39,12 @@ std::vector<RankResult> perfect_ranks(const RunConfig& c, const ReferenceResult&
   for (int r = 0; r < c.world_size; ++r) {
     RankResult rr;
     rr.rank = r;
-    for (const auto& step : ref.losses) rr.losses.push_back(step[static_cast<size_t>(r)]);
+    rr.losses = ref.losses[static_cast<size_t>(r)];
     rr.initial_params = ref.initial_params;
     rr.after_first_step = ref.after_first_step;
     rr.final_params = ref.final_params;
+    rr.initial_buffers = ref.initial_buffers[static_cast<size_t>(r)];
+    rr.final_buffers = ref.final_buffers[static_cast<size_t>(r)];
     ranks.push_back(rr);
   }
   return ranks;
@@ -55,17 +66,226 @@ tp::trace::Event span(const char* name, uint64_t begin, uint64_t end, int64_t st
 
 }  // namespace
 
-TEST_CASE("a rank result survives serialize and parse bit for bit, trace events included") {
+
+namespace {
+
+// A CaseRun over `ranks`, for the predicates (they read the plan and the
+// results, never the reference's numbers).
+struct Run {
+  RunConfig config;
+  ReferenceResult reference;
+  std::vector<RankResult> ranks;
+  train::CaseRun view() const { return {config, reference, ranks}; }
+};
+
+Run order_run(std::vector<RankResult> ranks) {
+  Run run;
+  run.config.world_size = 0;
+  for (const RankResult& r : ranks) run.config.world_size = std::max(run.config.world_size, r.rank + 1);
+  run.config.steps = static_cast<int64_t>(ranks.empty() ? 0 : ranks[0].losses.size());
+  run.ranks = std::move(ranks);
+  return run;
+}
+
+tp::trace::Event instant(const char* name, uint64_t at) {
+  tp::trace::Event e = span(name, at, at);
+  e.phase = 'i';
+  return e;
+}
+
+// ---- a second, deliberately plain implementation of the plan --------------
+// Gradients are collected per micro-batch as vectors, scaled and summed by
+// hand, and SGD (no momentum) is applied as p -= lr * g. Nothing is shared
+// with train_reference but the model, the data and the schedule functions.
+struct HandRun {
+  std::vector<std::vector<double>> losses;  // [rank][i]
+  train::Snapshot after_first_step;
+  train::Snapshot final_params;
+  std::vector<std::vector<double>> final_buffers;  // [rank]: the buffer values, flattened
+};
+
+HandRun hand_reference(const RunConfig& c) {
+  const int w = c.world_size;
+  const int64_t k = c.micro_batches;
+  std::vector<std::vector<double>> buffers;  // each rank's buffer values, flattened
+  for (int r = 0; r < w; ++r) {
+    tp::manual_seed(train::model_seed_for_rank(c, r));
+    std::vector<double> values;
+    for (const tp::Tensor& b : train::make_model(c)->buffers()) {
+      for (double v : b.to_vector()) values.push_back(v);
+    }
+    buffers.push_back(values);
+  }
+  if (c.buffer_sync != train::BufferSync::None) {
+    for (int r = 1; r < w; ++r) buffers[r] = buffers[0];
+  }
+  tp::manual_seed(train::model_seed_for_rank(c, 0));
+  auto model = train::make_model(c);
+  tp::data::SyntheticRegression data(train::data_options(c));
+  auto load = [&](const std::vector<double>& values) {
+    tp::NoGradGuard no_grad;
+    size_t at = 0;
+    for (tp::Tensor b : model->buffers()) {
+      std::vector<double> part(values.begin() + static_cast<long>(at),
+                               values.begin() + static_cast<long>(at + static_cast<size_t>(b.numel())));
+      b.copy_(tp::tensor(part, b.shape(), b.dtype()));
+      at += static_cast<size_t>(b.numel());
+    }
+  };
+  auto save = [&] {
+    std::vector<double> values;
+    for (const tp::Tensor& b : model->buffers()) {
+      for (double v : b.to_vector()) values.push_back(v);
+    }
+    return values;
+  };
+  HandRun out;
+  out.losses.resize(static_cast<size_t>(w));
+  const std::vector<tp::Tensor> params = model->parameters();
+  for (int64_t s = 0; s < train::total_steps(c); ++s) {
+    int active = 0;
+    for (int r = 0; r < w; ++r) active += s * k < train::micro_batches_of(c, r) ? 1 : 0;
+    const double divisor = c.divisor == train::Divisor::ActiveRanks ? active : w;
+    std::vector<std::vector<double>> total(params.size());
+    for (int64_t m = 0; m < k; ++m) {
+      if (c.buffer_sync == train::BufferSync::EveryForward) {
+        for (int r = 1; r < w; ++r) buffers[r] = buffers[0];
+      }
+      for (int r = 0; r < w; ++r) {
+        const int64_t i = s * k + m;
+        if (i >= train::micro_batches_of(c, r)) continue;
+        tp::data::Batch batch = data.rows((i * w + r) * c.batch_size, c.batch_size);
+        load(buffers[r]);
+        model->zero_grad();
+        tp::Tensor loss = tp::mse_loss((*model)(batch.x), batch.y);
+        buffers[r] = save();
+        out.losses[r].push_back(loss.item());
+        loss.backward();
+        for (size_t p = 0; p < params.size(); ++p) {
+          if (!params[p].grad().defined()) continue;  // this route did not use it
+          const std::vector<double> g = params[p].grad().to_vector();
+          total[p].resize(g.size(), 0.0);
+          for (size_t e = 0; e < g.size(); ++e) total[p][e] += g[e] / (divisor * k);
+        }
+      }
+    }
+    tp::NoGradGuard no_grad;
+    for (size_t p = 0; p < params.size(); ++p) {
+      if (total[p].empty()) continue;  // no gradient this step: SGD leaves it alone
+      tp::Tensor g = tp::tensor(total[p], params[p].shape(), params[p].dtype());
+      tp::Tensor(params[p]).add_(g, -c.lr);
+    }
+    if (s == 0) out.after_first_step = train::snapshot(model->named_parameters());
+  }
+  out.final_params = train::snapshot(model->named_parameters());
+  out.final_buffers = buffers;
+  return out;
+}
+
+double max_diff(const train::Snapshot& a, const train::Snapshot& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0.0;
+  for (size_t p = 0; p < a.size(); ++p) {
+    REQUIRE(a[p].values.size() == b[p].values.size());
+    for (size_t e = 0; e < a[p].values.size(); ++e) {
+      d = std::max(d, std::abs(a[p].values[e] - b[p].values[e]));
+    }
+  }
+  return d;
+}
+
+// The reference agrees with the hand-computed run to float64 rounding.
+void check_reference_matches_hand(const RunConfig& c) {
+  const ReferenceResult ref = train::train_reference(c);
+  const HandRun hand = hand_reference(c);
+  REQUIRE(ref.losses.size() == hand.losses.size());
+  for (size_t r = 0; r < hand.losses.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(ref.losses[r].size() == hand.losses[r].size());
+    for (size_t i = 0; i < hand.losses[r].size(); ++i) {
+      CHECK(ref.losses[r][i] == doctest::Approx(hand.losses[r][i]).epsilon(1e-12));
+    }
+    std::vector<double> flat;
+    for (const train::ParamValues& b : ref.final_buffers[r]) {
+      flat.insert(flat.end(), b.values.begin(), b.values.end());
+    }
+    REQUIRE(flat.size() == hand.final_buffers[r].size());
+    for (size_t e = 0; e < flat.size(); ++e) CHECK(std::abs(flat[e] - hand.final_buffers[r][e]) < 1e-12);
+  }
+  // Rounding: the reference sums scaled losses through autograd, the hand
+  // run scales each gradient; float64 keeps them within ~1e-16 per step.
+  CHECK(max_diff(ref.after_first_step, hand.after_first_step) < 1e-12);
+  CHECK(max_diff(ref.final_params, hand.final_params) < 1e-12);
+  CHECK(max_diff(ref.initial_params, ref.final_params) > 1e-4);  // it trained
+}
+
+RunConfig two_steps(int world_size) {
+  RunConfig c;
+  c.world_size = world_size;
+  c.steps = 2;
+  c.batch_size = 3;
+  c.dtype = tp::kFloat64;
+  c.per_rank_seed = true;
+  return c;
+}
+
+}  // namespace
+
+// ---- the plan ------------------------------------------------------------------
+
+TEST_CASE("the schedule of an uneven plan: micro-batches, steps and the divisor per step") {
+  RunConfig c;
+  c.world_size = 3;
+  c.micro_batches = 2;
+  c.batches_per_rank = {4, 2, 6};
+  CHECK(train::micro_batches_of(c, 0) == 4);
+  CHECK(train::steps_of(c, 1) == 1);
+  CHECK(train::total_steps(c) == 3);
+  CHECK(train::uneven(c));
+  CHECK(train::active_ranks(c, 0) == 3);
+  CHECK(train::active_ranks(c, 1) == 2);
+  CHECK(train::active_ranks(c, 2) == 1);
+  CHECK(train::divisor_at(c, 2) == 3);  // the initial world size by default
+  c.divisor = train::Divisor::ActiveRanks;
+  CHECK(train::divisor_at(c, 1) == 2);
+  CHECK(train::divisor_at(c, 2) == 1);
+  c.batches_per_rank.clear();
+  c.steps = 5;
+  CHECK(train::micro_batches_of(c, 2) == 10);
+  CHECK_FALSE(train::uneven(c));
+}
+
+TEST_CASE("a plan that cannot run is refused, naming the field") {
+  RunConfig c;
+  c.world_size = 2;
+  c.micro_batches = 2;
+  c.batches_per_rank = {4, 3};
+  CHECK_THROWS_WITH_AS(train::validate(c), Contains("batches_per_rank[1] is 3"), tp::Error);
+  c.batches_per_rank = {4};
+  CHECK_THROWS_WITH_AS(train::validate(c), Contains("one count per rank"), tp::Error);
+  c.batches_per_rank = {4, 2};
+  c.buffer_sync = train::BufferSync::EveryForward;
+  CHECK_THROWS_WITH_AS(train::validate(c), Contains("EveryForward with uneven inputs"), tp::Error);
+  c = RunConfig{};
+  c.micro_batches = 0;
+  CHECK_THROWS_WITH_AS(train::train_reference(c), Contains("micro_batches"), tp::Error);
+}
+
+TEST_CASE("a rank result survives serialize and parse bit for bit, everything included") {
   RankResult r;
   r.rank = 2;
   r.losses = {0.1, 1.0 / 3.0, -0.0, 1e-300};
   r.final_params = {{"fc1.weight", {2, 1}, {0.25, -1.0 / 7.0}}};
-  r.allreduces_per_step = {6, 6, 7};
+  r.initial_buffers = {{"norm.running_mean", {2}, {0.5, -0.125}}};
+  r.final_buffers = {{"norm.running_mean", {2}, {1.0 / 3.0, 2.0}}};
+  r.allreduces_per_micro = {0, 6, 7};
+  r.broadcasts_per_micro = {1, 1, 1};
+  r.buckets = {{5, 4}, {3, 2, 1, 0}};
   r.construction_broadcasts = 6;
   r.events.push_back(span("allreduce queued", 4, 4));
   r.events.back().thread = "main";
   r.events.back().args.push_back({"seq", 9});
-  const RankResult back = tp::train::parse_rank_result(tp::train::serialize(r));
+  const RankResult back = train::parse_rank_result(train::serialize(r));
   CHECK(back.rank == 2);
   CHECK(back.losses == r.losses);
   CHECK(std::signbit(back.losses[2]));
@@ -73,8 +293,14 @@ TEST_CASE("a rank result survives serialize and parse bit for bit, trace events 
   CHECK(back.final_params[0].name == "fc1.weight");
   CHECK(back.final_params[0].shape == tp::Shape{2, 1});
   CHECK(back.final_params[0].values == r.final_params[0].values);
-  CHECK(back.allreduces_per_step == r.allreduces_per_step);
+  REQUIRE(back.final_buffers.size() == 1);
+  CHECK(back.final_buffers[0].values == r.final_buffers[0].values);
+  CHECK(back.initial_buffers[0].name == "norm.running_mean");
+  CHECK(back.allreduces_per_micro == r.allreduces_per_micro);
+  CHECK(back.broadcasts_per_micro == r.broadcasts_per_micro);
+  CHECK(back.buckets == r.buckets);
   CHECK(back.construction_broadcasts == 6);
+  CHECK(train::allreduces_in_step(back, 3, 0) == 13);
   REQUIRE(back.events.size() == 1);
   CHECK(back.events[0].name == "allreduce queued");
   CHECK(back.events[0].thread == "main");
@@ -82,51 +308,149 @@ TEST_CASE("a rank result survives serialize and parse bit for bit, trace events 
 }
 
 TEST_CASE("a truncated or foreign result is rejected") {
-  CHECK_THROWS_WITH_AS(tp::train::parse_rank_result("rank 1\nlosses 1 0x1p-1\n"),
-                       doctest::Contains("truncated"), tp::Error);
-  CHECK_THROWS_WITH_AS(tp::train::parse_rank_result("bogus 3\nend\n"),
-                       doctest::Contains("unknown record 'bogus'"), tp::Error);
+  CHECK_THROWS_WITH_AS(train::parse_rank_result("rank 1\nlosses 1 0x1p-1\n"),
+                       Contains("truncated"), tp::Error);
+  CHECK_THROWS_WITH_AS(train::parse_rank_result("bogus 3\nend\n"),
+                       Contains("unknown record 'bogus'"), tp::Error);
 }
 
-TEST_CASE("the reference records every rank's loss at every step and is deterministic") {
+// ---- the reference ----------------------------------------------------------------
+
+TEST_CASE("the reference records every rank's loss on every micro-batch and is deterministic") {
   const RunConfig c = small_config(3);
-  const ReferenceResult a = tp::train::train_reference(c);
-  const ReferenceResult b = tp::train::train_reference(c);
+  const ReferenceResult a = train::train_reference(c);
+  const ReferenceResult b = train::train_reference(c);
   REQUIRE(a.losses.size() == 3);
-  for (const auto& step : a.losses) CHECK(step.size() == 3);
+  for (const auto& rank : a.losses) CHECK(rank.size() == 3);
   CHECK(a.losses == b.losses);
   CHECK(a.final_params.size() == 6);
-  CHECK(tp::train::norm(a.final_params) == tp::train::norm(b.final_params));
-  CHECK(tp::train::norm(a.initial_params) != tp::train::norm(a.final_params));
+  CHECK(train::norm(a.final_params) == train::norm(b.final_params));
+  CHECK(train::norm(a.initial_params) != train::norm(a.final_params));
+}
+
+TEST_CASE("the reference equals a hand-computed two-step run on every knob") {
+  SUBCASE("plain: W = 3") { check_reference_matches_hand(two_steps(3)); }
+  SUBCASE("gradient accumulation: K = 3 micro-batches per step") {
+    RunConfig c = two_steps(2);
+    c.micro_batches = 3;
+    check_reference_matches_hand(c);
+  }
+  SUBCASE("uneven inputs divided by the initial world size") {
+    RunConfig c = two_steps(3);
+    c.batches_per_rank = {2, 1, 2};
+    check_reference_matches_hand(c);
+  }
+  SUBCASE("uneven inputs divided by the ranks still active") {
+    RunConfig c = two_steps(3);
+    c.micro_batches = 2;
+    c.batches_per_rank = {4, 2, 4};
+    c.divisor = train::Divisor::ActiveRanks;
+    check_reference_matches_hand(c);
+  }
+  SUBCASE("the branchy model: parameters without a gradient are left alone") {
+    RunConfig c = two_steps(4);
+    c.model_kind = train::ModelKind::Branchy;
+    check_reference_matches_hand(c);
+  }
+  for (auto sync : {train::BufferSync::None, train::BufferSync::AtConstruction,
+                    train::BufferSync::EveryForward}) {
+    SUBCASE("the buffered model, each BufferSync") {
+      RunConfig c = two_steps(3);
+      c.model_kind = train::ModelKind::Buffered;
+      c.micro_batches = 2;
+      c.buffer_sync = sync;
+      check_reference_matches_hand(c);
+    }
+  }
+}
+
+TEST_CASE("the reference's knobs change what they should") {
+  RunConfig c = two_steps(2);
+  c.model_kind = train::ModelKind::Buffered;
+  c.buffer_sync = train::BufferSync::None;
+  const ReferenceResult own = train::train_reference(c);
+  // Unsynced buffers: each rank starts from what its own seed built.
+  CHECK(max_diff(own.initial_buffers[0], own.initial_buffers[1]) > 1e-3);
+  c.buffer_sync = train::BufferSync::AtConstruction;
+  const ReferenceResult synced = train::train_reference(c);
+  CHECK(max_diff(synced.initial_buffers[0], synced.initial_buffers[1]) == 0.0);
+  // ... and then diverge, each rank updating them with its own micro-batches.
+  CHECK(max_diff(synced.final_buffers[0], synced.final_buffers[1]) > 1e-6);
+
+  RunConfig branchy = two_steps(2);
+  branchy.model_kind = train::ModelKind::Branchy;
+  const ReferenceResult b = train::train_reference(branchy);
+  for (size_t p = 0; p < b.final_params.size(); ++p) {
+    if (b.final_params[p].name.rfind("spare.", 0) != 0) continue;
+    CHECK(b.final_params[p].values == b.initial_params[p].values);  // never used, never moved
+  }
 }
 
 TEST_CASE("with W = 1 the reference is plain single-process SGD on rank 0's shard") {
   // W = 1 scales the loss by 1/1: the reference must not change anything.
   const RunConfig c = small_config(1);
-  const ReferenceResult ref = tp::train::train_reference(c);
-  CHECK(tp::train::diagnose(c, ref, perfect_ranks(c, ref), 1e-12).empty());
+  const ReferenceResult ref = train::train_reference(c);
+  CHECK(train::diagnose(c, ref, perfect_ranks(c, ref), 1e-12).empty());
 }
 
-TEST_CASE("diagnose finds nothing wrong with a run equal to the reference") {
+// ---- the diagnosis ------------------------------------------------------------------
+
+TEST_CASE("diagnose finds nothing wrong with a run equal to the reference, ragged ones included") {
   const RunConfig c = small_config(2);
-  const ReferenceResult ref = tp::train::train_reference(c);
-  CHECK(tp::train::diagnose(c, ref, perfect_ranks(c, ref), 1e-5).empty());
+  const ReferenceResult ref = train::train_reference(c);
+  CHECK(train::diagnose(c, ref, perfect_ranks(c, ref), 1e-5).empty());
+  RunConfig uneven = small_config(3);
+  uneven.batches_per_rank = {3, 1, 2};
+  const ReferenceResult ragged = train::train_reference(uneven);
+  CHECK(ragged.losses[1].size() == 1);
+  CHECK(train::diagnose(uneven, ragged, perfect_ranks(uneven, ragged), 1e-5).empty());
+}
+
+TEST_CASE("diagnose: a non-finite value is named first, and never matches") {
+  const RunConfig c = small_config(2);
+  const ReferenceResult ref = train::train_reference(c);
+  auto ranks = perfect_ranks(c, ref);
+  ranks[1].losses[2] = std::numeric_limits<double>::infinity();
+  const std::string report = joined(train::diagnose(c, ref, ranks, 1e-5));
+  CHECK(report.find("rank 1's loss on micro-batch 2 (step 2) is inf") != std::string::npos);
+  // A compare() of inf against a finite reference is an infinite difference,
+  // not a match (tolerance * max(1, |inf|) would be infinite).
+  CHECK(train::compare(ref, ranks, 1e-5).first_bad_index == 2);
+  ranks = perfect_ranks(c, ref);
+  ranks[0].final_params[1].values[0] = std::nan("");
+  CHECK(joined(train::diagnose(c, ref, ranks, 1e-5)).find("final parameter fc1.bias holds a non-finite value") !=
+        std::string::npos);
 }
 
 TEST_CASE("diagnose: replicas that start different point at the broadcast") {
   RunConfig c = small_config(2);
   c.per_rank_seed = true;
-  const ReferenceResult ref = tp::train::train_reference(c);
+  const ReferenceResult ref = train::train_reference(c);
   auto ranks = perfect_ranks(c, ref);
   ranks[1].initial_params[2].values[0] += 0.5;
-  const std::string report = joined(tp::train::diagnose(c, ref, ranks, 1e-5));
+  const std::string report = joined(train::diagnose(c, ref, ranks, 1e-5));
   CHECK(report.find("rank 1's parameters differ from rank 0's (fc2.weight)") != std::string::npos);
   CHECK(report.find("broadcast every parameter (and buffer) from rank 0") != std::string::npos);
 }
 
+TEST_CASE("diagnose: buffers that are not what the plan says point at the buffer broadcast") {
+  RunConfig c = small_config(2);
+  c.per_rank_seed = true;
+  c.model_kind = train::ModelKind::Buffered;
+  const ReferenceResult ref = train::train_reference(c);
+  auto ranks = perfect_ranks(c, ref);
+  ranks[1].initial_buffers[0].values[3] += 0.25;
+  std::string report = joined(train::diagnose(c, ref, ranks, 1e-5));
+  CHECK(report.find("rank 1's buffers (norm.running_mean) are not rank 0's") != std::string::npos);
+  ranks = perfect_ranks(c, ref);
+  ranks[0].final_buffers[0].values[0] += 0.25;
+  report = joined(train::diagnose(c, ref, ranks, 1e-5));
+  CHECK(report.find("final buffers: rank 0, norm.running_mean") != std::string::npos);
+}
+
 TEST_CASE("diagnose: an update W times too large asks whether the sum is divided") {
   const RunConfig c = small_config(4);
-  const ReferenceResult ref = tp::train::train_reference(c);
+  const ReferenceResult ref = train::train_reference(c);
   auto ranks = perfect_ranks(c, ref);
   for (RankResult& r : ranks) {
     for (size_t p = 0; p < r.after_first_step.size(); ++p) {
@@ -137,74 +461,128 @@ TEST_CASE("diagnose: an update W times too large asks whether the sum is divided
       }
     }
   }
-  const std::string report = joined(tp::train::diagnose(c, ref, ranks, 1e-5));
+  const std::string report = joined(train::diagnose(c, ref, ranks, 1e-5));
   CHECK(report.find("is the sum divided by the world size?") != std::string::npos);
 }
 
-TEST_CASE("diagnose: one parameter split between ranks is named") {
+TEST_CASE("diagnose: one parameter split between ranks is named, in the stage's words") {
   const RunConfig c = small_config(2);
-  const ReferenceResult ref = tp::train::train_reference(c);
+  const ReferenceResult ref = train::train_reference(c);
   auto ranks = perfect_ranks(c, ref);
   ranks[1].after_first_step[5].values[0] += 1e-3;  // fc3.bias
-  const std::string report = joined(tp::train::diagnose(c, ref, ranks, 1e-5));
+  train::Advice advice;
+  advice.where_sync = "by the bucket hooks";
+  const std::string report = joined(train::diagnose(c, ref, ranks, 1e-5, advice));
   CHECK(report.find("only fc3.bias disagrees between ranks") != std::string::npos);
+  CHECK(report.find("all-reduced by the bucket hooks, or skipped?") != std::string::npos);
 }
 
 TEST_CASE("diagnose: a wrong loss at step 0 with equal parameters points at the forward pass") {
   const RunConfig c = small_config(2);
-  const ReferenceResult ref = tp::train::train_reference(c);
+  const ReferenceResult ref = train::train_reference(c);
   auto ranks = perfect_ranks(c, ref);
   ranks[1].losses[0] *= 1.01;
-  const std::string report = joined(tp::train::diagnose(c, ref, ranks, 1e-5));
+  const std::string report = joined(train::diagnose(c, ref, ranks, 1e-5));
   CHECK(report.find("step 0, rank 1: loss") != std::string::npos);
   CHECK(report.find("this rank's own shard") != std::string::npos);
 }
 
 TEST_CASE("diagnose: a drift that starts after step 0 names the first bad step") {
-  const RunConfig c = small_config(2);
-  const ReferenceResult ref = tp::train::train_reference(c);
+  RunConfig c = small_config(2);
+  c.micro_batches = 2;
+  const ReferenceResult ref = train::train_reference(c);
   auto ranks = perfect_ranks(c, ref);
-  ranks[0].losses[2] += 0.01;
-  const std::string report = joined(tp::train::diagnose(c, ref, ranks, 1e-5));
+  ranks[0].losses[5] += 0.01;  // step 2, its second micro-batch
+  const std::string report = joined(train::diagnose(c, ref, ranks, 1e-5));
   CHECK(report.find("first differ at step 2") != std::string::npos);
+  CHECK(report.find("(micro-batch 5)") != std::string::npos);
 }
 
-TEST_CASE("diagnose: a missing rank or step is reported before any numbers") {
+TEST_CASE("diagnose: a missing rank or micro-batch is reported before any numbers") {
   const RunConfig c = small_config(3);
-  const ReferenceResult ref = tp::train::train_reference(c);
+  const ReferenceResult ref = train::train_reference(c);
   auto ranks = perfect_ranks(c, ref);
   ranks.pop_back();
-  CHECK(joined(tp::train::diagnose(c, ref, ranks, 1e-5)).find("2 ranks reported results; expected 3") !=
+  CHECK(joined(train::diagnose(c, ref, ranks, 1e-5)).find("2 ranks reported results; expected 3") !=
         std::string::npos);
   ranks = perfect_ranks(c, ref);
   ranks[1].losses.pop_back();
-  CHECK(joined(tp::train::diagnose(c, ref, ranks, 1e-5)).find("rank 1 reported 2 step losses") !=
+  CHECK(joined(train::check_results_complete(c, ref, ranks))
+            .find("rank 1 reported 2 micro-batch losses; its plan has 3") != std::string::npos);
+}
+
+// ---- counted collectives -------------------------------------------------------------
+
+TEST_CASE("count predicates name the rank, the step and the micro-batch") {
+  Run run = order_run({});
+  run.config.world_size = 2;
+  run.config.steps = 2;
+  run.config.micro_batches = 2;
+  for (int r = 0; r < 2; ++r) {
+    RankResult rr;
+    rr.rank = r;
+    rr.allreduces_per_micro = {0, 6, 0, 6};
+    rr.broadcasts_per_micro = {0, 0, 0, 0};
+    run.ranks.push_back(rr);
+  }
+  CHECK(train::check_allreduces_per_step(run.view(), 6, "one per parameter", "c").empty());
+  CHECK(train::check_quiet_until_last_micro_batch(run.view(), "c").empty());
+  run.ranks[1].allreduces_per_micro = {6, 6, 0, 6};  // synced inside the accumulation too
+  CHECK(joined(train::check_quiet_until_last_micro_batch(run.view(), "no_sync leaked"))
+            .find("rank 1, step 0 (micro-batch 0): counted 6 collectives in a micro-batch that "
+                  "only accumulates") != std::string::npos);
+  CHECK(joined(train::check_allreduces_per_step(run.view(), 6, "one per parameter", "c"))
+            .find("rank 1, step 0: counted 12 all-reduces; expected 6 (one per parameter)") !=
+        std::string::npos);
+  CHECK(joined(train::check_counts_per_micro(
+                   run.view(), train::Collective::AllReduce,
+                   [](int64_t, int64_t micro) { return micro == 1 ? 6u : 0u; }, "rule", "c"))
+            .find("rank 1, step 0 (micro-batch 0): counted 6 all-reduces; expected 0 (rule)") !=
         std::string::npos);
 }
+
+TEST_CASE("the bucket rule: reverse order, caps in MiB, a bucket overshoots by its last tensor") {
+  // Parameters of 4, 2, 3 and 1 float32 elements: 16, 8, 12 and 4 bytes.
+  train::Snapshot params = {{"a", {4}, std::vector<double>(4)}, {"b", {2}, std::vector<double>(2)},
+                            {"c", {3}, std::vector<double>(3)}, {"d", {1}, std::vector<double>(1)}};
+  const double mib = 1.0 / (1024 * 1024);  // one byte, in MiB
+  // First bucket capped at 10 bytes: d (4) + c (12) = 16 >= 10 closes it;
+  // then b (8) + a (16) = 24 >= 20 closes the second.
+  CHECK(train::expected_buckets(params, 4, 20 * mib, 10 * mib) ==
+        std::vector<std::vector<int64_t>>{{3, 2}, {1, 0}});
+  // One large cap: one bucket, in reverse order.
+  CHECK(train::expected_buckets(params, 4, 25, 25) ==
+        std::vector<std::vector<int64_t>>{{3, 2, 1, 0}});
+  // A tiny cap: one bucket per parameter.
+  CHECK(train::expected_buckets(params, 4, mib, mib) ==
+        std::vector<std::vector<int64_t>>{{3}, {2}, {1}, {0}});
+}
+
+// ---- order on the trace -------------------------------------------------------------
 
 TEST_CASE("the order check accepts all-reduces between backward and the optimizer step") {
   RankResult r;
   r.losses = {0.5};
-  r.allreduces_per_step = {2};
+  r.allreduces_per_micro = {2};
   r.events = {span("step", 1, 10, 0), span("backward", 2, 3), span("allreduce", 4, 5),
               span("allreduce", 6, 7), span("optimizer", 8, 9)};
-  CHECK(tp::train::check_sync_between_backward_and_step({r}).empty());
+  CHECK(train::check_sync_between_backward_and_step(order_run({r}).view(), {}).empty());
 }
 
 TEST_CASE("the order check refuses to pass a run without a trace") {
   RankResult r;
   r.losses = {0.5, 0.4};
-  CHECK(joined(tp::train::check_sync_between_backward_and_step({r}))
+  CHECK(joined(train::check_sync_between_backward_and_step(order_run({r}).view(), {}))
             .find("the trace shows 0 training steps, the run had 2") != std::string::npos);
 }
 
 TEST_CASE("the order check flags an all-reduce that was issued but never ran") {
   RankResult r;
   r.losses = {0.5};
-  r.allreduces_per_step = {2};
+  r.allreduces_per_micro = {2};
   r.events = {span("step", 1, 10, 0), span("backward", 2, 3), span("allreduce", 4, 5),
               span("optimizer", 8, 9)};
-  CHECK(joined(tp::train::check_sync_between_backward_and_step({r}))
+  CHECK(joined(train::check_sync_between_backward_and_step(order_run({r}).view(), {}))
             .find("2 all-reduces were issued but 1 ran") != std::string::npos);
 }
 
@@ -212,19 +590,144 @@ TEST_CASE("the order check flags an all-reduce that starts before backward ends"
   RankResult r;
   r.rank = 3;
   r.losses = {0.5};
+  r.allreduces_per_micro = {1};
   r.events = {span("step", 1, 10, 0), span("backward", 2, 5), span("allreduce", 4, 6),
               span("optimizer", 8, 9)};
-  CHECK(joined(tp::train::check_sync_between_backward_and_step({r}))
+  Run run = order_run({});
+  run.config.world_size = 4;
+  run.config.steps = 1;
+  for (int rank = 0; rank < 4; ++rank) {
+    RankResult other = r;
+    other.rank = rank;
+    if (rank != 3) {
+      other.events = {span("step", 1, 10, 0), span("backward", 2, 3), span("allreduce", 4, 6),
+                      span("optimizer", 8, 9)};
+    }
+    run.ranks.push_back(other);
+  }
+  CHECK(joined(train::check_sync_between_backward_and_step(run.view(), {}))
             .find("rank 3, step 0: an all-reduce started before backward finished") != std::string::npos);
 }
 
 TEST_CASE("the order check flags an all-reduce still running when the optimizer starts") {
   RankResult r;
   r.losses = {0.5, 0.4};
+  r.allreduces_per_micro = {0, 1};
   r.events = {span("step", 1, 20, 0), span("backward", 2, 3), span("optimizer", 8, 9),
               span("step", 21, 30, 1), span("backward", 22, 23), span("allreduce", 24, 28),
               span("optimizer", 25, 26)};
-  CHECK(joined(tp::train::check_sync_between_backward_and_step({r}))
+  CHECK(joined(train::check_sync_between_backward_and_step(order_run({r}).view(), {}))
             .find("step 1: an all-reduce was still running when the optimizer step began") !=
+        std::string::npos);
+}
+
+TEST_CASE("the overlap check accepts all-reduces launched from hooks before the graph is done") {
+  RankResult r;
+  r.losses = {0.5};
+  r.allreduces_per_micro = {2};
+  r.events = {span("step", 1, 20, 0), span("backward", 2, 10), instant("allreduce queued", 3),
+              span("allreduce", 4, 7), instant("allreduce queued", 5), instant("graph done", 6),
+              span("allreduce", 8, 11), span("optimizer", 12, 13)};
+  CHECK(train::check_overlap(order_run({r}).view(), "launch", "wait").empty());
+}
+
+TEST_CASE("the overlap check refuses all-reduces launched from the end-of-backward callback") {
+  RankResult r;
+  r.losses = {0.5};
+  r.allreduces_per_micro = {2};
+  r.events = {span("step", 1, 20, 0), span("backward", 2, 10), instant("graph done", 3),
+              span("callbacks", 4, 9), instant("allreduce queued", 5),
+              instant("allreduce queued", 6), span("allreduce", 7, 8), span("allreduce", 9, 11),
+              span("optimizer", 12, 13)};
+  CHECK(joined(train::check_overlap(order_run({r}).view(), "launch from hooks", "wait"))
+            .find("rank 0, step 0: 2 of 2 all-reduces were launched after the autograd graph "
+                  "had finished") != std::string::npos);
+}
+
+// ---- the overlap check against two real DDPs ------------------------------------------
+namespace {
+
+// Two minimal DDPs that sync inside backward and compute the same numbers.
+// Eager launches each gradient's all-reduce from its hook, while backward
+// still runs; Lazy only notes the gradient in its hook and launches every
+// all-reduce from the end-of-backward callback. Only Eager overlaps.
+template <bool kEager>
+class HookDDP {
+ public:
+  struct Options {};
+  static constexpr train::Capabilities capabilities{.syncs_in_backward = true};
+
+  HookDDP(std::shared_ptr<tp::nn::Module> module,
+          std::shared_ptr<tp::distributed::ProcessGroup> group, Options)
+      : module_(std::move(module)), group_(std::move(group)) {
+    tp::NoGradGuard no_grad;
+    for (const tp::Tensor& p : module_->parameters()) group_->broadcast(p, 0)->wait();
+    for (const tp::Tensor& p : module_->parameters()) {
+      handles_.push_back(p.register_post_accumulate_grad_hook([this](const tp::Tensor& param) {
+        if (!callback_queued_) {
+          callback_queued_ = true;
+          tp::autograd::queue_callback([this] { finish(); });
+        }
+        if (kEager) {
+          pending_.push_back({param.grad(), group_->allreduce(param.grad())});
+        } else {
+          pending_.push_back({param.grad(), nullptr});
+        }
+      }));
+    }
+  }
+  HookDDP(const HookDDP&) = delete;
+  HookDDP& operator=(const HookDDP&) = delete;
+
+  tp::Tensor operator()(const tp::Tensor& x) { return module_->forward(x); }
+  std::vector<tp::Tensor> parameters() const { return module_->parameters(); }
+  std::vector<tp::nn::NamedTensor> named_parameters() const { return module_->named_parameters(); }
+
+ private:
+  void finish() {
+    for (auto& [grad, work] : pending_) {
+      if (!work) work = group_->allreduce(grad);  // Lazy: launched only now
+    }
+    for (auto& [grad, work] : pending_) {
+      work->wait();
+      grad.div_(group_->size());
+    }
+    pending_.clear();
+    callback_queued_ = false;
+  }
+
+  std::shared_ptr<tp::nn::Module> module_;
+  std::shared_ptr<tp::distributed::ProcessGroup> group_;
+  std::vector<tp::RemovableHandle> handles_;  // remove the hooks with this DDP
+  std::vector<std::pair<tp::Tensor, std::shared_ptr<tp::distributed::Work>>> pending_;
+  bool callback_queued_ = false;
+};
+
+std::vector<train::Finding> overlap_findings_of_real_run(Run& run) {
+  run.config.world_size = 2;
+  run.config.steps = 2;
+  run.config.trace = true;
+  run.reference = train::train_reference(run.config);
+  return train::check_overlap(run.view(), "launch from hooks", "wait in the callback");
+}
+
+}  // namespace
+
+TEST_CASE("the overlap check tells a DDP that overlaps from one that launches from the callback") {
+  Run eager;
+  eager.config.world_size = 2;
+  eager.config.steps = 2;
+  eager.config.trace = true;
+  eager.ranks = train::run_ddp<HookDDP<true>>(eager.config);
+  CHECK(overlap_findings_of_real_run(eager).empty());
+  CHECK(train::diagnose(eager.config, eager.reference, eager.ranks, 1e-5).empty());
+
+  Run lazy;
+  lazy.config = eager.config;
+  lazy.ranks = train::run_ddp<HookDDP<false>>(lazy.config);
+  // Same numbers: only the trace tells them apart.
+  CHECK(train::diagnose(lazy.config, train::train_reference(lazy.config), lazy.ranks, 1e-5).empty());
+  CHECK(joined(overlap_findings_of_real_run(lazy))
+            .find("6 of 6 all-reduces were launched after the autograd graph had finished") !=
         std::string::npos);
 }

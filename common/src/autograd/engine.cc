@@ -7,6 +7,7 @@
 //      it has arrived (its count dropped to 0); gradients that arrive for the
 //      same node from several consumers are summed in its input buffer first;
 //   3. run the callbacks queued during the pass.
+// Between steps 2 and 3 it marks the trace (Note [Phase marks]).
 // That is all; everything else (what a gradient is, how a leaf accumulates it)
 // lives in the nodes.
 
@@ -21,6 +22,7 @@
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/autograd/node.h"
 #include "tensorplay/ops.h"
+#include "tensorplay/trace.h"
 
 namespace tp::autograd {
 namespace {
@@ -74,6 +76,19 @@ struct LaterCreatedFirst {
     return a->sequence_nr() < b->sequence_nr();
   }
 };
+
+// Note [Phase marks]
+// ~~~~~~~~~~~~~~~~~~
+// With tracing on, backward() records an instant "graph done" (category
+// "autograd") once the last node has run, before any queued callback, and a
+// span "callbacks" around the callbacks when any were queued. Both go on the
+// trace's one total order, so a checker can state overlap as a happens-before
+// fact instead of timing it: "bucket 0's allreduce was queued before graph
+// done" holds only for a DDP that launches communication from hooks while
+// backward still computes earlier layers. A DDP that launches everything
+// from a queued end-of-backward callback queues its all-reduces after
+// "graph done", inside "callbacks". With tracing off, trace::instant and
+// trace::Span cost one atomic load each and record nothing.
 
 // Step 1: for every node reachable from root, the number of edges into it.
 std::unordered_map<Node*, int> count_dependencies(const std::shared_ptr<Node>& root) {
@@ -164,8 +179,12 @@ void backward(const Tensor& root, const Tensor& grad) {
     }
   }
 
+  trace::instant("graph done", "autograd");  // Note [Phase marks]
+  if (t_state.callbacks.empty()) return;
+
   // Step 3: callbacks, in queue order. Index-based because a callback may
   // queue more callbacks (they run too, in this same loop).
+  trace::Span span("callbacks", "autograd");  // Note [Phase marks]
   for (std::size_t i = 0; i < t_state.callbacks.size(); ++i) {
     std::function<void()> callback = std::move(t_state.callbacks[i]);
     callback();

@@ -69,7 +69,9 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
   }
   // The gradient is final for this pass: run the hooks in registration
   // order. Iterate over a snapshot, so a hook that removes itself (or adds
-  // another) changes the list from the next pass on, not this loop.
+  // another) changes the list from the next pass on, not this loop. Hooks
+  // get variable_ as const Tensor&: they may change the leaf's gradient but
+  // never rebind variable_, which every later pass dereferences.
   const auto hooks = leaf.post_accumulate_grad_hooks;
   for (const auto& [id, hook] : hooks) hook(variable_);
   return {};

@@ -122,10 +122,11 @@ int get_world_size() { return default_group()->size(); }
 namespace {
 
 // torch.distributed's convention: the Work when async_op, else wait here.
+// torch returns None after waiting; a completed Work instead keeps the
+// natural dist::all_reduce(t)->wait() from dereferencing a null pointer.
 std::shared_ptr<Work> finish(std::shared_ptr<Work> work, bool async_op) {
-  if (async_op) return work;
-  work->wait();
-  return nullptr;
+  if (!async_op) work->wait();
+  return work;
 }
 
 }  // namespace

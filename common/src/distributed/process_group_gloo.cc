@@ -84,6 +84,11 @@ constexpr const char* kWho = "tp::distributed::ProcessGroupGloo";
 // and who did not, and the Gloo step only connects processes known to be
 // alive. A marker that already exists means the directory is being reused;
 // Gloo would then read an earlier job's addresses, so that is an error too.
+// connectFullMesh can return on one rank while another is still connecting
+// (its last pair's handshake in flight), and a rank that left at that moment
+// would fail its peer inside the rendezvous. So the constructor ends with one
+// Gloo barrier, not counted in counters() and without a user-visible sequence
+// number: when it returns, every rank has connected.
 std::string marker_path(const std::string& dir, int rank) {
   return dir + "/tp-rank-" + std::to_string(rank) + ".arrived";
 }
@@ -181,6 +186,8 @@ Buffer buffer_of(const Tensor& t) {
 // another all-reduces 4 can "succeed" with a wrong result and fail only in a
 // later collective; with it, the two never pair up and the mismatched
 // collective itself times out with a message naming it.
+// Sequence number 0 is no collective's: the constructor's connect barrier
+// (Note [Rendezvous in two steps]) uses tag make_tag(0, {}).
 uint32_t make_tag(uint64_t seq, std::initializer_list<uint64_t> must_agree) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (uint64_t v : must_agree) {
@@ -322,7 +329,7 @@ struct ProcessGroupGloo::Impl {
       // A Gloo context is not usable after a failed operation (messages of
       // the failed collective may still arrive), so later collectives fail
       // at once instead of each waiting out its own timeout.
-      return std::make_exception_ptr(DistributedError(cat(
+      return std::make_exception_ptr(PeerFailedError(cat(
           name(), " was not run: this process group stopped after ", failed,
           " failed; end the job (or build a new group with a fresh rendezvous directory)")));
     }
@@ -339,7 +346,7 @@ struct ProcessGroupGloo::Impl {
             "or a different reduce op or root, count as different collectives. [gloo: ",
             e.what(), "]")));
       } else {
-        error = std::make_exception_ptr(DistributedError(cat(
+        error = std::make_exception_ptr(PeerFailedError(cat(
             name(), " failed: the connection to another rank broke (gloo: ", e.what(),
             "); did another rank exit or crash before joining this collective?")));
       }
@@ -388,6 +395,14 @@ ProcessGroupGloo::ProcessGroupGloo(const std::string& rendezvous_dir, int rank, 
   detail::prepare_rendezvous_dir(rendezvous_dir, rank, kWho);
   wait_for_all_ranks(rendezvous_dir, rank, size, options_.timeout);
 
+  // Why a rank cannot join the group; the type says whom to blame (a broken
+  // connection means another rank left first).
+  const auto connect_failed = [&](const std::exception& e) {
+    return cat(kWho, ": rank ", rank, " of ", size,
+               ": connecting to the other ranks through Gloo failed (", e.what(),
+               "); did a rank exit during rendezvous, or is the directory '", rendezvous_dir,
+               "' shared with another job?");
+  };
   try {
     // Loopback only: every rank of a job runs on this machine (spawn forks
     // them). Several machines need env:// or redis://, which come later.
@@ -398,12 +413,19 @@ ProcessGroupGloo::ProcessGroupGloo(const std::string& rendezvous_dir, int rank, 
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(options_.timeout);
     context->connectFullMesh(store, impl_->device);
+    // Return only once every rank has connected (Note [Rendezvous in two
+    // steps]); run here, before the communication thread exists, it is not
+    // a collective of the group: no counter, no sequence number.
+    gloo::BarrierOptions connected(context);
+    connected.setTag(make_tag(0, {}));
+    connected.setTimeout(options_.timeout);
+    gloo::barrier(connected);
     impl_->context = std::move(context);
+  } catch (const gloo::IoException& e) {
+    if (mentions_timeout(e.what())) throw TimeoutError(connect_failed(e));
+    throw PeerFailedError(connect_failed(e));
   } catch (const std::exception& e) {
-    TP_THROW(DistributedError, kWho, ": rank ", rank, " of ", size,
-             ": connecting to the other ranks through Gloo failed (", e.what(),
-             "); did a rank exit during rendezvous, or is the directory '", rendezvous_dir,
-             "' shared with another job?");
+    throw DistributedError(connect_failed(e));
   }
   impl_->comm_thread = std::thread([impl = impl_.get()] { impl->loop(); });
 }

@@ -2,7 +2,10 @@
 //
 // How the parent learns what happened to each rank:
 //   - A pipe per rank carries the rank's report, written just before the
-//     child exits: "ok\n" + payload, or "error <time_ns>\n" + message.
+//     child exits: "ok\n" + payload, or "error <time_ns> <kind>\n" + message,
+//     where time_ns and kind are the exception's tp::Error::time_ns() and
+//     tp::ErrorKind ("Cause", "Consequence", "Stub", "Timeout"), e.g.
+//     "error 81234567890 Consequence\ntp::PeerFailedError: allreduce #1 ...".
 //   - waitpid() tells how the process ended: exit code or signal.
 //   - A "status board", one anonymous MAP_SHARED mapping made before the
 //     fork with a fixed slot per rank, holds what each rank is doing now
@@ -34,7 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <optional>
+#include <sstream>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -56,14 +59,10 @@ constexpr milliseconds kTick{10};
 char* g_status_board = nullptr;
 int g_current_rank = -1;
 
-// Nanoseconds on the steady clock. On Linux this is CLOCK_MONOTONIC, one
-// clock for every process on the machine, so times from different ranks
-// can be compared (see Note [Which rank failed first]).
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             Clock::now().time_since_epoch())
-      .count();
-}
+// Nanoseconds on the steady clock, the clock of tp::Error::time_ns(): on
+// Linux CLOCK_MONOTONIC, one clock for every process on the machine, so times
+// from different ranks can be compared (see Note [Which rank failed first]).
+int64_t now_ns() { return tp::detail::steady_now_ns(); }
 
 std::string demangle(const char* mangled) {
   int status = 0;
@@ -136,16 +135,23 @@ void reset_signal_handling() {
   // W ranks do not oversubscribe the CPU W times over.
   openblas_set_num_threads(options.blas_threads);
 
+  // A tp::Error brings the time and kind it was thrown with; anything else
+  // gets the time it is caught and counts as this rank's own failure.
+  const auto error_report = [](int64_t time_ns, ErrorKind kind, const std::string& message) {
+    return "error " + std::to_string(time_ns) + " " + to_string(kind) + "\n" + message;
+  };
   std::string report;
   int exit_code = 1;
   try {
     report = "ok\n" + fn(rank);
     exit_code = 0;
+  } catch (const Error& e) {
+    report = error_report(e.time_ns(), e.kind(), describe(e));
   } catch (const std::exception& e) {
-    report = "error " + std::to_string(now_ns()) + "\n" + describe(e);
+    report = error_report(now_ns(), ErrorKind::Cause, describe(e));
   } catch (...) {
-    report = "error " + std::to_string(now_ns()) +
-             "\nunknown exception (not derived from std::exception)";
+    report = error_report(now_ns(), ErrorKind::Cause,
+                          "unknown exception (not derived from std::exception)");
   }
   write_all(report_fd, report);
   ::close(report_fd);
@@ -156,18 +162,25 @@ void reset_signal_handling() {
 // What the parent knows about one child.
 struct Child {
   pid_t pid = -1;
-  int fd = -1;             // read end of the report pipe; -1 once closed
-  std::string report;      // bytes read so far
-  bool reaped = false;     // waitpid() returned for it
-  int wait_status = 0;     // valid once reaped
+  int fd = -1;                  // read end of the report pipe; -1 once closed
+  std::string report;           // bytes read so far
+  bool reaped = false;          // waitpid() returned for it
+  int wait_status = 0;          // valid once reaped
+  int64_t reaped_ns = 0;        // now_ns() when it was reaped; valid once reaped
+  bool ended_by_spawn = false;  // still running when end_all() signalled it
 };
 
 // The outcome of a finished child, decoded from its report and exit status.
 struct Outcome {
   bool ok = false;
-  std::string payload;              // when ok
-  std::string message;              // when failed
-  std::optional<int64_t> failed_ns;  // when the rank reported an exception
+  std::string payload;  // when ok
+  // When failed: what happened, its kind and when, per Note [Which rank
+  // failed first]. An exception brings its own time and kind; a signal, an
+  // exit code or a missing result is a Cause at the time it was reaped.
+  std::string message;
+  ErrorKind kind = ErrorKind::Cause;
+  int64_t failed_ns = 0;
+  bool reported = false;  // the rank itself reported an exception
 };
 
 std::string signal_description(int sig) {
@@ -176,18 +189,36 @@ std::string signal_description(int sig) {
          (name != nullptr ? name : "unknown") + ")";
 }
 
+ErrorKind kind_from_name(const std::string& name) {
+  for (ErrorKind kind : {ErrorKind::Consequence, ErrorKind::Stub, ErrorKind::Timeout}) {
+    if (name == to_string(kind)) return kind;
+  }
+  return ErrorKind::Cause;
+}
+
 Outcome decode(const Child& child) {
   Outcome out;
+  out.failed_ns = child.reaped_ns;
   const int st = child.wait_status;
-  if (WIFSIGNALED(st)) {
-    out.message = signal_description(WTERMSIG(st));
-    return out;
-  }
+  // A complete exception report wins over the way the process ended: a rank
+  // that reported and was then ended by spawn's SIGTERM still failed as it said.
   const std::string& r = child.report;
   const std::size_t newline = r.find('\n');
   if (newline != std::string::npos && r.compare(0, 6, "error ") == 0) {
+    // "error <time_ns> <kind>\n<message>"
+    std::istringstream header(r.substr(6, newline - 6));
+    int64_t time_ns = 0;
+    std::string kind;
+    if (header >> time_ns >> kind) {
+      out.failed_ns = time_ns;
+      out.kind = kind_from_name(kind);
+    }
     out.message = r.substr(newline + 1);
-    out.failed_ns = std::strtoll(r.c_str() + 6, nullptr, 10);
+    out.reported = true;
+    return out;
+  }
+  if (WIFSIGNALED(st)) {
+    out.message = signal_description(WTERMSIG(st));
     return out;
   }
   const int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -256,7 +287,7 @@ class Job {
   bool reap_finished();
   void end_all();
   [[noreturn]] void throw_timeout();
-  [[noreturn]] void throw_failure(int first_rank, const Outcome& first);
+  [[noreturn]] void throw_failure();
 
   const SpawnOptions options_;
   std::vector<Child> children_;
@@ -366,6 +397,7 @@ bool Job::reap_finished() {
     if (r != c.pid) continue;
     c.reaped = true;
     c.wait_status = status;
+    c.reaped_ns = now_ns();
     any = true;
     // The child wrote its whole report before exiting, so it is all in the
     // pipe now; read it without waiting for EOF, which a grandchild holding
@@ -384,7 +416,9 @@ bool Job::reap_finished() {
 // deliver their reports (see Note [Which rank failed first]).
 void Job::end_all() {
   for (Child& c : children_) {
-    if (!c.reaped) ::kill(c.pid, SIGTERM);
+    if (c.reaped) continue;
+    c.ended_by_spawn = true;
+    ::kill(c.pid, SIGTERM);
   }
   const auto deadline = Clock::now() + options_.kill_grace;
   while (any_alive() && Clock::now() < deadline) {
@@ -399,6 +433,7 @@ void Job::end_all() {
     }
     c.reaped = true;
     c.wait_status = status;
+    c.reaped_ns = now_ns();
   }
   reap_finished();  // drains and closes any pipe still open
 }
@@ -421,86 +456,93 @@ void Job::throw_timeout() {
   message +=
       ". A rank that skipped a collective leaves the others waiting in it; if "
       "the job is only slow, raise SpawnOptions::timeout.";
-  throw SpawnError(-1, message);
+  throw SpawnError(-1, message, ErrorKind::Timeout);
 }
 
 // Note [Which rank failed first]
-// When one rank throws, its peers usually fail a moment later ("connection
-// closed" in the collective they were in). The parent may see several
-// reports in the same tick, and the first one it happens to read need not be
-// the cause. Every exception report carries the time it was raised on the
-// machine-wide monotonic clock, so the parent blames the earliest one. A
-// rank killed by a signal or exiting with a code carries no time; such a
-// crash is a likelier cause than the exceptions it provokes, so it is blamed
-// before any exception seen in the same tick, and stays blamed when it was
-// seen first.
-// Time alone can mislead: a rank takes its time after unwinding, and its
-// destructors close its sockets, so a peer's "connection broke" may carry
-// the earlier time. Errors that are consequences of another rank's failure
-// (a broken connection, a group stopped by an earlier failure) are therefore
-// blamed only when no rank reported anything else. And before ending the
-// others, the parent gives them a short window to fail on their own and
-// report, since SIGTERM would cut a rank off mid-report.
-bool is_consequence(const Outcome& o) {
-  return o.message.find("the connection to another rank broke") != std::string::npos ||
-         o.message.find("this process group stopped after") != std::string::npos;
+// When one rank fails, its peers usually fail a moment later ("the connection
+// to another rank broke" in the collective they were in), and the parent may
+// read their reports first: the rank that caused it may still be unwinding.
+// So the parent blames by what each failure is, then by when it happened:
+//   1. Kind. A tp::PeerFailedError (ErrorKind::Consequence) says "another
+//      rank failed first"; any other failure (Cause, Stub, Timeout) is blamed
+//      before it. The kind travels in the report, so no message text is
+//      matched.
+//   2. Time, the earliest first. An exception's time is tp::Error::time_ns(),
+//      taken when it was constructed, i.e. at the throw, on the machine-wide
+//      monotonic clock: not when the rank's top-level catch ran, which comes
+//      after unwinding, and unwinding may take long (destroying a process
+//      group drains its queue, which can wait out a collective's timeout).
+//      A non-tp exception has only the time it was caught. A rank killed by a
+//      signal, exiting non-zero or exiting without a result brings no time:
+//      it is a Cause at the time the parent reaped it (within a tick of the
+//      end).
+// Before deciding, the parent gives the other ranks a settle window
+// (kill_grace, at most 500 ms) to fail on their own and report, since the
+// SIGTERM that ends them would cut a report off; every failure reaped by then,
+// crashes and exits included, is weighed. Ranks that spawn itself ended are
+// weighed only if they managed to report an exception: their signal or exit
+// code is spawn's doing, not theirs. A rank still unwinding when the window
+// closes is ended without its report, so a Cause that takes longer than the
+// window to unwind can lose to its peers' Consequences.
+bool blamed_before(const Outcome& a, const Outcome& b) {
+  const bool a_consequence = a.kind == ErrorKind::Consequence;
+  const bool b_consequence = b.kind == ErrorKind::Consequence;
+  if (a_consequence != b_consequence) return b_consequence;
+  return a.failed_ns < b.failed_ns;
 }
 
-void Job::throw_failure(int first_rank, const Outcome& first) {
-  if (first.failed_ns) {
-    const auto settle = Clock::now() + std::min(options_.kill_grace, milliseconds(500));
-    while (any_alive() && Clock::now() < settle) {
-      read_pipes(kTick);
-      reap_finished();
-    }
+void Job::throw_failure() {
+  const auto settle = Clock::now() + std::min(options_.kill_grace, milliseconds(500));
+  while (any_alive() && Clock::now() < settle) {
+    read_pipes(kTick);
+    reap_finished();
   }
   end_all();
-  int blamed = first_rank;
-  Outcome blamed_outcome = first;
-  if (first.failed_ns) {
-    // Blame order: a cause before a consequence, then the earlier time.
-    auto before = [](const Outcome& a, const Outcome& b) {
-      if (is_consequence(a) != is_consequence(b)) return !is_consequence(a);
-      return *a.failed_ns < *b.failed_ns;
-    };
-    for (int rank = 0; rank < nprocs(); ++rank) {
-      if (!children_[rank].reaped) continue;
-      const Outcome o = decode(children_[rank]);
-      if (o.failed_ns && before(o, blamed_outcome)) {
-        blamed = rank;
-        blamed_outcome = o;
-      }
+  int blamed = -1;
+  Outcome blamed_outcome;
+  for (int rank = 0; rank < nprocs(); ++rank) {
+    const Child& child = children_[rank];
+    const Outcome o = decode(child);
+    if (o.ok || (child.ended_by_spawn && !o.reported)) continue;
+    if (blamed < 0 || blamed_before(o, blamed_outcome)) {
+      blamed = rank;
+      blamed_outcome = o;
     }
   }
-  throw SpawnError(blamed, "tp::multiprocessing::spawn: rank " + std::to_string(blamed) +
-                               " failed: " + blamed_outcome.message);
+  // Unreachable in practice: the failure that brought us here was reaped
+  // before end_all(), so it is a candidate.
+  if (blamed < 0) {
+    throw SpawnError(-1, "tp::multiprocessing::spawn: a rank failed but none could be blamed");
+  }
+  throw SpawnError(blamed,
+                   "tp::multiprocessing::spawn: rank " + std::to_string(blamed) +
+                       " failed: " + blamed_outcome.message,
+                   blamed_outcome.kind);
 }
 
 std::vector<std::string> Job::join() {
   const auto deadline = Clock::now() + options_.timeout;
-  std::vector<std::optional<Outcome>> outcomes(children_.size());
-  std::size_t done = 0;
-  while (done < children_.size()) {
+  for (;;) {
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) throw_timeout();
     read_pipes(std::min(kTick, left));
     if (!reap_finished()) continue;
-    int failed = -1;  // the failure to blame among those seen in this tick
-    for (int rank = 0; rank < nprocs(); ++rank) {
-      if (!children_[rank].reaped || outcomes[rank]) continue;
-      outcomes[rank] = decode(children_[rank]);
-      ++done;
-      if (outcomes[rank]->ok) continue;
-      // A crash outranks an exception (see Note [Which rank failed first]).
-      if (failed < 0 || (outcomes[failed]->failed_ns && !outcomes[rank]->failed_ns)) {
-        failed = rank;
+    // Which failure to blame is decided in throw_failure(), once the others
+    // have had their settle window (Note [Which rank failed first]).
+    bool all_ok = true;
+    for (const Child& c : children_) {
+      if (!c.reaped) {
+        all_ok = false;
+      } else if (!decode(c).ok) {
+        throw_failure();
       }
     }
-    if (failed >= 0) throw_failure(failed, *outcomes[failed]);
+    if (all_ok) break;
   }
   std::vector<std::string> payloads;
   payloads.reserve(children_.size());
-  for (auto& o : outcomes) payloads.push_back(std::move(o->payload));
+  for (const Child& c : children_) payloads.push_back(decode(c).payload);
   return payloads;
 }
 

@@ -32,69 +32,6 @@ std::vector<RunConfig> standard_configs() {
   return configs;
 }
 
-std::vector<Finding> check_sync_between_backward_and_step(const std::vector<RankResult>& ranks) {
-  std::vector<Finding> out;
-  for (const RankResult& r : ranks) {
-    int64_t step = -1;
-    int64_t steps_seen = 0;
-    uint64_t backward_end = 0, optimizer_begin = 0;
-    std::vector<const trace::Event*> allreduces;  // spans of the current step
-    // Returns false (after recording a finding) when step `step` breaks the order.
-    auto step_ok = [&]() {
-      const auto where = detail::cat("rank ", r.rank, ", step ", step);
-      const auto counted = static_cast<size_t>(step) < r.allreduces_per_step.size()
-                               ? r.allreduces_per_step[static_cast<size_t>(step)]
-                               : allreduces.size();
-      if (allreduces.size() != counted) {
-        out.push_back({detail::cat(where, ": ", counted, " all-reduces were issued but ",
-                                   allreduces.size(), " ran before the step ended"),
-                       "wait() for every all-reduce in sync_grads before returning"});
-        return false;
-      }
-      for (const trace::Event* a : allreduces) {
-        if (a->begin_order < backward_end) {
-          out.push_back({where + ": an all-reduce started before backward finished",
-                         "call sync_grads() after loss.backward(): the gradients are not final "
-                         "before"});
-          return false;
-        }
-        // end_order 0: the span never ended, the collective was still running.
-        if (optimizer_begin == 0 || a->end_order == 0 || a->end_order > optimizer_begin) {
-          out.push_back({where + ": an all-reduce was still running when the optimizer step began",
-                         "wait() for every all-reduce in sync_grads: the optimizer must read "
-                         "averaged gradients"});
-          return false;
-        }
-      }
-      return true;
-    };
-    for (const trace::Event& e : r.events) {
-      if (e.name == "step") {
-        if (step >= 0 && !step_ok()) return out;
-        step = e.args.empty() ? step + 1 : e.args[0].second;
-        ++steps_seen;
-        backward_end = optimizer_begin = 0;
-        allreduces.clear();
-      } else if (e.name == "backward") {
-        backward_end = e.end_order;
-      } else if (e.name == "optimizer") {
-        optimizer_begin = e.begin_order;
-      } else if (e.name == "allreduce" && e.phase == 'X' && step >= 0) {
-        allreduces.push_back(&e);
-      }
-    }
-    if (step >= 0 && !step_ok()) return out;
-    // An empty trace would pass every check above: say so instead.
-    if (steps_seen != static_cast<int64_t>(r.losses.size())) {
-      out.push_back({detail::cat("rank ", r.rank, ": the trace shows ", steps_seen,
-                                 " training steps, the run had ", r.losses.size()),
-                     "the order checks need RunConfig::trace on every rank"});
-      return out;
-    }
-  }
-  return out;
-}
-
 void CheckerRun::print(const std::string& text) {
   std::fputs(text.c_str(), stdout);
   std::fflush(stdout);
@@ -137,30 +74,56 @@ CheckerRun parse_checker_args(int argc, char** argv) {
   return run;
 }
 
-Finding finding_from_spawn_error(const std::string& stage, const std::exception& error) {
-  std::string message = error.what();
-  std::string cause;
-  if (message.find("not implemented yet") != std::string::npos) {
-    cause = "this is still the exercise stub: fill in the function the message names (./kit "
-            "reset " + stage + " restores the stubs)";
-  } else if (message.find("timed out") != std::string::npos) {
-    cause = "a rank waits in a collective that another rank never issued: every rank must "
-            "issue the same collectives in the same order";
-  } else {
-    cause = "a rank threw: its message above says why";
+Finding finding_from_error(const std::string& stage, const std::exception& error) {
+  const std::string message = error.what();
+  // The kind, not the wording, says what happened (ErrorKind in error.h);
+  // spawn reports the kind of the failure it blames.
+  ErrorKind kind = ErrorKind::Cause;
+  bool from_a_rank = false;
+  if (const auto* spawn_error = dynamic_cast<const multiprocessing::SpawnError*>(&error)) {
+    kind = spawn_error->kind();
+    from_a_rank = true;
+  } else if (const auto* tp_error = dynamic_cast<const Error*>(&error)) {
+    kind = tp_error->kind();
   }
-  return {message, cause};
+  switch (kind) {
+    case ErrorKind::Stub:
+      return {message, "this is still the exercise stub: fill in the function the message "
+                       "names (./kit reset " + stage + " restores the stubs)"};
+    case ErrorKind::Timeout:
+      return {message, "a rank waits in a collective that another rank never issued: every "
+                       "rank must issue the same collectives in the same order"};
+    case ErrorKind::Consequence:
+      return {message, "a rank failed because another rank failed or left first; no rank "
+                       "reported a cause of its own: did a rank return or exit early?"};
+    case ErrorKind::Cause:
+      break;
+  }
+  return {message, from_a_rank ? "a rank threw: its message above says why"
+                               : "the checker could not run this case: the message says why"};
 }
 
-int finish_checker(CheckerRun& run, const CheckerSpec& spec, bool passed) {
+void report_case(CheckerRun& run, const std::string& description,
+                 const std::vector<Finding>& findings, const Comparison& comparison) {
+  if (!findings.empty()) {
+    run.print("FAIL  " + description + "\n" + format_findings(findings));
+    return;
+  }
+  char line[512];
+  std::snprintf(line, sizeof line, "PASS  %-56s max |loss diff| %.1e  max |param diff| %.1e\n",
+                description.c_str(), comparison.max_loss_diff, comparison.final_params.max_abs);
+  run.print(line);
+}
+
+int finish_checker(CheckerRun& run, const std::string& stage, bool passed) {
   if (run.expect_file.empty()) {
     if (!passed) {
-      run.print("stage " + spec.stage + ": FAILED (see above)\n");
+      run.print("stage " + stage + ": FAILED (see above)\n");
     } else if (run.only >= 0) {
-      run.print(detail::cat("stage ", spec.stage, ": configuration ", run.only,
+      run.print(detail::cat("stage ", stage, ": case ", run.only,
                             " matches the reference (the others were not run)\n"));
     } else {
-      run.print("stage " + spec.stage + ": every configuration matches the reference\n");
+      run.print("stage " + stage + ": every case matches the reference\n");
     }
     return passed ? 0 : 1;
   }

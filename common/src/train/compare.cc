@@ -31,8 +31,13 @@ double default_tolerance(Dtype dtype) {
 
 namespace {
 
+// A non-finite value matches only itself: tolerance * max(1, |inf|) is
+// infinite, and would let an inf "match" anything.
 bool differs(double a, double b, double tolerance) {
-  if (std::isnan(a) || std::isnan(b)) return !(std::isnan(a) && std::isnan(b));
+  if (!std::isfinite(a) || !std::isfinite(b)) {
+    if (std::isnan(a) || std::isnan(b)) return !(std::isnan(a) && std::isnan(b));
+    return a != b;
+  }
   return std::abs(a - b) > tolerance * std::max(1.0, std::abs(b));
 }
 
@@ -120,42 +125,25 @@ std::string join(const std::vector<std::string>& items) {
   return out;
 }
 
-// Structural problems (wrong number of ranks, steps or parameters) make every
-// numeric comparison meaningless, so they are reported alone.
-std::vector<Finding> check_structure(const RunConfig& config, const ReferenceResult& reference,
-                                     const std::vector<RankResult>& ranks) {
+// Structural problems (wrong number of ranks, micro-batches, parameters or
+// buffers) make every numeric comparison meaningless, so they are reported
+// alone.
+std::vector<Finding> check_list(const RankResult& r, const char* noun, const Snapshot& mine,
+                                const Snapshot& model, const std::string& listing) {
   std::vector<Finding> out;
-  if (ranks.size() != static_cast<size_t>(config.world_size)) {
-    out.push_back({detail::cat(ranks.size(), " ranks reported results; expected ", config.world_size),
-                   "every rank must run to the end and report"});
+  if (mine.size() != model.size()) {
+    out.push_back({detail::cat("rank ", r.rank, " lists ", mine.size(), " ", noun,
+                               "s; the model has ", model.size()),
+                   listing + " must list every " + noun + " of the wrapped module, in order"});
     return out;
   }
-  for (const RankResult& r : ranks) {
-    if (r.losses.size() != static_cast<size_t>(config.steps)) {
-      out.push_back({detail::cat("rank ", r.rank, " reported ", r.losses.size(),
-                                 " step losses; expected ", config.steps),
-                     "every rank must run every step"});
-    }
-    for (const Snapshot* snap : {&r.initial_params, &r.final_params}) {
-      if (snap->size() != reference.final_params.size()) {
-        out.push_back({detail::cat("rank ", r.rank, " lists ", snap->size(),
-                                   " parameters; the model has ", reference.final_params.size()),
-                       "parameters() must list every parameter of the wrapped module, in "
-                       "named_parameters() order"});
-        break;
-      }
-      for (size_t p = 0; p < snap->size(); ++p) {
-        const ParamValues& mine = (*snap)[p];
-        const ParamValues& ref = reference.final_params[p];
-        if (mine.name != ref.name || mine.shape != ref.shape) {
-          out.push_back({detail::cat("rank ", r.rank, " lists parameter ", p, " as ", mine.name,
-                                     " ", to_string(mine.shape), "; the model's is ", ref.name,
-                                     " ", to_string(ref.shape)),
-                         "parameters() must list the wrapped module's parameters in "
-                         "named_parameters() order"});
-          break;
-        }
-      }
+  for (size_t p = 0; p < mine.size(); ++p) {
+    if (mine[p].name != model[p].name || mine[p].shape != model[p].shape) {
+      out.push_back({detail::cat("rank ", r.rank, " lists ", noun, " ", p, " as ", mine[p].name,
+                                 " ", tp::to_string(mine[p].shape), "; the model's is ",
+                                 model[p].name, " ", tp::to_string(model[p].shape)),
+                     listing + " must list the wrapped module's " + noun + "s in order"});
+      break;
     }
   }
   return out;
@@ -163,32 +151,126 @@ std::vector<Finding> check_structure(const RunConfig& config, const ReferenceRes
 
 }  // namespace
 
+std::vector<Finding> check_results_complete(const RunConfig& config,
+                                            const ReferenceResult& reference,
+                                            const std::vector<RankResult>& ranks) {
+  std::vector<Finding> out;
+  if (ranks.size() != static_cast<size_t>(config.world_size)) {
+    out.push_back({detail::cat(ranks.size(), " ranks reported results; expected ", config.world_size),
+                   "every rank must run to the end and report"});
+    return out;
+  }
+  for (size_t index = 0; index < ranks.size(); ++index) {
+    const RankResult& r = ranks[index];
+    if (r.rank != static_cast<int>(index)) {
+      out.push_back({detail::cat("result ", index, " says it is rank ", r.rank),
+                     "each rank must report its own rank"});
+      return out;
+    }
+    const int64_t expected = micro_batches_of(config, r.rank);
+    if (static_cast<int64_t>(r.losses.size()) != expected) {
+      out.push_back({detail::cat("rank ", r.rank, " reported ", r.losses.size(),
+                                 " micro-batch losses; its plan has ", expected),
+                     "every rank must run each of its micro-batches once"});
+    }
+    for (const Snapshot* snap : {&r.initial_params, &r.final_params}) {
+      for (Finding& f : check_list(r, "parameter", *snap, reference.final_params,
+                                   "parameters()")) {
+        out.push_back(std::move(f));
+      }
+    }
+    for (const Snapshot* snap : {&r.initial_buffers, &r.final_buffers}) {
+      for (Finding& f : check_list(r, "buffer", *snap,
+                                   reference.final_buffers[static_cast<size_t>(r.rank)],
+                                   "the module's named_buffers()")) {
+        out.push_back(std::move(f));
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Where a value stops being finite: "rank 1's loss on micro-batch 3 (step 3)
+// is inf". Non-finite values poison every difference after them, so they
+// are named first and alone.
+std::vector<Finding> check_finite(const RunConfig& config, const ReferenceResult& reference,
+                                  const std::vector<RankResult>& ranks) {
+  const int64_t k = config.micro_batches;
+  auto first_non_finite = [](const Snapshot& snap) -> const ParamValues* {
+    for (const ParamValues& p : snap) {
+      for (double v : p.values) {
+        if (!std::isfinite(v)) return &p;
+      }
+    }
+    return nullptr;
+  };
+  for (size_t r = 0; r < reference.losses.size(); ++r) {
+    for (size_t i = 0; i < reference.losses[r].size(); ++i) {
+      if (std::isfinite(reference.losses[r][i])) continue;
+      return {{detail::cat("the reference itself diverged: rank ", r, "'s loss on micro-batch ",
+                           i, " (step ", static_cast<int64_t>(i) / k, ") is ",
+                           num(reference.losses[r][i])),
+               "the learning rate is too large for this model: lower lr (--lr)"}};
+    }
+  }
+  for (const RankResult& r : ranks) {
+    for (size_t i = 0; i < r.losses.size(); ++i) {
+      if (std::isfinite(r.losses[i])) continue;
+      return {{detail::cat("rank ", r.rank, "'s loss on micro-batch ", i, " (step ",
+                           static_cast<int64_t>(i) / k, ") is ", num(r.losses[i]),
+                           "; the reference's is finite"),
+               "a gradient grew without bound: is it summed over ranks but never divided, or "
+               "accumulated across steps without being zeroed?"}};
+    }
+    for (const auto& [what, snap] : {std::pair{"initial", &r.initial_params},
+                                     std::pair{"after step 0", &r.after_first_step},
+                                     std::pair{"final", &r.final_params}}) {
+      if (const ParamValues* p = first_non_finite(*snap)) {
+        return {{detail::cat("rank ", r.rank, "'s ", what, " parameter ", p->name,
+                             " holds a non-finite value: ", first_values(p)),
+                 "a gradient grew without bound, or memory was read before it was written "
+                 "(a collective's tensor used before wait())"}};
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 Comparison compare(const ReferenceResult& reference, const std::vector<RankResult>& ranks,
                    double tolerance) {
   Comparison c;
+  auto worse = [](ParamDiff& acc, const ParamDiff& d) {
+    if (d.max_abs > acc.max_abs || acc.name.empty()) acc = d;
+  };
   for (const RankResult& r : ranks) {
-    for (size_t s = 0; s < r.losses.size() && s < reference.losses.size(); ++s) {
-      double ref = reference.losses[s][static_cast<size_t>(r.rank)];
-      double d = std::abs(r.losses[s] - ref);
-      if (std::isnan(d)) d = INFINITY;
-      if (d > c.max_loss_diff || c.loss_step < 0) {
+    const auto rank = static_cast<size_t>(r.rank);
+    if (rank >= reference.losses.size()) continue;
+    const std::vector<double>& ref_losses = reference.losses[rank];
+    for (size_t i = 0; i < r.losses.size() && i < ref_losses.size(); ++i) {
+      double d = std::abs(r.losses[i] - ref_losses[i]);
+      if (!std::isfinite(d)) d = differs(r.losses[i], ref_losses[i], tolerance) ? INFINITY : 0.0;
+      if (d > c.max_loss_diff || c.loss_index < 0) {
         c.max_loss_diff = d;
-        c.loss_step = static_cast<int64_t>(s);
+        c.loss_index = static_cast<int64_t>(i);
         c.loss_rank = r.rank;
       }
-      if (differs(r.losses[s], ref, tolerance) &&
-          (c.first_bad_step < 0 || static_cast<int64_t>(s) < c.first_bad_step)) {
-        c.first_bad_step = static_cast<int64_t>(s);
+      if (differs(r.losses[i], ref_losses[i], tolerance) &&
+          (c.first_bad_index < 0 || static_cast<int64_t>(i) < c.first_bad_index)) {
+        c.first_bad_index = static_cast<int64_t>(i);
       }
     }
-    auto worse = [](ParamDiff& acc, const ParamDiff& d) {
-      if (d.max_abs > acc.max_abs || acc.name.empty()) acc = d;
-    };
     worse(c.initial, diff_snapshots(r.initial_params, reference.initial_params, r.rank));
     worse(c.after_first_step, diff_snapshots(r.after_first_step, reference.after_first_step, r.rank));
     worse(c.final_params, diff_snapshots(r.final_params, reference.final_params, r.rank));
     worse(c.initial_between_ranks, diff_snapshots(r.initial_params, ranks[0].initial_params, r.rank));
     worse(c.final_between_ranks, diff_snapshots(r.final_params, ranks[0].final_params, r.rank));
+    if (rank < reference.final_buffers.size()) {
+      worse(c.final_buffers, diff_snapshots(r.final_buffers, reference.final_buffers[rank], r.rank));
+    }
   }
   c.reference_norm = norm(reference.final_params);
   if (!ranks.empty()) c.rank0_norm = norm(ranks[0].final_params);
@@ -196,10 +278,14 @@ Comparison compare(const ReferenceResult& reference, const std::vector<RankResul
 }
 
 std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& reference,
-                              const std::vector<RankResult>& ranks, double tolerance) {
-  std::vector<Finding> out = check_structure(config, reference, ranks);
+                              const std::vector<RankResult>& ranks, double tolerance,
+                              const Advice& advice) {
+  std::vector<Finding> out = check_results_complete(config, reference, ranks);
+  if (!out.empty()) return out;
+  out = check_finite(config, reference, ranks);
   if (!out.empty()) return out;
   const RankResult& rank0 = ranks[0];
+  const int64_t k_micro = config.micro_batches;
 
   // 1. Do the replicas start equal? (the constructor's broadcast)
   for (const RankResult& r : ranks) {
@@ -230,15 +316,37 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
                    "broadcast with src = 0: DDP makes every replica a copy of rank 0's model"});
     return out;
   }
-  // 3. Step 0's forward: same parameters, so the losses must match exactly.
+  // 2b. Buffers after construction: each rank's must be what the plan says
+  // (rank 0's when buffers are broadcast, the rank's own otherwise).
   for (const RankResult& r : ranks) {
-    double ref = reference.losses[0][static_cast<size_t>(r.rank)];
-    if (differs(r.losses[0], ref, tolerance)) {
-      out.push_back({detail::cat("step 0, rank ", r.rank, ": loss ", num(r.losses[0]),
-                                 ", reference ", num(ref), " (|diff| ", sci(std::abs(r.losses[0] - ref)),
-                                 ") although the parameters match"),
+    const Snapshot& expected = reference.initial_buffers[static_cast<size_t>(r.rank)];
+    std::vector<std::string> bad = params_differing(r.initial_buffers, expected, tolerance);
+    if (bad.empty()) continue;
+    ParamDiff d = diff_snapshots(r.initial_buffers, expected, r.rank);
+    const bool synced = config.buffer_sync != BufferSync::None;
+    out.push_back({detail::cat("right after DDP construction, rank ", r.rank, "'s buffers (",
+                               join(bad), ") are not ", synced ? "rank 0's" : "its own", "; ",
+                               d.name, ": max |diff| ", sci(d.max_abs), ", rank ", r.rank, " ",
+                               first_values(find(r.initial_buffers, d.name)), ", expected ",
+                               first_values(find(expected, d.name))),
+                   synced ? "with broadcast_buffers on, the constructor must broadcast every "
+                            "buffer (named_buffers()) from rank 0, like the parameters"
+                          : "with broadcast_buffers off, every rank keeps the buffers it built: "
+                            "is a buffer broadcast anyway?"});
+    return out;
+  }
+  // 3. Step 0's forwards: same parameters, so the losses must match exactly.
+  for (const RankResult& r : ranks) {
+    const std::vector<double>& ref_losses = reference.losses[static_cast<size_t>(r.rank)];
+    for (size_t i = 0; i < static_cast<size_t>(k_micro) && i < r.losses.size(); ++i) {
+      const double ref = ref_losses[i];
+      if (!differs(r.losses[i], ref, tolerance)) continue;
+      out.push_back({detail::cat("step 0, rank ", r.rank, k_micro > 1 ? detail::cat(", micro-batch ", i) : "",
+                                 ": loss ", num(r.losses[i]), ", reference ", num(ref), " (|diff| ",
+                                 sci(std::abs(r.losses[i] - ref)), ") although the parameters match"),
                      "the forward pass must call the wrapped module on this rank's own shard "
-                     "(rows (step*W + rank)*B ...); DDP must not change the forward result"});
+                     "(micro-batch i takes rows (i*W + rank)*B ...); DDP must not change the "
+                     "forward result"});
       return out;
     }
   }
@@ -257,7 +365,7 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
     if (d.max_abs > step0.max_abs) step0 = d;
   }
   const double ref_update = update_norm(reference.initial_params, reference.after_first_step);
-  const double w = config.world_size;
+  const double w = divisor_at(config, 0);
   // This rank's first update as a multiple of the reference's.
   auto update_ratio = [&](const RankResult& r) {
     double ddp_update = update_norm(r.initial_params, r.after_first_step);
@@ -281,17 +389,18 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
     std::string cause =
         names.size() == total && others_right && !times_w.empty() && w > 1
             ? detail::cat("the first update of rank", times_w.size() == 1 ? " " : "s ",
-                          join(times_w), " is ", config.world_size, "x the reference's while "
+                          join(times_w), " is ", w, "x the reference's while "
                           "the other ranks match it: is the summed gradient divided by the "
                           "world size on every rank?")
         : names.size() < total
             ? detail::cat("only ", join(names), " disagree", names.size() == 1 ? "s" : "",
                           " between ranks while the other parameters agree: is ",
                           names.size() == 1 ? "that parameter" : "each of them",
-                          " all-reduced in sync_grads, or skipped?")
+                          " all-reduced ", advice.where_sync, ", or skipped?")
             : "every parameter disagrees between ranks: each rank stepped with its own "
-              "gradient, so gradients were not all-reduced after backward (is sync_grads "
-              "called after backward, and does it all-reduce every gradient?)";
+              "gradient, so gradients were not all-reduced (are gradients averaged " +
+                  advice.how_sync_runs + ", and is every gradient all-reduced " +
+                  advice.where_sync + "?)";
     const RankResult& worst = ranks[static_cast<size_t>(std::max(step0.rank, 0))];
     out.push_back({detail::cat("after step 0's update, ranks hold different parameters (",
                                join(names), "); worst vs the reference: rank ", step0.rank, ", ",
@@ -307,10 +416,10 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
     std::string cause;
     if (near(ratio, w)) {
       cause = detail::cat("rank 0 matches at step 0 and drifts from step 1, and the first update is ",
-                          num(ratio), "x the reference's (W = ", config.world_size,
+                          num(ratio), "x the reference's (W = ", w,
                           "): is the sum divided by the world size?");
     } else if (near(ratio, 1.0 / w)) {
-      cause = detail::cat("the first update is 1/", config.world_size,
+      cause = detail::cat("the first update is 1/", w,
                           " of the reference's: is the gradient divided by the world size twice?");
     } else {
       cause = detail::cat("all ranks agree with each other but not with the reference; the first "
@@ -327,13 +436,15 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
   }
   // 5. Later steps.
   Comparison c = compare(reference, ranks, tolerance);
-  if (c.first_bad_step >= 0) {
+  if (c.first_bad_index >= 0) {
     const RankResult& r = ranks[static_cast<size_t>(c.loss_rank)];
-    double ref = reference.losses[static_cast<size_t>(c.loss_step)][static_cast<size_t>(c.loss_rank)];
+    const auto at = static_cast<size_t>(c.loss_index);
+    const double ref = reference.losses[static_cast<size_t>(c.loss_rank)][at];
     out.push_back({detail::cat("losses match through step 0 and first differ at step ",
-                               c.first_bad_step, "; the largest difference is at step ",
-                               c.loss_step, ", rank ", c.loss_rank, ": ",
-                               num(r.losses[static_cast<size_t>(c.loss_step)]), " vs reference ",
+                               c.first_bad_index / k_micro, "; the largest difference is at step ",
+                               c.loss_index / k_micro,
+                               k_micro > 1 ? detail::cat(" (micro-batch ", c.loss_index, ")") : "",
+                               ", rank ", c.loss_rank, ": ", num(r.losses[at]), " vs reference ",
                                num(ref), " (|diff| ", sci(c.max_loss_diff), ")"),
                    "step 0 is right, so the error is in what carries over between steps: "
                    "gradients not zeroed, state kept from an earlier step, or a sync that "
@@ -348,6 +459,18 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
                                ", reference ",
                                first_values(find(reference.final_params, c.final_params.name))),
                    out.empty() ? "step 0 is right, so the error is in a later step" : "see above"});
+  }
+  if (differs(c.final_buffers.max_abs, 0.0, tolerance)) {
+    const auto rank = static_cast<size_t>(c.final_buffers.rank);
+    out.push_back({detail::cat("final buffers: rank ", rank, ", ", c.final_buffers.name,
+                               " max |diff| ", sci(c.final_buffers.max_abs), ", DDP ",
+                               first_values(find(ranks[rank].final_buffers, c.final_buffers.name)),
+                               ", reference ",
+                               first_values(find(reference.final_buffers[rank], c.final_buffers.name))),
+                   config.buffer_sync == BufferSync::EveryForward
+                       ? "buffers must be broadcast from rank 0 before every forward"
+                       : "each rank's buffers evolve with its own forwards after construction: "
+                         "are they broadcast or changed later?"});
   }
   return out;
 }

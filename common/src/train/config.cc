@@ -1,9 +1,79 @@
-// RunConfig helpers.
+// The training plan: validation, the schedule, and what each rank builds.
 #include "tensorplay/train/config.h"
+
+#include <algorithm>
 
 #include "tensorplay/error.h"
 
 namespace tp::train {
+
+std::string to_string(ModelKind kind) {
+  switch (kind) {
+    case ModelKind::MiniMLP: return "MiniMLP";
+    case ModelKind::Branchy: return "BranchyMLP";
+    case ModelKind::Buffered: return "BufferedMLP";
+  }
+  return "unknown model";
+}
+
+void validate(const RunConfig& config) {
+  constexpr const char* who = "tp::train::RunConfig";
+  TP_CHECK_GE(config.world_size, 1, who, ": world_size must be at least 1");
+  TP_CHECK_GE(config.batch_size, 1, who, ": batch_size must be at least 1");
+  TP_CHECK_GE(config.micro_batches, 1, who,
+              ": micro_batches (K, micro-batches per optimizer step) must be at least 1");
+  if (config.batches_per_rank.empty()) {
+    TP_CHECK_GE(config.steps, 1, who, ": steps must be at least 1");
+    return;
+  }
+  TP_CHECK_EQ(config.batches_per_rank.size(), static_cast<size_t>(config.world_size), who,
+              ": batches_per_rank lists one count per rank; leave it empty for even inputs");
+  if (config.buffer_sync == BufferSync::EveryForward && uneven(config)) {
+    TP_THROW(Error, who, ": buffer_sync = EveryForward with uneven inputs is not modelled "
+             "(which rank's buffers a joined rank would shadow is a Join design choice); use "
+             "even inputs or another BufferSync");
+  }
+  for (size_t r = 0; r < config.batches_per_rank.size(); ++r) {
+    const int64_t count = config.batches_per_rank[r];
+    if (count < 1 || count % config.micro_batches != 0) {
+      TP_THROW(Error, who, ": batches_per_rank[", r, "] is ", count, "; each rank needs a "
+               "positive multiple of micro_batches (", config.micro_batches,
+               ") micro-batches, so that it ends on a whole optimizer step");
+    }
+  }
+}
+
+int64_t micro_batches_of(const RunConfig& config, int rank) {
+  if (config.batches_per_rank.empty()) return config.steps * config.micro_batches;
+  return config.batches_per_rank.at(static_cast<size_t>(rank));
+}
+
+int64_t steps_of(const RunConfig& config, int rank) {
+  return micro_batches_of(config, rank) / config.micro_batches;
+}
+
+int64_t total_steps(const RunConfig& config) {
+  int64_t most = 0;
+  for (int r = 0; r < config.world_size; ++r) most = std::max(most, steps_of(config, r));
+  return most;
+}
+
+bool uneven(const RunConfig& config) {
+  for (int r = 1; r < config.world_size; ++r) {
+    if (micro_batches_of(config, r) != micro_batches_of(config, 0)) return true;
+  }
+  return false;
+}
+
+int active_ranks(const RunConfig& config, int64_t step) {
+  int count = 0;
+  for (int r = 0; r < config.world_size; ++r) count += step < steps_of(config, r) ? 1 : 0;
+  return count;
+}
+
+int divisor_at(const RunConfig& config, int64_t step) {
+  return config.divisor == Divisor::ActiveRanks ? active_ranks(config, step) : config.world_size;
+}
 
 uint64_t model_seed_for_rank(const RunConfig& config, int rank) {
   // 7919 (a prime) keeps per-rank seeds far apart and never equal to rank 0's.
@@ -17,6 +87,15 @@ nn::MiniMLPOptions model_options(const RunConfig& config) {
   return options;
 }
 
+std::shared_ptr<nn::Module> make_model(const RunConfig& config) {
+  switch (config.model_kind) {
+    case ModelKind::MiniMLP: return std::make_shared<nn::MiniMLP>(model_options(config));
+    case ModelKind::Branchy: return std::make_shared<nn::BranchyMLP>(model_options(config));
+    case ModelKind::Buffered: return std::make_shared<nn::BufferedMLP>(model_options(config));
+  }
+  TP_THROW(Error, "tp::train::make_model: unknown ModelKind ", static_cast<int>(config.model_kind));
+}
+
 data::SyntheticRegressionOptions data_options(const RunConfig& config) {
   data::SyntheticRegressionOptions options = config.data;
   options.dtype = config.dtype;
@@ -25,12 +104,34 @@ data::SyntheticRegressionOptions data_options(const RunConfig& config) {
   return options;
 }
 
+data::Batch micro_batch(const data::SyntheticRegression& dataset, const RunConfig& config,
+                        int rank, int64_t i) {
+  return dataset.shard(i, rank, config.world_size, config.batch_size);
+}
+
 std::string describe(const RunConfig& config) {
-  return detail::cat("W=", config.world_size, " steps=", config.steps,
-                     " batch=", config.batch_size, " lr=", config.lr,
-                     config.momentum > 0 ? detail::cat(" momentum=", config.momentum) : "",
-                     " ", to_string(config.dtype),
-                     config.per_rank_seed ? " per-rank seeds" : " shared seed");
+  std::string schedule;
+  if (config.batches_per_rank.empty()) {
+    schedule = detail::cat(" steps=", config.steps);
+  } else {
+    schedule = " batches=";
+    for (size_t r = 0; r < config.batches_per_rank.size(); ++r) {
+      schedule += (r ? "/" : "") + std::to_string(config.batches_per_rank[r]);
+    }
+    if (config.divisor == Divisor::ActiveRanks) schedule += " divide-by-active";
+  }
+  return detail::cat(
+      "W=", config.world_size, schedule, " batch=", config.batch_size,
+      config.micro_batches > 1 ? detail::cat(" K=", config.micro_batches) : "",
+      " lr=", config.lr, config.momentum > 0 ? detail::cat(" momentum=", config.momentum) : "",
+      " ", to_string(config.dtype),
+      config.model_kind != ModelKind::MiniMLP ? " " + to_string(config.model_kind) : "",
+      config.model_kind == ModelKind::Buffered
+          ? (config.buffer_sync == BufferSync::None ? " buffers-unsynced"
+             : config.buffer_sync == BufferSync::EveryForward ? " buffers-every-forward"
+                                                              : " buffers-at-construction")
+          : "",
+      config.per_rank_seed ? " per-rank seeds" : " shared seed");
 }
 
 }  // namespace tp::train

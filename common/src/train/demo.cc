@@ -1,9 +1,11 @@
 // The lesson demo's argument parsing, table and JSON (see demo.h).
 #include "tensorplay/train/demo.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "tensorplay/trace.h"
@@ -13,14 +15,31 @@ namespace tp::train {
 
 namespace {
 
+// The stage's own flags, for usage(); set by parse_demo_args.
+const std::vector<DemoFlag>* g_stage_flags = nullptr;
+
 [[noreturn]] void usage(const std::string& stage, int code, const std::string& problem = "") {
   std::FILE* out = code == 0 ? stdout : stderr;
   if (!problem.empty()) std::fprintf(out, "demo %s: %s\n", stage.c_str(), problem.c_str());
   std::fprintf(out,
                "usage: ./kit demo %s [--world-size W] [--steps N] [--batch B] [--lr X]\n"
                "                  [--momentum M] [--dtype float32|float64] [--per-rank-seed]\n"
-               "                  [--json FILE] [--trace FILE]\n",
+               "                  [--model mini|branchy|buffered] [--micro-batches K]\n"
+               "                  [--batches N0,N1,...] [--divide-by-active-ranks]\n"
+               "                  [--json FILE] [--trace FILE]",
                stage.c_str());
+  if (g_stage_flags != nullptr) {
+    for (const DemoFlag& f : *g_stage_flags) {
+      std::fprintf(out, " [%s%s%s]", f.name.c_str(), f.value_name.empty() ? "" : " ",
+                   f.value_name.c_str());
+    }
+  }
+  std::fprintf(out, "\n");
+  if (g_stage_flags != nullptr) {
+    for (const DemoFlag& f : *g_stage_flags) {
+      std::fprintf(out, "  %-24s %s\n", f.name.c_str(), f.help.c_str());
+    }
+  }
   std::exit(code);
 }
 
@@ -63,7 +82,7 @@ std::string json_list(const std::vector<T>& items, F&& render) {
 // that rank's own step start. Within a rank the order is exact.
 void report_trace(const DemoArgs& args, const std::vector<RankResult>& ranks) {
   std::vector<trace::Event> all, last_step;
-  const int64_t last = args.config.steps - 1;
+  const int64_t last = total_steps(args.config) - 1;
   for (const RankResult& r : ranks) {
     int64_t begin = -1, end = -1;
     for (const trace::Event& e : r.events) {
@@ -90,7 +109,9 @@ void report_trace(const DemoArgs& args, const std::vector<RankResult>& ranks) {
 
 }  // namespace
 
-DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage) {
+DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
+                         const std::vector<DemoFlag>& stage_flags) {
+  g_stage_flags = &stage_flags;
   DemoArgs args;
   args.config.steps = 10;
   for (int i = 1; i < argc; ++i) {
@@ -124,17 +145,133 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage) {
       }
     } else if (flag == "--per-rank-seed") {
       args.config.per_rank_seed = true;
+    } else if (flag == "--model") {
+      const std::string m = value();
+      if (m == "mini") {
+        args.config.model_kind = ModelKind::MiniMLP;
+      } else if (m == "branchy") {
+        args.config.model_kind = ModelKind::Branchy;
+      } else if (m == "buffered") {
+        args.config.model_kind = ModelKind::Buffered;
+      } else {
+        usage(stage, 2, "--model expects mini, branchy or buffered, got '" + m + "'");
+      }
+    } else if (flag == "--micro-batches") {
+      args.config.micro_batches = parse_count(stage, flag, value(), 1, 1024);
+    } else if (flag == "--batches") {
+      // One count per rank, comma-separated: uneven inputs.
+      const std::string list = value();
+      args.config.batches_per_rank.clear();
+      size_t start = 0;
+      while (start <= list.size()) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        args.config.batches_per_rank.push_back(
+            parse_count(stage, flag, list.substr(start, comma - start), 1, 100000));
+        start = comma + 1;
+      }
+    } else if (flag == "--divide-by-active-ranks") {
+      args.config.divisor = Divisor::ActiveRanks;
     } else if (flag == "--json") {
       args.json_path = value();
     } else if (flag == "--trace") {
       args.trace_path = value();
       args.config.trace = true;
     } else {
-      usage(stage, 2, "unknown flag '" + flag + "'");
+      const auto extra = std::find_if(stage_flags.begin(), stage_flags.end(),
+                                      [&](const DemoFlag& f) { return f.name == flag; });
+      if (extra == stage_flags.end()) usage(stage, 2, "unknown flag '" + flag + "'");
+      const std::string text = extra->value_name.empty() ? "" : value();
+      const std::string problem = extra->apply(text);
+      if (!problem.empty()) usage(stage, 2, flag + ": " + problem);
     }
+  }
+  if (!args.config.batches_per_rank.empty() &&
+      args.config.batches_per_rank.size() != static_cast<size_t>(args.config.world_size)) {
+    usage(stage, 2, detail::cat("--batches lists ", args.config.batches_per_rank.size(),
+                                " counts; give one per rank (--world-size ",
+                                args.config.world_size, ")"));
+  }
+  try {
+    validate(args.config);
+  } catch (const Error& e) {
+    usage(stage, 2, e.what());
   }
   return args;
 }
+
+namespace {
+
+// A rank's loss at step s: the mean of its K micro-batch losses; absent
+// (nullopt) when the rank did not take part in step s.
+std::optional<double> step_loss(const std::vector<double>& losses, int64_t k, int64_t step) {
+  if (static_cast<size_t>((step + 1) * k) > losses.size()) return std::nullopt;
+  double sum = 0.0;
+  for (int64_t m = 0; m < k; ++m) sum += losses[static_cast<size_t>(step * k + m)];
+  return sum / static_cast<double>(k);
+}
+
+std::string cell(std::optional<double> v, const char* format) {
+  if (!v) return "-";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, format, *v);
+  return buf;
+}
+
+// What one table row shows, also written to the JSON.
+struct StepRow {
+  double reference_loss = 0.0;                    // mean over the ranks taking part
+  std::vector<std::optional<double>> reference;   // [rank]
+  std::vector<std::optional<double>> ddp;         // [rank]
+  double drift = 0.0;                             // max |ddp - reference| over ranks
+};
+
+std::vector<StepRow> step_rows(const RunConfig& config, const ReferenceResult& reference,
+                               const std::vector<RankResult>& ranks) {
+  std::vector<StepRow> rows;
+  const int64_t k = config.micro_batches;
+  for (int64_t s = 0; s < total_steps(config); ++s) {
+    StepRow row;
+    int present = 0;
+    for (int r = 0; r < config.world_size; ++r) {
+      const auto rank = static_cast<size_t>(r);
+      row.reference.push_back(step_loss(reference.losses[rank], k, s));
+      row.ddp.push_back(step_loss(ranks[rank].losses, k, s));
+      if (row.reference.back()) {
+        row.reference_loss += *row.reference.back();
+        ++present;
+      }
+      if (row.reference.back() && row.ddp.back()) {
+        row.drift = std::max(row.drift, std::abs(*row.ddp.back() - *row.reference.back()));
+      }
+    }
+    row.reference_loss /= std::max(present, 1);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// "bucket 0: fc3.bias, fc3.weight (528 B)" for each bucket, when the stage has them.
+void print_buckets(const RunConfig& config, const RankResult& rank0) {
+  if (rank0.buckets.empty()) return;
+  const size_t element = config.dtype == kFloat64 ? 8 : 4;
+  std::printf("buckets on rank 0 (launch order):\n");
+  for (size_t b = 0; b < rank0.buckets.size(); ++b) {
+    std::string names;
+    size_t bytes = 0;
+    for (int64_t p : rank0.buckets[b]) {
+      if (p < 0 || static_cast<size_t>(p) >= rank0.final_params.size()) continue;
+      const ParamValues& param = rank0.final_params[static_cast<size_t>(p)];
+      names += (names.empty() ? "" : ", ") + param.name;
+      bytes += param.values.size() * element;
+    }
+    std::printf("  bucket %zu: %s (%zu B)\n", b, names.c_str(), bytes);
+  }
+  std::printf("\n");
+}
+
+std::string json_optional(std::optional<double> v) { return v ? json_number(*v) : "null"; }
+
+}  // namespace
 
 void report_demo(const std::string& stage, const std::string& title, const DemoArgs& args,
                  const ReferenceResult& reference, const std::vector<RankResult>& ranks) {
@@ -142,45 +279,56 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
   const int last = config.world_size - 1;
   const double tolerance = default_tolerance(config.dtype);
   const Comparison c = compare(reference, ranks, tolerance);
+  const int64_t k = config.micro_batches;
 
-  std::printf("stage %s: %s. %d rank%s, %lld steps, batch %lld per rank, lr %g%s, %s\n\n",
+  std::string extra;  // the knobs lesson 01 leaves at their defaults, when set
+  if (k > 1) extra += detail::cat(", ", k, " micro-batches per step");
+  if (uneven(config)) {
+    extra += ", batches per rank";
+    for (int r = 0; r < config.world_size; ++r) {
+      extra += detail::cat(r ? "/" : " ", micro_batches_of(config, r));
+    }
+  }
+  if (config.model_kind != ModelKind::MiniMLP) extra += ", " + to_string(config.model_kind);
+  std::printf("stage %s: %s. %d rank%s, %lld steps, batch %lld per rank, lr %g%s, %s%s\n\n",
               stage.c_str(), title.c_str(), config.world_size, config.world_size == 1 ? "" : "s",
-              static_cast<long long>(config.steps), static_cast<long long>(config.batch_size),
+              static_cast<long long>(total_steps(config)), static_cast<long long>(config.batch_size),
               config.lr,
               config.momentum > 0 ? detail::cat(", momentum ", config.momentum).c_str() : "",
-              to_string(config.dtype).c_str());
+              tp::to_string(config.dtype).c_str(), extra.c_str());
+  print_buckets(config, ranks[0]);
+  if (k > 1) std::printf("(each loss is the mean over the step's %lld micro-batches)\n", static_cast<long long>(k));
   std::printf("%4s  %10s  %11s %11s  %11s %11s  %15s\n", "step", "reference",
               "rank 0 DDP", "rank 0 ref", detail::cat("rank ", last, " DDP").c_str(),
               detail::cat("rank ", last, " ref").c_str(), "max |DDP - ref|");
-  std::vector<double> step_drift;
-  for (int64_t s = 0; s < config.steps; ++s) {
-    const auto& ref = reference.losses[static_cast<size_t>(s)];
-    double mean = 0.0, drift = 0.0;
-    for (int r = 0; r < config.world_size; ++r) {
-      mean += ref[static_cast<size_t>(r)] / config.world_size;
-      drift = std::max(drift, std::abs(ranks[static_cast<size_t>(r)].losses[static_cast<size_t>(s)] -
-                                       ref[static_cast<size_t>(r)]));
-    }
-    step_drift.push_back(drift);
-    std::printf("%4lld  %10.6f  %11.6f %11.6f  %11.6f %11.6f  %15.2e\n", static_cast<long long>(s),
-                mean, ranks[0].losses[static_cast<size_t>(s)], ref[0],
-                ranks[static_cast<size_t>(last)].losses[static_cast<size_t>(s)],
-                ref[static_cast<size_t>(last)], drift);
+  const std::vector<StepRow> rows = step_rows(config, reference, ranks);
+  for (size_t s = 0; s < rows.size(); ++s) {
+    const StepRow& row = rows[s];
+    const auto l = static_cast<size_t>(last);
+    std::printf("%4zu  %10.6f  %11s %11s  %11s %11s  %15.2e\n", s, row.reference_loss,
+                cell(row.ddp[0], "%.6f").c_str(), cell(row.reference[0], "%.6f").c_str(),
+                cell(row.ddp[l], "%.6f").c_str(), cell(row.reference[l], "%.6f").c_str(),
+                row.drift);
   }
+  if (uneven(config)) std::printf("(- : the rank had no batch left at that step)\n");
   std::printf("\nfinal parameter norm: reference %.9f, rank 0 %.9f\n", c.reference_norm,
               c.rank0_norm);
   std::printf("largest parameter difference vs the reference: %.2e (%s on rank %d)\n",
               c.final_params.max_abs, c.final_params.name.c_str(), c.final_params.rank);
   std::printf("largest parameter difference between ranks:    %.2e\n",
               c.final_between_ranks.max_abs);
-  std::printf("largest loss difference vs the reference:      %.2e (step %lld, rank %d)\n",
-              c.max_loss_diff, static_cast<long long>(c.loss_step), c.loss_rank);
-  if (!ranks[0].allreduces_per_step.empty()) {
-    std::printf("all-reduces per step on rank 0: %llu for %zu parameter tensors\n",
-                static_cast<unsigned long long>(ranks[0].allreduces_per_step[0]),
-                ranks[0].final_params.size());
+  if (!c.final_buffers.name.empty()) {
+    std::printf("largest buffer difference vs the reference:    %.2e (%s on rank %d)\n",
+                c.final_buffers.max_abs, c.final_buffers.name.c_str(), c.final_buffers.rank);
   }
-  std::vector<Finding> findings = diagnose(config, reference, ranks, tolerance);
+  std::printf("largest loss difference vs the reference:      %.2e (step %lld, rank %d)\n",
+              c.max_loss_diff, static_cast<long long>(c.loss_index < 0 ? -1 : c.loss_index / k),
+              c.loss_rank);
+  const uint64_t step0_allreduces = allreduces_in_step(ranks[0], k, 0);
+  std::printf("all-reduces per step on rank 0: %llu for %zu parameter tensors\n",
+              static_cast<unsigned long long>(step0_allreduces), ranks[0].final_params.size());
+  std::vector<Finding> findings = check_results_complete(config, reference, ranks);
+  if (findings.empty()) findings = diagnose(config, reference, ranks, tolerance);
   if (findings.empty()) {
     std::printf("verdict: matches the reference within %.0e x max(1, |value|)\n", tolerance);
   } else {
@@ -190,35 +338,39 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
   if (!args.trace_path.empty()) report_trace(args, ranks);
   if (args.json_path.empty()) return;
   // JSON schema: {stage, title, config{...}, steps[{step, reference_loss,
-  // reference_rank_losses[W], ddp_rank_losses[W], max_abs_diff}], final{...}}.
+  // reference_rank_losses[W], ddp_rank_losses[W], max_abs_diff}], ranks[{rank,
+  // micro_batch_losses[], allreduces_per_micro[]}], final{...}}. A rank that
+  // did not take part in a step has null there.
   std::ostringstream j;
   j << "{\n  \"stage\": \"" << stage << "\",\n  \"title\": \"" << title << "\",\n";
-  j << "  \"config\": {\"world_size\": " << config.world_size << ", \"steps\": " << config.steps
-    << ", \"batch_size\": " << config.batch_size << ", \"lr\": " << json_number(config.lr)
+  j << "  \"config\": {\"world_size\": " << config.world_size << ", \"steps\": " << rows.size()
+    << ", \"micro_batches\": " << k << ", \"batch_size\": " << config.batch_size
+    << ", \"model\": \"" << to_string(config.model_kind) << "\""
+    << ", \"lr\": " << json_number(config.lr)
     << ", \"momentum\": " << json_number(config.momentum) << ", \"dtype\": \""
     << to_string(config.dtype) << "\", \"per_rank_seed\": "
     << (config.per_rank_seed ? "true" : "false") << ", \"tolerance\": " << json_number(tolerance)
     << "},\n  \"steps\": [\n";
-  for (int64_t s = 0; s < config.steps; ++s) {
-    const auto& ref = reference.losses[static_cast<size_t>(s)];
-    double mean = 0.0;
-    std::vector<double> ddp;
-    for (int r = 0; r < config.world_size; ++r) {
-      mean += ref[static_cast<size_t>(r)] / config.world_size;
-      ddp.push_back(ranks[static_cast<size_t>(r)].losses[static_cast<size_t>(s)]);
-    }
-    j << "    {\"step\": " << s << ", \"reference_loss\": " << json_number(mean)
-      << ", \"reference_rank_losses\": " << json_list(ref, json_number)
-      << ", \"ddp_rank_losses\": " << json_list(ddp, json_number)
-      << ", \"max_abs_diff\": " << json_number(step_drift[static_cast<size_t>(s)]) << "}"
-      << (s + 1 < config.steps ? "," : "") << "\n";
+  for (size_t s = 0; s < rows.size(); ++s) {
+    const StepRow& row = rows[s];
+    j << "    {\"step\": " << s << ", \"reference_loss\": " << json_number(row.reference_loss)
+      << ", \"reference_rank_losses\": " << json_list(row.reference, json_optional)
+      << ", \"ddp_rank_losses\": " << json_list(row.ddp, json_optional)
+      << ", \"max_abs_diff\": " << json_number(row.drift) << "}"
+      << (s + 1 < rows.size() ? "," : "") << "\n";
+  }
+  j << "  ],\n  \"ranks\": [\n";
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    j << "    {\"rank\": " << ranks[r].rank
+      << ", \"micro_batch_losses\": " << json_list(ranks[r].losses, json_number)
+      << ", \"allreduces_per_micro\": "
+      << json_list(ranks[r].allreduces_per_micro, [](uint64_t v) { return std::to_string(v); })
+      << "}" << (r + 1 < ranks.size() ? "," : "") << "\n";
   }
   std::vector<double> norms;
   for (const RankResult& r : ranks) norms.push_back(norm(r.final_params));
   std::vector<uint64_t> allreduces;
-  for (const RankResult& r : ranks) {
-    allreduces.push_back(r.allreduces_per_step.empty() ? 0 : r.allreduces_per_step[0]);
-  }
+  for (const RankResult& r : ranks) allreduces.push_back(allreduces_in_step(r, k, 0));
   j << "  ],\n  \"final\": {\"reference_param_norm\": " << json_number(c.reference_norm)
     << ", \"rank_param_norms\": " << json_list(norms, json_number)
     << ", \"max_param_diff_vs_reference\": " << json_number(c.final_params.max_abs)

@@ -1,6 +1,7 @@
 // The single-process reference trainer (see reference.h).
 #include "tensorplay/train/reference.h"
 
+#include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/data.h"
 #include "tensorplay/ops.h"
 #include "tensorplay/optim/sgd.h"
@@ -8,39 +9,96 @@
 
 namespace tp::train {
 
-ReferenceResult train_reference(const RunConfig& config) {
-  TP_CHECK_GE(config.world_size, 1, "tp::train::train_reference: world_size must be at least 1");
-  TP_CHECK_GE(config.steps, 1, "tp::train::train_reference: steps must be at least 1");
-  TP_CHECK_GE(config.batch_size, 1, "tp::train::train_reference: batch_size must be at least 1");
+namespace {
 
+// Copies of a module's buffers: one rank's running statistics.
+std::vector<Tensor> clone_buffers(const nn::Module& model) {
+  std::vector<Tensor> out;
+  for (const Tensor& b : model.buffers()) out.push_back(b.clone());
+  return out;
+}
+
+// Tensors are handles: copy_ writes into the buffers `to` refers to.
+void copy_into(std::vector<Tensor> to, const std::vector<Tensor>& from) {
+  NoGradGuard no_grad;
+  for (size_t j = 0; j < to.size(); ++j) to[j].copy_(from[j]);
+}
+
+Snapshot snapshot_buffers(const nn::Module& model, const std::vector<Tensor>& values) {
+  std::vector<nn::NamedTensor> named = model.named_buffers();
+  for (size_t j = 0; j < named.size(); ++j) named[j].second = values[j];
+  return snapshot(named);
+}
+
+}  // namespace
+
+ReferenceResult train_reference(const RunConfig& config) {
+  validate(config);
+  const int world_size = config.world_size;
+  const int64_t k_micro = config.micro_batches;
+
+  // Note [Buffers in the reference]
+  // Parameters are one set (DDP keeps them equal on every rank), but buffers
+  // are per rank: each rank's forward updates its own running statistics
+  // from its own micro-batches. So the reference keeps W sets of buffers,
+  // each starting from what that rank's own seed built, and swaps rank r's
+  // set into the model around rank r's forward. BufferSync says when rank
+  // 0's set is copied to the others, as DDP's broadcast_buffers would.
+  std::vector<std::vector<Tensor>> rank_buffers;
+  for (int rank = 0; rank < world_size; ++rank) {
+    manual_seed(model_seed_for_rank(config, rank));
+    rank_buffers.push_back(clone_buffers(*make_model(config)));
+  }
   // Rank 0's model: DDP broadcasts rank 0's parameters at construction.
   manual_seed(model_seed_for_rank(config, 0));
-  nn::MiniMLP model(model_options(config));
+  std::shared_ptr<nn::Module> model = make_model(config);
+  const std::vector<Tensor> model_buffers = model->buffers();
+  if (config.buffer_sync != BufferSync::None) {
+    for (int rank = 1; rank < world_size; ++rank) copy_into(rank_buffers[rank], rank_buffers[0]);
+  }
   data::SyntheticRegression dataset(data_options(config));
-  optim::SGD optimizer(model.parameters(), {config.lr, config.momentum});
+  optim::SGD optimizer(model->parameters(), {config.lr, config.momentum});
 
   ReferenceResult result;
-  result.initial_params = snapshot(model.named_parameters());
-  const double scale = 1.0 / config.world_size;
+  result.initial_params = snapshot(model->named_parameters());
+  for (int rank = 0; rank < world_size; ++rank) {
+    result.initial_buffers.push_back(snapshot_buffers(*model, rank_buffers[rank]));
+  }
+  result.losses.resize(static_cast<size_t>(world_size));
   // [snippet:reference-step]
-  for (int64_t step = 0; step < config.steps; ++step) {
+  for (int64_t step = 0; step < total_steps(config); ++step) {
     optimizer.zero_grad();
-    std::vector<double> step_losses;
-    for (int rank = 0; rank < config.world_size; ++rank) {
-      data::Batch batch = dataset.shard(step, rank, config.world_size, config.batch_size);
-      Tensor loss = mse_loss(model(batch.x), batch.y);
-      step_losses.push_back(loss.item());
-      // Gradients accumulate across the W backward calls; scaling each loss by
-      // 1/W makes the sum the mean over ranks, which is what DDP's averaged
-      // all-reduce must produce.
-      mul(loss, scale).backward();
+    // Gradients accumulate over every backward of the step. Scaling each
+    // micro-batch loss by 1 / (divisor * K) makes their sum the mean over
+    // the K micro-batches, summed over the ranks and divided by the world
+    // size: what DDP's averaged all-reduce must produce.
+    const double scale = 1.0 / (static_cast<double>(divisor_at(config, step)) *
+                                static_cast<double>(k_micro));
+    for (int64_t micro = 0; micro < k_micro; ++micro) {
+      const int64_t i = step * k_micro + micro;  // the micro-batch number
+      if (config.buffer_sync == BufferSync::EveryForward) {
+        for (int rank = 1; rank < world_size; ++rank) {
+          copy_into(rank_buffers[rank], rank_buffers[0]);
+        }
+      }
+      for (int rank = 0; rank < world_size; ++rank) {
+        if (step >= steps_of(config, rank)) continue;  // this rank has joined
+        data::Batch batch = micro_batch(dataset, config, rank, i);
+        copy_into(model_buffers, rank_buffers[rank]);
+        Tensor loss = mse_loss((*model)(batch.x), batch.y);
+        copy_into(rank_buffers[rank], model_buffers);
+        result.losses[rank].push_back(loss.item());
+        mul(loss, scale).backward();
+      }
     }
     optimizer.step();
-    result.losses.push_back(std::move(step_losses));
-    if (step == 0) result.after_first_step = snapshot(model.named_parameters());
+    if (step == 0) result.after_first_step = snapshot(model->named_parameters());
   }
   // [/snippet:reference-step]
-  result.final_params = snapshot(model.named_parameters());
+  result.final_params = snapshot(model->named_parameters());
+  for (int rank = 0; rank < world_size; ++rank) {
+    result.final_buffers.push_back(snapshot_buffers(*model, rank_buffers[rank]));
+  }
   return result;
 }
 

@@ -19,6 +19,15 @@ Snapshot snapshot(const std::vector<nn::NamedTensor>& named) {
   return out;
 }
 
+uint64_t allreduces_in_step(const RankResult& rank, int64_t micro_batches, int64_t step) {
+  uint64_t total = 0;
+  for (int64_t k = 0; k < micro_batches; ++k) {
+    const auto i = static_cast<size_t>(step * micro_batches + k);
+    if (i < rank.allreduces_per_micro.size()) total += rank.allreduces_per_micro[i];
+  }
+  return total;
+}
+
 double norm(const Snapshot& snapshot) {
   double sum = 0.0;
   for (const ParamValues& p : snapshot) {
@@ -106,11 +115,14 @@ std::string serialize(const RankResult& r) {
   out << "construction " << r.construction_allreduces << ' ' << r.construction_broadcasts
       << ' ' << r.construction_allgathers << '\n';
   put_list(out, "losses", r.losses);
-  put_list(out, "allreduces", r.allreduces_per_step);
-  put_list(out, "broadcasts", r.broadcasts_per_step);
+  put_list(out, "allreduces", r.allreduces_per_micro);
+  put_list(out, "broadcasts", r.broadcasts_per_micro);
+  for (const std::vector<int64_t>& bucket : r.buckets) put_list(out, "bucket", bucket);
   put_snapshot(out, "initial", r.initial_params);
   put_snapshot(out, "first", r.after_first_step);
   put_snapshot(out, "final", r.final_params);
+  put_snapshot(out, "initial_buffer", r.initial_buffers);
+  put_snapshot(out, "final_buffer", r.final_buffers);
   for (const trace::Event& e : r.events) {
     // Names may contain spaces, so they come last: the rest of the line.
     out << "event " << e.phase << ' ' << e.pid << ' ' << e.tid << ' ' << e.ts_us << ' '
@@ -141,9 +153,15 @@ RankResult parse_rank_result(const std::string& text) {
     } else if (key == "losses") {
       r.losses = read_list<double>(in);
     } else if (key == "allreduces") {
-      r.allreduces_per_step = read_list<uint64_t>(in);
+      r.allreduces_per_micro = read_list<uint64_t>(in);
     } else if (key == "broadcasts") {
-      r.broadcasts_per_step = read_list<uint64_t>(in);
+      r.broadcasts_per_micro = read_list<uint64_t>(in);
+    } else if (key == "bucket") {
+      r.buckets.push_back(read_list<int64_t>(in));
+    } else if (key == "initial_buffer") {
+      read_snapshot_line(in, r.initial_buffers);
+    } else if (key == "final_buffer") {
+      read_snapshot_line(in, r.final_buffers);
     } else if (key == "initial") {
       read_snapshot_line(in, r.initial_params);
     } else if (key == "first") {

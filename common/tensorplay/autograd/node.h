@@ -57,7 +57,8 @@ class Node : public std::enable_shared_from_this<Node> {
 
 // The sink node of a leaf that requires grad: adds the incoming gradient into
 // leaf.grad() (in place once it exists, so a grad that is a view into a DDP
-// bucket stays a view), then runs the leaf's post-accumulate-grad hooks.
+// bucket stays a view), then runs the leaf's post-accumulate-grad hooks,
+// handing each the leaf as a const Tensor& (a hook cannot rebind variable()).
 // Holds the leaf strongly; the leaf holds this node weakly.
 class AccumulateGrad : public Node {
  public:

@@ -11,8 +11,10 @@
 //     the cause and the fix, before any rank waits on another.
 //   - destroy_process_group() drains and joins the default group; calling it
 //     when none exists is a no-op.
-//   - The free functions mirror torch.distributed: with async_op = false they
-//     wait and return nullptr; with async_op = true they return the Work.
+//   - The free functions mirror torch.distributed: with async_op = true they
+//     return the Work at once; with async_op = false they wait (rethrowing the
+//     collective's error) and return the completed Work, never nullptr, so
+//     dist::all_reduce(t)->wait() is safe and returns at once.
 #pragma once
 
 #include <chrono>

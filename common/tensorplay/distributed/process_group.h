@@ -12,6 +12,10 @@
 //     until wait() returns. The data is updated in place.
 //   - Every collective has a timeout; when it expires, wait() throws
 //     tp::TimeoutError: "allreduce #7 on rank 1 timed out after 2000 ms ...".
+//     A collective that failed because another rank failed first (it left,
+//     crashed, or this group already stopped after an earlier failure)
+//     throws tp::PeerFailedError, whose kind() is ErrorKind::Consequence, so
+//     spawn blames the rank that failed first.
 //   - counters() counts the collectives issued since construction or
 //     reset_counters(); checkers use them ("one all-reduce per parameter").
 //     Issuing methods may be called from one thread at a time.

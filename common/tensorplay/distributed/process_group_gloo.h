@@ -5,6 +5,16 @@
 //     through a rendezvous store: Gloo's FileStore in a directory that every
 //     rank can reach. The directory must be fresh for each job; stale keys
 //     from an earlier job would point ranks at dead addresses.
+//   - The constructor returns only once every rank has connected: it ends
+//     with one Gloo barrier, which is not a collective of the group (not in
+//     counters(), no sequence number; the first collective is still #1). So a
+//     rank that leaves right after construction makes its peers fail in their
+//     next collective, never inside the rendezvous.
+//   - A collective that cannot finish fails with tp::TimeoutError (a rank did
+//     not join it in time), tp::PeerFailedError (the connection to another
+//     rank broke, or an earlier collective of this group already failed: a
+//     Gloo context is unusable after a failure, so every later collective
+//     fails at once) or tp::DistributedError (anything else Gloo reports).
 //   - Owns one communication thread that runs queued collectives in issue
 //     order (see process_group.h). The destructor drains the queue and joins
 //     the thread.
@@ -29,9 +39,12 @@ struct GlooOptions {
 
 class ProcessGroupGloo : public ProcessGroup {
  public:
-  // Rendezvous through files in rendezvous_dir (created if missing).
-  // REQUIRES: 1 <= size, 0 <= rank < size; throws tp::DistributedError with a
-  // fix when the directory cannot be created or written.
+  // Rendezvous through files in rendezvous_dir (created if missing); returns
+  // when all size ranks have connected. REQUIRES: 1 <= size, 0 <= rank < size.
+  // Throws tp::DistributedError with a fix when the directory cannot be
+  // created or written or a rank does not arrive within options.timeout;
+  // tp::PeerFailedError when a connection broke while connecting (another
+  // rank left), tp::TimeoutError when Gloo's own rendezvous timed out.
   ProcessGroupGloo(const std::string& rendezvous_dir, int rank, int size,
                    GlooOptions options = {});
   ~ProcessGroupGloo() override;

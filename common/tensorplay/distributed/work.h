@@ -4,7 +4,10 @@
 //   - A ProcessGroup returns a Work for every collective it queues. The work
 //     completes on the group's communication thread; wait() blocks the caller
 //     until it has, then rethrows the collective's error if it failed (a
-//     tp::TimeoutError names the collective, its sequence number and the rank).
+//     tp::TimeoutError or tp::PeerFailedError names the collective, its
+//     sequence number and the rank). The error is made on the communication
+//     thread when the collective fails, so its time_ns() is that moment, not
+//     the later wait().
 //   - wait() may be called many times and from any thread; is_completed()
 //     never blocks.
 //   - Output tensors may be read only after wait() returns.

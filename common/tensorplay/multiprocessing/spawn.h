@@ -4,26 +4,39 @@
 //   - The parent forks nprocs children before any of them starts a thread;
 //     each child limits OpenBLAS to SpawnOptions::blas_threads (ranks share
 //     the cores), runs fn(rank, args...) and exits. The parent joins them all.
-//   - fn may return void or std::string; spawn returns one string per rank
-//     (empty for void), carried back through a pipe: this is how ranks report
-//     losses and parameters to a checker.
+//   - What fn returns comes back to the parent through a pipe, one value per
+//     rank in rank order; this is how ranks report losses and parameters to a
+//     checker:
+//       void or std::string (or anything a std::string can be made from):
+//         spawn returns std::vector<std::string> (empty strings for void);
+//       an arithmetic type T (double, float, int64_t, bool, ...): spawn returns
+//         std::vector<T>, bit for bit what each rank returned (-0.0,
+//         infinities, subnormals and NaNs included). Not long double.
 //   - If any rank throws, is killed by a signal or exits non-zero, the parent
-//     ends the other ranks (SIGTERM, then SIGKILL after a grace period) and
-//     throws SpawnError naming the first failed rank and its message, e.g.
-//     "rank 2 failed: tp::TimeoutError: allreduce #3 on rank 2 timed out ...".
+//     gives the others a short window to fail on their own, ends those still
+//     running (SIGTERM, then SIGKILL after a grace period) and throws
+//     SpawnError naming the rank to blame and its failure, e.g.
+//     "tp::multiprocessing::spawn: rank 2 failed: tp::TimeoutError: allreduce
+//     #3 on rank 2 timed out ...". The rank to blame is chosen by the failure's
+//     tp::ErrorKind, then by its time, never by message text: see Note [Which
+//     rank failed first] in spawn.cc.
 //   - If the whole job runs past SpawnOptions::timeout, every rank is killed
-//     and SpawnError says which ranks were still running and what each was
-//     doing (set_rank_status, which the process group calls around every
-//     collective wait).
+//     and SpawnError (rank -1, kind Timeout) says which ranks were still
+//     running and what each was doing (set_rank_status, which the process
+//     group calls around every collective wait).
 //   - Must be called from a process with no other threads running that fork
 //     could break (the test binaries and harnesses only start threads inside
 //     the children). Not reentrant from inside a child.
 #pragma once
 
+#include <bit>
+#include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -43,9 +56,12 @@ struct SpawnOptions {
 
 class SpawnError : public DistributedError {
  public:
-  // rank is the first rank that failed, or -1 for a whole-job timeout.
-  SpawnError(int rank, const std::string& message)
-      : DistributedError(message), rank_(rank) {}
+  // rank: the rank blamed for the failure, or -1 for a whole-job timeout.
+  // kind: the blamed failure's kind: the kind of the tp::Error that rank threw
+  // (Cause for any other exception), Cause for a rank killed by a signal or
+  // exiting on its own, Timeout for a whole-job timeout.
+  SpawnError(int rank, const std::string& message, ErrorKind kind = ErrorKind::Cause)
+      : DistributedError(message, kind), rank_(rank) {}
   int rank() const { return rank_; }
 
  private:
@@ -65,24 +81,93 @@ void set_rank_status(std::string_view status);
 // Inside a spawned rank: its rank; -1 outside spawn.
 int current_rank();
 
-template <typename Fn, typename... Args>
-std::vector<std::string> spawn(const SpawnOptions& options, Fn&& fn, int nprocs,
-                               Args&&... args) {
-  RankFn body = [&](int rank) -> std::string {
-    if constexpr (std::is_void_v<std::invoke_result_t<Fn&, int, Args&...>>) {
-      fn(rank, args...);
-      return std::string();
-    } else {
-      return std::string(fn(rank, args...));
-    }
+// How an arithmetic result travels through the pipe: as text that names the
+// value exactly.
+namespace result_text {
+
+// The unsigned integer as wide as the floating-point type T: a float or a
+// double travels as its bit pattern, so every value, NaN payloads included,
+// comes back bit for bit.
+template <typename T>
+using BitsOf = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+
+// The text of an arithmetic value: an integer in decimal, bool as 0 or 1, a float or a double as its bits in
+// hex (0.1 is "3fb999999999999a").
+template <typename T>
+std::string encode(T value) {
+  static_assert(!std::is_floating_point_v<T> || std::is_same_v<T, float> ||
+                    std::is_same_v<T, double>,
+                "tp::multiprocessing::spawn: fn may return float or double, not long "
+                "double; return a double");
+  char buffer[32];  // 20 digits and a sign at most
+  std::to_chars_result r;
+  if constexpr (std::is_same_v<T, bool>) {
+    r = std::to_chars(buffer, buffer + sizeof buffer, value ? 1 : 0);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    r = std::to_chars(buffer, buffer + sizeof buffer, std::bit_cast<BitsOf<T>>(value), 16);
+  } else {
+    r = std::to_chars(buffer, buffer + sizeof buffer, value);
+  }
+  return std::string(buffer, r.ptr);
+}
+
+// The inverse of encode(); rank says whose payload it was, for the error.
+template <typename T>
+T decode(const std::string& text, int rank) {
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  const auto parsed = [&](std::from_chars_result r) {
+    return r.ec == std::errc() && r.ptr == last && !text.empty();
   };
-  return spawn_processes(body, nprocs, options);
+  if constexpr (std::is_same_v<T, bool>) {
+    int bit = 0;
+    if (parsed(std::from_chars(first, last, bit)) && (bit == 0 || bit == 1)) return bit == 1;
+  } else if constexpr (std::is_floating_point_v<T>) {
+    BitsOf<T> bits = 0;
+    if (parsed(std::from_chars(first, last, bits, 16))) return std::bit_cast<T>(bits);
+  } else {
+    T value = 0;
+    if (parsed(std::from_chars(first, last, value))) return value;
+  }
+  throw SpawnError(rank, "tp::multiprocessing::spawn: rank " + std::to_string(rank) +
+                             " returned '" + text + "', which is not the text of a number; "
+                             "this is a bug in spawn");
+}
+
+}  // namespace result_text
+
+// Runs fn(rank, args...) on ranks 0 .. nprocs-1 and returns what each returned:
+// std::vector<T> for an arithmetic T, else std::vector<std::string>.
+template <typename Fn, typename... Args>
+auto spawn(const SpawnOptions& options, Fn&& fn, int nprocs, Args&&... args) {
+  using Result = std::remove_cvref_t<std::invoke_result_t<Fn&, int, Args&...>>;
+  if constexpr (std::is_arithmetic_v<Result>) {
+    RankFn body = [&](int rank) -> std::string {
+      return result_text::encode<Result>(fn(rank, args...));
+    };
+    const std::vector<std::string> texts = spawn_processes(body, nprocs, options);
+    std::vector<Result> values;
+    values.reserve(texts.size());
+    for (std::size_t rank = 0; rank < texts.size(); ++rank) {
+      values.push_back(result_text::decode<Result>(texts[rank], static_cast<int>(rank)));
+    }
+    return values;
+  } else {
+    RankFn body = [&](int rank) -> std::string {
+      if constexpr (std::is_void_v<Result>) {
+        fn(rank, args...);
+        return std::string();
+      } else {
+        return std::string(fn(rank, args...));
+      }
+    };
+    return spawn_processes(body, nprocs, options);
+  }
 }
 
 template <typename Fn, typename... Args>
-std::vector<std::string> spawn(Fn&& fn, int nprocs, Args&&... args) {
-  return spawn(SpawnOptions{}, std::forward<Fn>(fn), nprocs,
-               std::forward<Args>(args)...);
+auto spawn(Fn&& fn, int nprocs, Args&&... args) {
+  return spawn(SpawnOptions{}, std::forward<Fn>(fn), nprocs, std::forward<Args>(args)...);
 }
 
 }  // namespace tp::multiprocessing

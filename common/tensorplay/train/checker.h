@@ -2,19 +2,25 @@
 // configurations and explains the first failure in lesson terms.
 //
 // Contract:
-//   - run_checker<D>(argc, argv, spec) is the whole main() of a stage's
-//     checker (tests/checkers/check_NN.cc). It runs spec.configs in order;
-//     each config trains the reference and W spawned DDP ranks, then compares
-//     every rank's per-step losses and parameters (compare.h) and runs the
-//     stage's own checks on counted collectives (spec.stage_checks).
-//   - It stops at the first failing config (an exercise stub fails at once),
+//   - A checker is data: a CheckerSpec lists cases, each a (RunConfig,
+//     Options) pair with a label, plus the stage's Advice (its words for its
+//     own parts) and its stage_checks. run_checker<D>(argc, argv, spec) is
+//     the whole main() of a stage's checker (tests/checkers/check_NN.cc).
+//   - Each case trains the reference and W spawned DDP ranks, checks that
+//     every rank reported what its plan says, runs stage_checks on counted
+//     collectives and the trace (usually built from the shared predicates of
+//     predicates.h), then compares every rank's per-micro-batch losses,
+//     parameters and buffers (compare.h). Findings are reported in that
+//     order: a structural fact names the cause before the numbers it moves.
+//   - It stops at the first failing case (an exercise stub fails at once),
 //     prints the findings, and returns 1; it returns 0 when all pass.
 //   - A rank that throws or hangs becomes a finding naming the rank and its
-//     message (a hang names the collective it waits in).
+//     message; the likely cause follows the failure's ErrorKind (a stub, a
+//     timeout, a rank's own error), never its wording.
 //   - `--expect-fail FILE` turns it into a planted-bug test: FILE (a mutant,
 //     see tools/mutate.py) has `expect:` lines; the checker must FAIL and its
 //     report must contain every expected phrase, else it returns 1.
-//   - `--list` prints the configs; `--only N` runs config N alone.
+//   - `--list` prints the cases; `--only N` runs case N alone.
 #pragma once
 
 #include <cstdio>
@@ -25,30 +31,48 @@
 #include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/ddp_trainer.h"
+#include "tensorplay/train/predicates.h"
 #include "tensorplay/train/reference.h"
 
 namespace tp::train {
 
-// Stage-specific checks on one run (counted collectives, trace order...).
-using StageChecks = std::function<std::vector<Finding>(
-    const RunConfig& config, const std::vector<RankResult>& ranks, size_t num_params)>;
+// One configuration to check: the plan, the stage's options, and what the
+// case is for ("one bucket per parameter").
+template <typename Options>
+struct CheckCase {
+  RunConfig config;
+  Options options{};
+  std::string label;  // may be empty
+};
 
+template <typename Options>
 struct CheckerSpec {
   std::string stage;  // "01"
   std::string title;  // "naive DDP"
-  std::vector<RunConfig> configs;
-  StageChecks stage_checks;
+  std::vector<CheckCase<Options>> cases;
+  Advice advice;
+  // Stage-specific checks on one run (counted collectives, trace order...).
+  std::function<std::vector<Finding>(const CheckCase<Options>& c, const CaseRun& run)>
+      stage_checks;
 };
 
-// The default sweep: world sizes 1, 2, 3 and 4, float32 and float64, shared
-// and per-rank seeds.
+// The default sweep of plans: world sizes 2, 1, 3 and 4 (the smallest real
+// group first), float32 and float64, shared and per-rank seeds, momentum.
 std::vector<RunConfig> standard_configs();
+// Each of `configs` with `options`, as cases.
+template <typename Options>
+std::vector<CheckCase<Options>> cases_of(const std::vector<RunConfig>& configs,
+                                         const Options& options = {}, const std::string& label = "") {
+  std::vector<CheckCase<Options>> out;
+  for (const RunConfig& config : configs) out.push_back({config, options, label});
+  return out;
+}
 
-// Stages that sync after backward (01, 02), checked on each rank's trace
-// (RunConfig::trace) with happens-before on the trace's total order, never
-// wall-clock time: every all-reduce of step s starts after step s's backward
-// has finished, and finishes before step s's optimizer step starts.
-std::vector<Finding> check_sync_between_backward_and_step(const std::vector<RankResult>& ranks);
+// "W=4 steps=6 ... | one bucket per parameter".
+template <typename Options>
+std::string describe(const CheckCase<Options>& c) {
+  return c.label.empty() ? describe(c.config) : describe(c.config) + " | " + c.label;
+}
 
 // Command-line handling, reporting and --expect-fail logic (checker.cc).
 struct CheckerRun {
@@ -59,60 +83,58 @@ struct CheckerRun {
   void print(const std::string& text);
 };
 CheckerRun parse_checker_args(int argc, char** argv);
-// Describes a rank failure (exception or hang) as a finding.
-Finding finding_from_spawn_error(const std::string& stage, const std::exception& error);
+// Describes an error from a run (a rank's exception or hang, or a plan the
+// stage refused) as a finding, by its kind.
+Finding finding_from_error(const std::string& stage, const std::exception& error);
+// Prints PASS or FAIL for one case.
+void report_case(CheckerRun& run, const std::string& description,
+                 const std::vector<Finding>& findings, const Comparison& comparison);
 // Applies --expect-fail and prints the verdict; returns the exit code.
-int finish_checker(CheckerRun& run, const CheckerSpec& spec, bool passed);
+int finish_checker(CheckerRun& run, const std::string& stage, bool passed);
 
 template <DataParallelModel D>
-int run_checker(int argc, char** argv, const CheckerSpec& spec,
-                const typename D::Options& options = {}) {
+int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& spec) {
   CheckerRun run = parse_checker_args(argc, argv);
   if (run.list) {
-    for (size_t i = 0; i < spec.configs.size(); ++i) {
-      std::printf("%zu: %s\n", i, describe(spec.configs[i]).c_str());
+    for (size_t i = 0; i < spec.cases.size(); ++i) {
+      std::printf("%zu: %s\n", i, describe(spec.cases[i]).c_str());
     }
     return 0;
   }
-  if (run.only >= static_cast<int>(spec.configs.size())) {
-    std::fprintf(stderr, "checker: --only %d: there are %zu configurations (see --list)\n",
-                 run.only, spec.configs.size());
+  if (run.only >= static_cast<int>(spec.cases.size())) {
+    std::fprintf(stderr, "checker: --only %d: there are %zu cases (see --list)\n", run.only,
+                 spec.cases.size());
     return 2;
   }
   run.print("stage " + spec.stage + " checker (" + spec.title + ")\n");
   bool passed = true;
-  for (size_t i = 0; i < spec.configs.size() && passed; ++i) {
+  for (size_t i = 0; i < spec.cases.size() && passed; ++i) {
     if (run.only >= 0 && static_cast<size_t>(run.only) != i) continue;
-    const RunConfig& config = spec.configs[i];
-    const double tolerance = default_tolerance(config.dtype);
+    const CheckCase<typename D::Options>& c = spec.cases[i];
     std::vector<Finding> findings;
     Comparison comparison;
     try {
-      ReferenceResult reference = train_reference(config);
-      std::vector<RankResult> ranks = run_ddp<D>(config, options);
-      findings = diagnose(config, reference, ranks, tolerance);
-      if (spec.stage_checks) {
-        for (Finding& f : spec.stage_checks(config, ranks, reference.final_params.size())) {
+      const double tolerance = default_tolerance(c.config.dtype);
+      ReferenceResult reference = train_reference(c.config);
+      std::vector<RankResult> ranks = run_ddp<D>(c.config, c.options);
+      // Missing results first; then the stage's structural facts (counted
+      // collectives, order on the trace), which name a cause more directly
+      // than the numbers they disturb; then the numbers.
+      findings = check_results_complete(c.config, reference, ranks);
+      if (findings.empty()) {
+        if (spec.stage_checks) findings = spec.stage_checks(c, CaseRun{c.config, reference, ranks});
+        for (Finding& f : diagnose(c.config, reference, ranks, tolerance, spec.advice)) {
           findings.push_back(std::move(f));
         }
+        comparison = compare(reference, ranks, tolerance);
       }
-      comparison = compare(reference, ranks, tolerance);
     } catch (const std::exception& error) {
-      findings.push_back(finding_from_spawn_error(spec.stage, error));
+      findings.push_back(finding_from_error(spec.stage, error));
     }
-    char line[256];
-    if (findings.empty()) {
-      std::snprintf(line, sizeof line,
-                    "PASS  %-48s max |loss diff| %.1e  max |param diff| %.1e\n",
-                    describe(config).c_str(), comparison.max_loss_diff,
-                    comparison.final_params.max_abs);
-      run.print(line);
-    } else {
-      passed = false;
-      run.print("FAIL  " + describe(config) + "\n" + format_findings(findings));
-    }
+    passed = findings.empty();
+    report_case(run, describe(c), findings, comparison);
   }
-  return finish_checker(run, spec, passed);
+  return finish_checker(run, spec.stage, passed);
 }
 
 }  // namespace tp::train

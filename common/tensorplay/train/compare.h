@@ -29,15 +29,16 @@ struct ParamDiff {
 };
 
 struct Comparison {
-  double max_loss_diff = 0.0;  // over every (step, rank)
-  int64_t loss_step = -1;      // where it occurred
-  int loss_rank = -1;
-  int64_t first_bad_step = -1;  // first step whose loss differs beyond tolerance
+  double max_loss_diff = 0.0;  // over every (micro-batch, rank)
+  int64_t loss_index = -1;     // where it occurred: the micro-batch number ...
+  int loss_rank = -1;          // ... on this rank
+  int64_t first_bad_index = -1;  // first micro-batch whose loss differs beyond tolerance
   ParamDiff initial;            // initial params vs the reference's
   ParamDiff after_first_step;   // after step 0's update vs the reference's
   ParamDiff final_params;       // final params vs the reference's
   ParamDiff initial_between_ranks;  // largest rank-vs-rank-0 difference at start
   ParamDiff final_between_ranks;    // ... at the end
+  ParamDiff final_buffers;          // each rank's final buffers vs the reference's for it
   double reference_norm = 0.0;  // of the reference's final parameters
   double rank0_norm = 0.0;      // of rank 0's final parameters
 };
@@ -54,9 +55,27 @@ struct Finding {
   std::string likely_cause;  // in lesson terms
 };
 
+// A stage's words for its own parts, so that the diagnosis in common/ speaks
+// the stage's lesson. Each completes a sentence given beside it.
+struct Advice {
+  // "is every gradient all-reduced ___?": where the stage averages gradients.
+  std::string where_sync = "after backward";
+  // "are gradients averaged ___?", asked when every rank kept its own
+  // gradient: how the stage is meant to be triggered.
+  std::string how_sync_runs = "after loss.backward(), on every rank";
+};
+
+// Findings when the results are not what the plan says: a rank missing, a
+// micro-batch count, a parameter or buffer list that differs from the
+// model's. Numbers of such results mean nothing; diagnose() starts here too.
+std::vector<Finding> check_results_complete(const RunConfig& config,
+                                            const ReferenceResult& reference,
+                                            const std::vector<RankResult>& ranks);
+
 // Empty when everything matches within tolerance.
 std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& reference,
-                              const std::vector<RankResult>& ranks, double tolerance);
+                              const std::vector<RankResult>& ranks, double tolerance,
+                              const Advice& advice = {});
 
 // Findings as an indented, readable block.
 std::string format_findings(const std::vector<Finding>& findings);

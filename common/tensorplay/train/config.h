@@ -1,25 +1,80 @@
-// What one training run is: model, data, optimizer, world size, seeds.
+// The training plan: what one run is, walked the same way by the reference
+// trainer and by every DDP rank.
 //
-// The reference trainer and every DDP stage read the same RunConfig, so a
-// checker can run both and compare them number for number.
+// Contract:
+//   - A RunConfig fixes the model, the data, the optimizer, the world size,
+//     the seeds and the schedule. The reference trainer and every DDP stage
+//     read the same RunConfig, so a checker can run both and compare them
+//     number for number.
+//   - The schedule is counted in micro-batches. Rank r runs
+//     micro_batches_of(config, r) of them, numbered i = 0, 1, ...; micro-batch
+//     i belongs to optimizer step i / K and is micro-step i % K of it, where
+//     K = config.micro_batches (gradient accumulation: K backward passes, one
+//     optimizer step). Its rows come from the data set's shard i (see
+//     data.h), so accumulation and uneven inputs never change which rows a
+//     (rank, i) sees.
+//   - Uneven inputs (batches_per_rank set): rank r takes part in optimizer
+//     steps 0 .. micro_batches_of(r) / K - 1 and is "joined" after that.
+//     Every count must be a positive multiple of K.
+//   - The averaged gradient of step s is the sum over the ranks taking part
+//     in it of their accumulated micro-batch gradients, divided by
+//     divisor_at(config, s): the initial world size, or the number of ranks
+//     still taking part (Divisor).
+//   - Each micro-batch's backward runs on loss / K (gradient accumulation
+//     averages the K micro-batch losses), so the step's gradient does not
+//     grow with K.
+//   - validate() throws tp::Error naming the field for a plan that cannot
+//     run; everything that takes a RunConfig calls it first.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "tensorplay/data.h"
 #include "tensorplay/nn/models.h"
 
 namespace tp::train {
 
+// Which model the plan trains (all from tensorplay/nn/models.h).
+enum class ModelKind {
+  MiniMLP,   // three Linear layers, six parameters: every parameter gets a gradient
+  Branchy,   // BranchyMLP: the route depends on the data, so some parameters get no
+             // gradient on some (step, rank), and `spare` gets none ever
+  Buffered,  // BufferedMLP: a RunningMean buffer, updated in every training forward
+};
+std::string to_string(ModelKind kind);
+
+// What the step's summed gradient is divided by.
+enum class Divisor {
+  InitialWorldSize,  // always W (PyTorch Join's divide_by_initial_world_size = True)
+  ActiveRanks,       // the ranks still taking part in this step
+};
+
+// When rank 0's buffers are copied to every rank (DDP's broadcast_buffers).
+enum class BufferSync {
+  None,            // never: each rank's buffers start from its own seed and evolve alone
+  AtConstruction,  // once, when DDP is constructed (stage 01)
+  EveryForward,    // before every forward, as PyTorch DDP does
+};
+
 struct RunConfig {
   int world_size = 4;
-  int64_t steps = 8;
-  int64_t batch_size = 8;  // rows per rank per step (the micro-batch)
+  int64_t steps = 8;       // optimizer steps (of the longest rank, with uneven inputs)
+  int64_t batch_size = 8;  // rows per micro-batch
+  int64_t micro_batches = 1;  // K: micro-batches (backward passes) per optimizer step
+  // Empty: every rank runs steps * K micro-batches. Otherwise one count per
+  // rank (uneven inputs; each a positive multiple of K), and `steps` is
+  // ignored: the plan has max(count) / K steps.
+  std::vector<int64_t> batches_per_rank;
+  Divisor divisor = Divisor::InitialWorldSize;
   double lr = 0.05;
   double momentum = 0.0;
   Dtype dtype = kFloat32;  // of the model and the data
+  ModelKind model_kind = ModelKind::MiniMLP;
+  BufferSync buffer_sync = BufferSync::AtConstruction;
   // Rank 0 seeds the global generator with model_seed before building the
   // model; the reference trainer does the same, so it starts from rank 0's
   // parameters.
@@ -41,14 +96,37 @@ struct RunConfig {
   std::chrono::milliseconds job_timeout{120000};
 };
 
+// Throws tp::Error naming the first field that makes the plan unrunnable.
+void validate(const RunConfig& config);
+
+// ---- the schedule -------------------------------------------------------------
+// Micro-batches rank `rank` runs.
+int64_t micro_batches_of(const RunConfig& config, int rank);
+// Optimizer steps of the whole plan (of its longest rank).
+int64_t total_steps(const RunConfig& config);
+// Optimizer steps rank `rank` takes part in.
+int64_t steps_of(const RunConfig& config, int rank);
+// True when some rank runs fewer micro-batches than another.
+bool uneven(const RunConfig& config);
+// Ranks taking part in step `step`.
+int active_ranks(const RunConfig& config, int64_t step);
+// What step `step`'s summed gradient is divided by (see Divisor).
+int divisor_at(const RunConfig& config, int64_t step);
+
+// ---- what each rank builds ------------------------------------------------
 // The seed rank `rank` uses before building its model.
 uint64_t model_seed_for_rank(const RunConfig& config, int rank);
-
+// The model of the plan, built from the global generator (seed it first).
+std::shared_ptr<nn::Module> make_model(const RunConfig& config);
 // model and data options with config.dtype applied.
 nn::MiniMLPOptions model_options(const RunConfig& config);
 data::SyntheticRegressionOptions data_options(const RunConfig& config);
+// Rank `rank`'s micro-batch i (rows of data shard i, see data.h).
+data::Batch micro_batch(const data::SyntheticRegression& dataset, const RunConfig& config,
+                        int rank, int64_t i);
 
-// "W=4 steps=8 batch=8 lr=0.05 float32 per-rank seeds", for messages.
+// "W=4 steps=8 batch=8 lr=0.05 float32 per-rank seeds", for messages; the
+// knobs left at their defaults are not named.
 std::string describe(const RunConfig& config);
 
 }  // namespace tp::train

@@ -4,18 +4,25 @@
 // Contract:
 //   - A stage's DistributedDataParallel satisfies DataParallelModel: it is
 //     constructed from (module, process group, Options), called like the
-//     module, and lists parameters() / named_parameters(). Stages 01 and 02
-//     also have sync_grads(), which the trainer calls right after backward;
-//     from stage 03 on, gradients are synced inside backward by hooks, and the
-//     trainer calls nothing extra.
-//   - train_rank() is the training loop of one rank; run_ddp() spawns
-//     config.world_size ranks, each with a Gloo process group on a fresh
-//     file:// rendezvous, and returns every rank's RankResult in rank order.
+//     module, lists parameters() / named_parameters(), and declares its
+//     Capabilities (capabilities.h). The trainer does what the capabilities
+//     say: sync_grads() after the step's last backward for syncs_after_backward,
+//     nothing for syncs_in_backward, no_sync() around every micro-batch but
+//     the last when the stage has it, join() around the loop for uneven
+//     inputs.
+//   - train_rank() is the training loop of one rank, walking the plan of
+//     config.h; run_ddp() spawns config.world_size ranks, each with a Gloo
+//     process group on a fresh file:// rendezvous, and returns every rank's
+//     RankResult in rank order.
+//   - A plan the stage cannot run (accumulation without no_sync for a stage
+//     that syncs inside backward, uneven inputs without join) throws tp::Error
+//     saying which capability is missing, before any collective.
 //   - A rank's exception or hang comes back as tp::multiprocessing::SpawnError
 //     naming the rank (and, for a hang, the collective it waits in).
 #pragma once
 
 #include <concepts>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +35,7 @@
 #include "tensorplay/optim/sgd.h"
 #include "tensorplay/random.h"
 #include "tensorplay/trace.h"
+#include "tensorplay/train/capabilities.h"
 #include "tensorplay/train/config.h"
 #include "tensorplay/train/results.h"
 #include "tensorplay/util/temp_dir.h"
@@ -40,28 +48,48 @@ concept DataParallelModel =
                             std::shared_ptr<distributed::ProcessGroup>,
                             typename D::Options> &&
     requires(D ddp, const Tensor& x) {
+      { D::capabilities } -> std::convertible_to<Capabilities>;
       { ddp(x) } -> std::same_as<Tensor>;
       { ddp.parameters() } -> std::same_as<std::vector<Tensor>>;
       { ddp.named_parameters() } -> std::same_as<std::vector<nn::NamedTensor>>;
-    };
+    } &&
+    // Exactly one way of syncing.
+    (D::capabilities.syncs_after_backward != D::capabilities.syncs_in_backward);
 
-// Stages 01-02: gradients are averaged by an explicit call after backward.
-template <typename D>
-concept SyncsAfterBackward = DataParallelModel<D> && requires(D ddp) { ddp.sync_grads(); };
+// Throws tp::Error when stage D cannot run this plan (see the contract).
+template <DataParallelModel D>
+void check_plan_fits_stage(const RunConfig& config) {
+  validate(config);
+  constexpr Capabilities caps = D::capabilities;
+  if (config.micro_batches > 1 && caps.syncs_in_backward && !caps.no_sync) {
+    TP_THROW(Error, "tp::train: this stage syncs inside backward and has no no_sync(), so "
+             "every micro-batch's backward would all-reduce; gradient accumulation "
+             "(micro_batches = ", config.micro_batches, ") needs no_sync (stage 04 on)");
+  }
+  if (uneven(config) && !caps.join) {
+    TP_THROW(Error, "tp::train: the ranks have different numbers of batches, and this stage "
+             "has no join(): the ranks that finish first would leave the others waiting in "
+             "a collective; uneven inputs need Join (stage 07)");
+  }
+}
 
-// One rank's training loop. Seeds and builds MiniMLP, wraps it, then per step:
-// zero_grad, forward on this rank's shard, mse loss, backward, (sync_grads),
-// SGD step; recording losses, snapshots and collective counts.
+// One rank's training loop. Seeds and builds the plan's model, wraps it,
+// then per optimizer step: zero_grad; per micro-batch forward on this rank's
+// shard, mse loss, backward of loss / K (under no_sync for all but the last
+// micro-batch, when the stage has it); sync_grads() when the stage syncs
+// after backward; SGD step. Records losses, snapshots and collective counts.
 template <DataParallelModel D>
 RankResult train_rank(int rank, const RunConfig& config,
                       const std::shared_ptr<distributed::ProcessGroup>& group,
                       const typename D::Options& options) {
+  check_plan_fits_stage<D>(config);
+  constexpr Capabilities caps = D::capabilities;
   if (config.trace) {
     trace::enable(rank);
     trace::set_thread_name("main");
   }
   manual_seed(model_seed_for_rank(config, rank));
-  auto model = std::make_shared<nn::MiniMLP>(model_options(config));
+  std::shared_ptr<nn::Module> model = make_model(config);
 
   RankResult result;
   result.rank = rank;
@@ -71,39 +99,64 @@ RankResult train_rank(int rank, const RunConfig& config,
   result.construction_broadcasts = group->counters().broadcast;
   result.construction_allgathers = group->counters().allgather;
   result.initial_params = snapshot(ddp.named_parameters());
+  result.initial_buffers = snapshot(model->named_buffers());
 
   data::SyntheticRegression dataset(data_options(config));
   optim::SGD optimizer(ddp.parameters(), {config.lr, config.momentum});
+  const int64_t k_micro = config.micro_batches;
   // [snippet:rank-step]
-  for (int64_t step = 0; step < config.steps; ++step) {
-    group->reset_counters();
-    trace::Span step_span("step", "train", {{"step", step}});
-    optimizer.zero_grad();
-    data::Batch batch = dataset.shard(step, rank, config.world_size, config.batch_size);
+  auto micro_step = [&](int64_t i) {
+    data::Batch batch = micro_batch(dataset, config, rank, i);
     Tensor loss;
     {
-      trace::Span span("forward", "compute");
+      trace::Span span("forward", "compute", {{"micro", i}});
       loss = mse_loss(ddp(batch.x), batch.y);
     }
     result.losses.push_back(loss.item());
-    {
-      trace::Span span("backward", "compute");
-      loss.backward();
+    trace::Span span("backward", "compute", {{"micro", i}});
+    // Accumulating K micro-batches averages their losses.
+    (k_micro == 1 ? loss : mul(loss, 1.0 / static_cast<double>(k_micro))).backward();
+  };
+  auto train_loop = [&] {
+    for (int64_t step = 0; step < steps_of(config, rank); ++step) {
+      trace::Span step_span("step", "train", {{"step", step}});
+      optimizer.zero_grad();
+      for (int64_t micro = 0; micro < k_micro; ++micro) {
+        const int64_t i = step * k_micro + micro;
+        group->reset_counters();
+        if constexpr (caps.no_sync) {
+          if (micro + 1 < k_micro) {
+            auto no_sync = ddp.no_sync();  // this micro-batch only accumulates
+            micro_step(i);
+          } else {
+            micro_step(i);
+          }
+        } else {
+          micro_step(i);
+        }
+        if (micro + 1 == k_micro) {
+          if constexpr (caps.syncs_after_backward) {
+            trace::Span span("sync_grads", "ddp");
+            ddp.sync_grads();
+          }
+          trace::Span span("optimizer", "compute");
+          optimizer.step();
+        }
+        result.allreduces_per_micro.push_back(group->counters().allreduce);
+        result.broadcasts_per_micro.push_back(group->counters().broadcast);
+      }
+      if (step == 0) result.after_first_step = snapshot(ddp.named_parameters());
     }
-    if constexpr (SyncsAfterBackward<D>) {
-      trace::Span span("sync_grads", "ddp");
-      ddp.sync_grads();
-    }
-    {
-      trace::Span span("optimizer", "compute");
-      optimizer.step();
-    }
-    result.allreduces_per_step.push_back(group->counters().allreduce);
-    result.broadcasts_per_step.push_back(group->counters().broadcast);
-    if (step == 0) result.after_first_step = snapshot(ddp.named_parameters());
-  }
+  };
   // [/snippet:rank-step]
+  if constexpr (caps.join) {
+    ddp.join(std::function<void()>(train_loop));
+  } else {
+    train_loop();
+  }
   result.final_params = snapshot(ddp.named_parameters());
+  result.final_buffers = snapshot(model->named_buffers());
+  if constexpr (caps.buckets) result.buckets = ddp.bucket_assignment();
   if (config.trace) {
     trace::disable();
     result.events = trace::events();
@@ -112,10 +165,12 @@ RankResult train_rank(int rank, const RunConfig& config,
 }
 
 // Runs config.world_size ranks of stage D and returns their results in rank
-// order. Throws tp::multiprocessing::SpawnError if a rank fails or hangs.
+// order. Throws tp::multiprocessing::SpawnError if a rank fails or hangs, and
+// tp::Error (before spawning) for a plan the stage cannot run.
 template <DataParallelModel D>
 std::vector<RankResult> run_ddp(const RunConfig& config,
                                 const typename D::Options& options = {}) {
+  check_plan_fits_stage<D>(config);
   TempDir rendezvous("tensorplay-rdzv");
   multiprocessing::SpawnOptions spawn_options;
   spawn_options.timeout = config.job_timeout;

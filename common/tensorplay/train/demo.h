@@ -3,12 +3,16 @@
 //
 //   ./kit demo NN [--world-size W] [--steps N] [--batch B] [--lr X]
 //                 [--momentum M] [--dtype float32|float64] [--per-rank-seed]
-//                 [--json FILE] [--trace FILE]
+//                 [--model mini|branchy|buffered] [--micro-batches K]
+//                 [--batches N0,N1,...] [--divide-by-active-ranks]
+//                 [--json FILE] [--trace FILE] [the stage's own flags]
 //
 // Columns: step; the reference's loss (mean over the ranks' micro-batches);
-// DDP's loss on rank 0 and the reference's for rank 0's micro-batch; the same
-// for the last rank; and the largest |DDP - reference| over all ranks at that
-// step. Then the final parameter norms and the largest parameter differences.
+// DDP's loss on rank 0 and the reference's for rank 0's micro-batches (the
+// mean over the step's K micro-batches); the same for the last rank ("-"
+// where a rank had no batch left); and the largest |DDP - reference| over
+// all ranks at that step. Before it, the buckets when the stage has them;
+// after it, the final parameter norms and the largest differences.
 // --json FILE writes the same numbers, every rank included (schema in demo.cc).
 // --trace FILE records every rank's timeline (tp::trace), writes it as one
 // Chrome trace (open it in ui.perfetto.dev) and prints the last step as an
@@ -16,7 +20,9 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "tensorplay/train/ddp_trainer.h"
 #include "tensorplay/train/reference.h"
@@ -29,17 +35,32 @@ struct DemoArgs {
   std::string trace_path;  // empty: no trace
 };
 
-// Parses the flags above (defaults: 4 ranks, 10 steps). Prints usage and
-// exits 2 on a bad flag; exits 0 on --help.
-DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage);
+// A flag of the stage's own ("--bucket-cap-mb X"), usually changing its
+// Options. apply() gets the value (empty for a flag without one) and returns
+// "" or what is wrong with it.
+struct DemoFlag {
+  std::string name;        // "--bucket-cap-mb"
+  std::string value_name;  // "X"; empty for a flag without a value
+  std::string help;        // one line for --help
+  std::function<std::string(const std::string& value)> apply;
+};
+
+// Parses the flags above (defaults: 4 ranks, 10 steps) and the stage's own.
+// Prints usage and exits 2 on a bad flag or an unrunnable plan; exits 0 on
+// --help.
+DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
+                         const std::vector<DemoFlag>& stage_flags = {});
 // Prints the table and summary to stdout; writes JSON when asked.
 void report_demo(const std::string& stage, const std::string& title, const DemoArgs& args,
                  const ReferenceResult& reference, const std::vector<RankResult>& ranks);
 
+// The whole main() of a lesson's demo. The stage's flags may change
+// `options` (a reference to the caller's), which is read after parsing.
 template <DataParallelModel D>
 int demo_main(int argc, char** argv, const std::string& stage, const std::string& title,
-              const typename D::Options& options = {}) {
-  DemoArgs args = parse_demo_args(argc, argv, stage);
+              const typename D::Options& options = {},
+              const std::vector<DemoFlag>& stage_flags = {}) {
+  DemoArgs args = parse_demo_args(argc, argv, stage, stage_flags);
   try {
     ReferenceResult reference = train_reference(args.config);
     std::vector<RankResult> ranks = run_ddp<D>(args.config, options);

@@ -1,10 +1,14 @@
 // The reference trainer: what data-parallel training must compute, in one process.
 //
-// Each step it walks every rank's micro-batch in rank order, scales each
-// micro-batch loss by 1/W before backward (so the accumulated gradient is the
-// mean over ranks), then takes one SGD step. It never communicates, so it is
-// the ground truth a DDP stage is compared with: every rank's loss at every
-// step, and the parameters after step 0 and at the end.
+// It walks the plan of config.h: each optimizer step, for each of its K
+// micro-steps, every rank still taking part runs its micro-batch in rank
+// order; each micro-batch loss is scaled by 1 / (divisor * K) before
+// backward, so the accumulated gradient is the mean over the K micro-batches,
+// summed over ranks and divided as the plan says; then one SGD step.
+// Parameters are one set; buffers are one set per rank (Note [Buffers in the
+// reference] in reference.cc). It never communicates, so it is the ground
+// truth a DDP stage is compared with: every rank's loss on every micro-batch,
+// the parameters after step 0 and at the end, and every rank's buffers.
 #pragma once
 
 #include "tensorplay/train/config.h"
@@ -12,7 +16,7 @@
 
 namespace tp::train {
 
-// REQUIRES: config.world_size >= 1, steps >= 1, batch_size >= 1.
+// Throws tp::Error for a plan validate() refuses.
 ReferenceResult train_reference(const RunConfig& config);
 
 }  // namespace tp::train

@@ -1,8 +1,13 @@
-// What a training run reports: per-step losses and parameter snapshots.
+// What a training run reports: per-micro-batch losses, collective counts and
+// parameter snapshots.
 //
 // Contract:
 //   - RankResult is what one DDP rank saw; ReferenceResult is what the
 //     single-process reference trainer computed for all ranks at once.
+//   - Results are ragged: rank r reports one entry per micro-batch it ran
+//     (micro_batches_of(config, r), see config.h), indexed by the micro-batch
+//     number i; step i / K, micro-step i % K. An index past the end means the
+//     rank did not run that micro-batch (it had joined, or it failed).
 //   - Snapshots hold values as double (exact for float32 and float64) with
 //     the parameter's name and shape, in named_parameters() order.
 //   - serialize()/parse_rank_result() round-trip a RankResult exactly
@@ -32,24 +37,37 @@ Snapshot snapshot(const std::vector<nn::NamedTensor>& named);
 
 struct RankResult {
   int rank = 0;
-  std::vector<double> losses;          // [step]: this rank's micro-batch loss
+  std::vector<double> losses;          // [i]: this rank's loss on micro-batch i (unscaled)
   Snapshot initial_params;             // right after DDP construction
   Snapshot after_first_step;           // after step 0's optimizer step
   Snapshot final_params;               // after the last step
-  std::vector<uint64_t> allreduces_per_step;  // collectives issued in each step
-  std::vector<uint64_t> broadcasts_per_step;
-  uint64_t construction_allreduces = 0;       // issued by the DDP constructor
+  Snapshot initial_buffers;            // named_buffers() right after construction
+  Snapshot final_buffers;              // ... after the last step
+  // [i]: collectives issued from the start of micro-batch i to the start of
+  // the next (the optimizer step of the last micro-batch of a step included).
+  std::vector<uint64_t> allreduces_per_micro;
+  std::vector<uint64_t> broadcasts_per_micro;
+  uint64_t construction_allreduces = 0;  // issued by the DDP constructor
   uint64_t construction_broadcasts = 0;
   uint64_t construction_allgathers = 0;
+  // Parameter indices (named_parameters() order) of each bucket, in bucket
+  // order, after the last step; empty for stages without buckets.
+  std::vector<std::vector<int64_t>> buckets;
   std::vector<trace::Event> events;  // when RunConfig::trace is set
 };
 
 struct ReferenceResult {
-  std::vector<std::vector<double>> losses;  // [step][rank], unscaled micro-batch loss
+  std::vector<std::vector<double>> losses;  // [rank][i], unscaled micro-batch loss
   Snapshot initial_params;
   Snapshot after_first_step;
   Snapshot final_params;
+  std::vector<Snapshot> initial_buffers;  // [rank]: its buffers after construction
+  std::vector<Snapshot> final_buffers;    // [rank]: after its last micro-batch
 };
+
+// Collectives a rank issued in optimizer step `step` (its K micro-batches);
+// 0 for a step it did not run. K = micro_batches.
+uint64_t allreduces_in_step(const RankResult& rank, int64_t micro_batches, int64_t step);
 
 std::string serialize(const RankResult& result);
 // REQUIRES: text came from serialize(); throws tp::Error otherwise.

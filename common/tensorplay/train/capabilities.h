@@ -1,0 +1,38 @@
+// What a DDP stage declares about itself, so one trainer can drive them all.
+//
+// Contract:
+//   - Every stage's DistributedDataParallel has
+//       static constexpr tp::train::Capabilities capabilities{...};
+//     The trainer (ddp_trainer.h) reads it at compile time and never guesses
+//     from method names: a stage-03 DDP that keeps a sync_grads() for
+//     debugging is not synced twice, because it declares syncs_in_backward.
+//   - Exactly one of syncs_after_backward and syncs_in_backward is true.
+//   - Each flag names the member the stage must then have; the trainer calls
+//     it, so a stage that declares a flag without the member fails to compile
+//     there, not at run time.
+#pragma once
+
+namespace tp::train {
+
+struct Capabilities {
+  // Stages 01-02: gradients are averaged by ddp.sync_grads(), which the
+  // trainer calls after the backward of each step's last micro-batch.
+  bool syncs_after_backward = false;
+  // Stage 03 on: hooks average the gradients inside backward; the trainer
+  // calls nothing extra.
+  bool syncs_in_backward = false;
+  // Stage 04 on: `auto guard = ddp.no_sync();` makes the forward and
+  // backward run under it accumulate locally without communicating. The
+  // trainer uses it for every micro-batch of a step but the last.
+  bool no_sync = false;
+  // Stage 07: `ddp.join(body)` runs body (this rank's training loop) and then
+  // shadows the collectives of the ranks still training until all have
+  // joined. Needed for uneven inputs.
+  bool join = false;
+  // Stage 02 on: `ddp.bucket_assignment()` returns the parameter indices
+  // (named_parameters() order) of each bucket, in bucket order, as
+  // std::vector<std::vector<int64_t>>, so checkers can check the rule.
+  bool buckets = false;
+};
+
+}  // namespace tp::train

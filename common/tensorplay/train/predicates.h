@@ -1,0 +1,97 @@
+// Checks shared by the stage checkers: counted collectives, bucket
+// assignment, and order on the trace.
+//
+// Contract:
+//   - Each predicate reads one case's results (CaseRun) and returns findings
+//     (empty when it holds), each naming the rank, the step and the measured
+//     fact. The likely cause is the stage's: it is passed in, so nothing here
+//     names a stage's methods.
+//   - Order checks use the trace's total order (Event::begin_order /
+//     end_order), never wall-clock time, so they hold on a loaded machine.
+//     They need RunConfig::trace and refuse to pass a run without a trace.
+//   - Counts come from RankResult::allreduces_per_micro / broadcasts_per_micro
+//     (the collectives a rank issued from the start of one micro-batch to the
+//     start of the next).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tensorplay/train/compare.h"
+#include "tensorplay/train/config.h"
+#include "tensorplay/train/results.h"
+
+namespace tp::train {
+
+// What one checker case produced.
+struct CaseRun {
+  const RunConfig& config;
+  const ReferenceResult& reference;
+  const std::vector<RankResult>& ranks;
+  size_t num_params() const { return reference.final_params.size(); }
+  size_t num_buffers() const {
+    return reference.final_buffers.empty() ? 0 : reference.final_buffers[0].size();
+  }
+};
+
+enum class Collective { AllReduce, Broadcast };
+
+// The DDP constructor issued exactly `broadcasts` broadcasts and
+// `allreduces` all-reduces on every rank.
+std::vector<Finding> check_construction_counts(const CaseRun& run, uint64_t broadcasts,
+                                               uint64_t allreduces,
+                                               const std::string& broadcast_cause);
+
+// Every micro-batch i that rank r ran issued expected(step, micro) collectives
+// of `kind`. `expectation` describes the rule in words ("one per parameter
+// on the last micro-batch of a step, none on the others"); `cause` is the
+// likely cause when it fails.
+std::vector<Finding> check_counts_per_micro(
+    const CaseRun& run, Collective kind,
+    const std::function<uint64_t(int64_t step, int64_t micro)>& expected,
+    const std::string& expectation, const std::string& cause);
+
+// Per optimizer step: expected all-reduces over the step's micro-batches.
+std::vector<Finding> check_allreduces_per_step(const CaseRun& run, uint64_t expected,
+                                               const std::string& expectation,
+                                               const std::string& cause);
+
+// No collective at all in a micro-batch that is not the last of its step
+// (gradient accumulation: no_sync, or a stage that syncs after backward).
+std::vector<Finding> check_quiet_until_last_micro_batch(const CaseRun& run,
+                                                        const std::string& cause);
+
+// Stages that sync after backward: every all-reduce of step s is queued
+// after step s's last backward has finished, and finishes before step s's
+// optimizer step starts.
+std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
+                                                          const Advice& advice);
+
+// Stages that sync inside backward (overlap): in every step, every all-reduce
+// queued during the syncing backward is queued before the autograd engine's
+// "graph done" mark, i.e. from a hook while backward still computes, not
+// from the end-of-backward callbacks; and each finishes before the
+// optimizer step starts. `launch_cause` and `wait_cause` are the stage's
+// advice for each failure.
+std::vector<Finding> check_overlap(const CaseRun& run, const std::string& launch_cause,
+                                   const std::string& wait_cause);
+
+// The bucket rule (stage 02 on, as in PyTorch): parameters in reverse
+// registration order; a bucket closes once it holds at least its cap of
+// bytes (so it may overshoot by its last tensor); the first bucket's cap is
+// first_bucket_cap_mb, the others' bucket_cap_mb (MiB). All kit models have
+// one dtype, so one dtype per bucket holds by construction. Returns the
+// parameter indices of each bucket, in bucket order.
+std::vector<std::vector<int64_t>> expected_buckets(const Snapshot& params, size_t element_size,
+                                                   double bucket_cap_mb,
+                                                   double first_bucket_cap_mb);
+
+// Every rank reports the same buckets (RankResult::buckets), equal to
+// `expected`.
+std::vector<Finding> check_buckets(const CaseRun& run,
+                                   const std::vector<std::vector<int64_t>>& expected,
+                                   const std::string& cause);
+
+}  // namespace tp::train
