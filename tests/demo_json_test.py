@@ -4,7 +4,10 @@
     demo_json_test.py DEMO_EXE
 
 The JSON must list every rank at every step, agree with the printed table,
-and show DDP matching the reference within the tolerance it states.
+and show DDP matching the reference within the tolerance it states. A second
+run with gradient accumulation and the buffered model checks the
+per-micro-batch record: K losses per step on every rank, and all-reduces only
+on the micro-batch that syncs.
 """
 import json
 import os
@@ -83,6 +86,34 @@ def main(demo):
             fail(f"table row {row[0]}: rank 0 DDP loss {row[2]} vs JSON {step['ddp_rank_losses'][0]}")
     print(f"ok: {STEPS} steps x {WORLD} ranks match the reference within {tol}; "
           f"max |param diff| {final['max_param_diff_vs_reference']:.2e}")
+    check_accumulation(demo)
+
+
+def check_accumulation(demo, k=3, steps=2):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "demo.json")
+        run = subprocess.run([demo, "--world-size", "2", "--steps", str(steps), "--micro-batches", str(k),
+                              "--model", "buffered", "--per-rank-seed", "--json", path],
+                             capture_output=True, text=True, timeout=240)
+        print(run.stdout, run.stderr)
+        if run.returncode != 0:
+            fail(f"the demo with --micro-batches {k} exited with {run.returncode}")
+        data = json.load(open(path))
+    if data["config"]["micro_batches"] != k or data["config"]["model"] != "BufferedMLP":
+        fail(f"config does not echo the knobs: {data['config']}")
+    for rank in data["ranks"]:
+        if len(rank["micro_batch_losses"]) != k * steps:
+            fail(f"rank {rank['rank']}: {len(rank['micro_batch_losses'])} micro-batch losses, expected {k * steps}")
+        expected = ([0] * (k - 1) + [6]) * steps
+        if rank["allreduces_per_micro"] != expected:
+            fail(f"rank {rank['rank']}: all-reduces per micro-batch {rank['allreduces_per_micro']}, expected {expected}")
+        for s, step in enumerate(data["steps"]):
+            mean = sum(rank["micro_batch_losses"][s * k:(s + 1) * k]) / k
+            if abs(mean - step["ddp_rank_losses"][rank["rank"]]) > 1e-12:
+                fail(f"step {s}: the step loss of rank {rank['rank']} is not the mean of its micro-batches")
+    if not data["final"]["matches_reference"]:
+        fail("with accumulation and buffers the demo says DDP does not match the reference")
+    print(f"ok: K = {k} micro-batches per step recorded on every rank, all-reduces only on the last")
 
 
 if __name__ == "__main__":

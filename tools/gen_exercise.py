@@ -90,6 +90,12 @@ def exercise_files(stage_dir):
         with open(path) as f:
             text = f.read()
         body = generate(text, path, stage, f"exercises/{topic}/{name}")
+        if name.endswith(".h") and "tp::NotImplemented(" in body:
+            # The checker is compiled once against the solution's header and
+            # linked with every ddp.cc (tests/meson.build): headers must be
+            # the same in the solution and the exercise.
+            sys.exit(f"gen_exercise: {path}: a header may not hold an EXERCISE region; "
+                     f"put the code to write in a .cc file")
         if "tp::NotImplemented(" in body:
             header = (f"// Exercise generated from solutions/{topic}/{name} by tools/gen_exercise.py.\n"
                       f"// Fill in each EXERCISE, then run ./kit check {stage}. ./kit reset {stage} restores this file.\n")

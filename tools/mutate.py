@@ -33,10 +33,13 @@ def parse(path):
     blocks, mode, target, find, repl = [], None, None, [], []
     for line in open(path).read().splitlines(True):
         tag = line.rstrip("\n")
-        if tag.startswith("<<<<<<< solution"):
-            target = tag[len("<<<<<<< solution"):].strip() or "ddp.cc"
-            if target not in FILES:
-                sys.exit(f"mutate: {path}: a block patches {target}; a mutant patches {' or '.join(FILES)}")
+        if tag.startswith("<<<<<<<"):
+            # Exactly these two spellings: Meson looks for the second one to
+            # decide whether the checker must be compiled against the mutant.
+            if tag not in ("<<<<<<< solution", "<<<<<<< solution ddp.h"):
+                sys.exit(f"mutate: {path}: '{tag}': a block opens with '<<<<<<< solution' (ddp.cc) "
+                         f"or '<<<<<<< solution ddp.h'")
+            target = "ddp.h" if tag.endswith("ddp.h") else "ddp.cc"
             mode, find, repl = "find", [], []
         elif tag == "=======" and mode == "find":
             mode = "repl"

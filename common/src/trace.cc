@@ -345,11 +345,14 @@ std::string render_ascii(const std::vector<Event>& events, int width) {
       for (int c = c0; c <= c1; ++c) row[static_cast<size_t>(c)] = letter;
     }
   }
-  // Instants go on top so they are never hidden by a span.
+  // Instants go on top so they are never hidden by a span: '^' for the
+  // autograd engine's marks (a gradient ready, the graph done), '|' for the
+  // rest (a collective queued), so the two things overlap is about differ.
   for (const Event* e : order) {
     if (e->phase == 'i') {
-      rows[{e->pid, e->tid}][static_cast<size_t>(column(e->ts_us))] = '|';
-      legend['|'].insert(e->name);
+      const char glyph = e->category == "autograd" ? '^' : '|';
+      rows[{e->pid, e->tid}][static_cast<size_t>(column(e->ts_us))] = glyph;
+      legend[glyph].insert(e->name);
     }
   }
 

@@ -59,7 +59,8 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
   std::vector<train::Finding> out = train::check_construction_counts(
       run, params + buffers, 0,
       "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
-      "once");
+      "once",
+      /*allgathers=*/2);  // the model check: parameter count, then every shape
   if (out.empty()) {
     out = train::check_allreduces_per_step(
         run, params, "one per parameter",

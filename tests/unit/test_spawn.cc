@@ -213,7 +213,7 @@ TEST_CASE("a rank's own failure is blamed before an earlier failure that blames 
 }
 
 TEST_CASE("the earliest throw is blamed, even if that rank takes longer to unwind") {
-  // Rank 0 throws first, then spends 150 ms unwinding; rank 1 throws after
+  // Rank 0 throws first, then spends 100 ms unwinding; rank 1 throws after
   // rank 0's throw but reports first. Times are taken at the throw, so rank 0
   // is blamed; timed at the catch, rank 1 would be.
   tp::TempDir flags("tp-spawn-time");
@@ -225,7 +225,7 @@ TEST_CASE("the earliest throw is blamed, even if that rank takes longer to unwin
                                  std::string dir;
                                  ~SlowToUnwind() {
                                    raise_flag(dir, "thrown");
-                                   std::this_thread::sleep_for(milliseconds(150));
+                                   std::this_thread::sleep_for(milliseconds(100));
                                  }
                                } slow{dir};
                                throw tp::Error("first");

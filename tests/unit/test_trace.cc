@@ -368,6 +368,13 @@ TEST_CASE("ASCII timeline has one labelled row per thread and a legend") {
   i.ts_us = 55;
   i.begin_order = i.end_order = 4;
   events.push_back(i);
+  trace::Event done = i;  // an autograd engine mark gets its own glyph
+  done.name = "graph done";
+  done.category = "autograd";
+  done.tid = 0;
+  done.ts_us = 90;
+  done.begin_order = done.end_order = 5;
+  events.push_back(done);
 
   const std::string text = trace::render_ascii(events, 20);
   std::istringstream lines(text);
@@ -378,9 +385,10 @@ TEST_CASE("ASCII timeline has one labelled row per thread and a legend") {
   std::getline(lines, legend);
   CHECK(header == "timeline: 100 us in 20 columns");
   // Both labels are padded to the same width.
-  CHECK(row0 == "rank 7 thread 0 |bbbbbbbbbbhhbbbbbbbb|");
+  CHECK(row0 == "rank 7 thread 0 |bbbbbbbbbbhhbbbbbb^b|");
   CHECK(row1 == "rank 7 thread 1 |...........|aaaaaaaa|");
-  CHECK(legend == "legend: . = idle; a = allreduce; b = backward; h = hook; | = queued;");
+  CHECK(legend ==
+        "legend: . = idle; ^ = graph done; a = allreduce; b = backward; h = hook; | = queued;");
   // Deterministic: the same events draw the same picture.
   CHECK(trace::render_ascii(events, 20) == text);
 }

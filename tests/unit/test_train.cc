@@ -6,6 +6,7 @@
 // trigger it.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -43,6 +44,8 @@ std::vector<RankResult> perfect_ranks(const RunConfig& c, const ReferenceResult&
     rr.initial_params = ref.initial_params;
     rr.after_first_step = ref.after_first_step;
     rr.final_params = ref.final_params;
+    rr.allreduces_per_micro.assign(rr.losses.size(), 0);
+    rr.broadcasts_per_micro.assign(rr.losses.size(), 0);
     rr.initial_buffers = ref.initial_buffers[static_cast<size_t>(r)];
     rr.final_buffers = ref.final_buffers[static_cast<size_t>(r)];
     ranks.push_back(rr);
@@ -90,6 +93,19 @@ Run order_run(std::vector<RankResult> ranks) {
 tp::trace::Event instant(const char* name, uint64_t at) {
   tp::trace::Event e = span(name, at, at);
   e.phase = 'i';
+  return e;
+}
+
+// The two events of all-reduce #seq: queued at `queued` on the issuing
+// thread, run over [begin, end] on the communication thread.
+tp::trace::Event queued(int64_t seq, uint64_t at) {
+  tp::trace::Event e = instant("allreduce queued", at);
+  e.args.push_back({"seq", seq});
+  return e;
+}
+tp::trace::Event allreduce(int64_t seq, uint64_t begin, uint64_t end) {
+  tp::trace::Event e = span("allreduce", begin, end);
+  e.args.push_back({"seq", seq});
   return e;
 }
 
@@ -148,7 +164,7 @@ HandRun hand_reference(const RunConfig& c) {
     const double divisor = c.divisor == train::Divisor::ActiveRanks ? active : w;
     std::vector<std::vector<double>> total(params.size());
     for (int64_t m = 0; m < k; ++m) {
-      if (c.buffer_sync == train::BufferSync::EveryForward) {
+      if (c.buffer_sync == train::BufferSync::EveryStep && m == 0) {
         for (int r = 1; r < w; ++r) buffers[r] = buffers[0];
       }
       for (int r = 0; r < w; ++r) {
@@ -264,8 +280,8 @@ TEST_CASE("a plan that cannot run is refused, naming the field") {
   c.batches_per_rank = {4};
   CHECK_THROWS_WITH_AS(train::validate(c), Contains("one count per rank"), tp::Error);
   c.batches_per_rank = {4, 2};
-  c.buffer_sync = train::BufferSync::EveryForward;
-  CHECK_THROWS_WITH_AS(train::validate(c), Contains("EveryForward with uneven inputs"), tp::Error);
+  c.buffer_sync = train::BufferSync::EveryStep;
+  CHECK_THROWS_WITH_AS(train::validate(c), Contains("EveryStep with uneven inputs"), tp::Error);
   c = RunConfig{};
   c.micro_batches = 0;
   CHECK_THROWS_WITH_AS(train::train_reference(c), Contains("micro_batches"), tp::Error);
@@ -353,7 +369,7 @@ TEST_CASE("the reference equals a hand-computed two-step run on every knob") {
     check_reference_matches_hand(c);
   }
   for (auto sync : {train::BufferSync::None, train::BufferSync::AtConstruction,
-                    train::BufferSync::EveryForward}) {
+                    train::BufferSync::EveryStep}) {
     SUBCASE("the buffered model, each BufferSync") {
       RunConfig c = two_steps(3);
       c.model_kind = train::ModelKind::Buffered;
@@ -509,6 +525,20 @@ TEST_CASE("diagnose: a missing rank or micro-batch is reported before any number
   ranks[1].losses.pop_back();
   CHECK(joined(train::check_results_complete(c, ref, ranks))
             .find("rank 1 reported 2 micro-batch losses; its plan has 3") != std::string::npos);
+  ranks = perfect_ranks(c, ref);
+  ranks[2].final_params[0].values.clear();
+  CHECK(joined(train::diagnose(c, ref, ranks, 1e-5))
+            .find("rank 2 reported 0 values for parameter fc1.weight of shape (32, 16)") !=
+        std::string::npos);
+  ranks = perfect_ranks(c, ref);
+  ranks[0].after_first_step.clear();
+  CHECK(joined(train::diagnose(c, ref, ranks, 1e-5)).find("rank 0 lists 0 parameters") !=
+        std::string::npos);
+  ranks = perfect_ranks(c, ref);
+  ranks[1].allreduces_per_micro.pop_back();
+  CHECK(joined(train::diagnose(c, ref, ranks, 1e-5))
+            .find("rank 1 counted collectives for 2 micro-batches; its plan has 3") !=
+        std::string::npos);
 }
 
 // ---- counted collectives -------------------------------------------------------------
@@ -564,8 +594,8 @@ TEST_CASE("the order check accepts all-reduces between backward and the optimize
   RankResult r;
   r.losses = {0.5};
   r.allreduces_per_micro = {2};
-  r.events = {span("step", 1, 10, 0), span("backward", 2, 3), span("allreduce", 4, 5),
-              span("allreduce", 6, 7), span("optimizer", 8, 9)};
+  r.events = {span("step", 1, 12, 0), span("backward", 2, 3), queued(1, 4), allreduce(1, 5, 6),
+              queued(2, 7), allreduce(2, 8, 9), span("optimizer", 10, 11)};
   CHECK(train::check_sync_between_backward_and_step(order_run({r}).view(), {}).empty());
 }
 
@@ -574,39 +604,40 @@ TEST_CASE("the order check refuses to pass a run without a trace") {
   r.losses = {0.5, 0.4};
   CHECK(joined(train::check_sync_between_backward_and_step(order_run({r}).view(), {}))
             .find("the trace shows 0 training steps, the run had 2") != std::string::npos);
+  r.losses = {0.5};
+  r.allreduces_per_micro = {2};
+  r.events = {span("step", 1, 10, 0), span("backward", 2, 3), queued(1, 4), allreduce(1, 5, 6),
+              span("optimizer", 8, 9)};
+  CHECK(joined(train::check_sync_between_backward_and_step(order_run({r}).view(), {}))
+            .find("2 all-reduces were counted but the trace shows 1 queued") != std::string::npos);
 }
 
 TEST_CASE("the order check flags an all-reduce that was issued but never ran") {
   RankResult r;
   r.losses = {0.5};
   r.allreduces_per_micro = {2};
-  r.events = {span("step", 1, 10, 0), span("backward", 2, 3), span("allreduce", 4, 5),
-              span("optimizer", 8, 9)};
+  r.events = {span("step", 1, 10, 0), span("backward", 2, 3), queued(1, 4), allreduce(1, 5, 6),
+              queued(2, 7), span("optimizer", 8, 9)};
   CHECK(joined(train::check_sync_between_backward_and_step(order_run({r}).view(), {}))
-            .find("2 all-reduces were issued but 1 ran") != std::string::npos);
+            .find("an all-reduce was still running when the optimizer step began") != std::string::npos);
 }
 
-TEST_CASE("the order check flags an all-reduce that starts before backward ends") {
-  RankResult r;
-  r.rank = 3;
-  r.losses = {0.5};
-  r.allreduces_per_micro = {1};
-  r.events = {span("step", 1, 10, 0), span("backward", 2, 5), span("allreduce", 4, 6),
-              span("optimizer", 8, 9)};
+TEST_CASE("the order check flags an all-reduce issued before backward ends") {
   Run run = order_run({});
   run.config.world_size = 4;
   run.config.steps = 1;
   for (int rank = 0; rank < 4; ++rank) {
-    RankResult other = r;
-    other.rank = rank;
-    if (rank != 3) {
-      other.events = {span("step", 1, 10, 0), span("backward", 2, 3), span("allreduce", 4, 6),
-                      span("optimizer", 8, 9)};
-    }
-    run.ranks.push_back(other);
+    RankResult r;
+    r.rank = rank;
+    r.losses = {0.5};
+    r.allreduces_per_micro = {1};
+    const uint64_t issued = rank == 3 ? 3 : 6;  // rank 3 issues inside backward [2, 5]
+    r.events = {span("step", 1, 12, 0), span("backward", 2, 5), queued(1, issued),
+                allreduce(1, 7, 8), span("optimizer", 10, 11)};
+    run.ranks.push_back(r);
   }
   CHECK(joined(train::check_sync_between_backward_and_step(run.view(), {}))
-            .find("rank 3, step 0: an all-reduce started before backward finished") != std::string::npos);
+            .find("rank 3, step 0: an all-reduce was issued before backward finished") != std::string::npos);
 }
 
 TEST_CASE("the order check flags an all-reduce still running when the optimizer starts") {
@@ -614,44 +645,75 @@ TEST_CASE("the order check flags an all-reduce still running when the optimizer 
   r.losses = {0.5, 0.4};
   r.allreduces_per_micro = {0, 1};
   r.events = {span("step", 1, 20, 0), span("backward", 2, 3), span("optimizer", 8, 9),
-              span("step", 21, 30, 1), span("backward", 22, 23), span("allreduce", 24, 28),
-              span("optimizer", 25, 26)};
+              span("step", 21, 30, 1), span("backward", 22, 23), queued(1, 24),
+              allreduce(1, 25, 28), span("optimizer", 26, 27)};
   CHECK(joined(train::check_sync_between_backward_and_step(order_run({r}).view(), {}))
             .find("step 1: an all-reduce was still running when the optimizer step began") !=
         std::string::npos);
 }
 
-TEST_CASE("the overlap check accepts all-reduces launched from hooks before the graph is done") {
+TEST_CASE("the order checks pair each all-reduce with its step, even when it runs after the step") {
+  // Never waited for: all-reduce #1 is queued in step 0 and runs in step 1.
+  RankResult r;
+  r.losses = {0.5, 0.4};
+  r.allreduces_per_micro = {1, 0};
+  r.events = {span("step", 1, 10, 0), span("backward", 2, 3), queued(1, 4),
+              span("optimizer", 5, 6), span("step", 11, 20, 1), allreduce(1, 12, 13),
+              span("backward", 14, 15), span("optimizer", 16, 17)};
+  CHECK(joined(train::check_sync_between_backward_and_step(order_run({r}).view(), {}))
+            .find("rank 0, step 0: an all-reduce was still running when the optimizer step "
+                  "began") != std::string::npos);
+}
+
+namespace {
+
+// One overlapped step: two gradients ready at 3 and 6, the graph done at 8.
+// `first` and `second` are when the two all-reduces are queued.
+RankResult overlap_step(uint64_t first, uint64_t second) {
   RankResult r;
   r.losses = {0.5};
   r.allreduces_per_micro = {2};
-  r.events = {span("step", 1, 20, 0), span("backward", 2, 10), instant("allreduce queued", 3),
-              span("allreduce", 4, 7), instant("allreduce queued", 5), instant("graph done", 6),
-              span("allreduce", 8, 11), span("optimizer", 12, 13)};
-  CHECK(train::check_overlap(order_run({r}).view(), "launch", "wait").empty());
+  r.events = {span("step", 1, 30, 0),  span("backward", 2, 20),  instant("grad ready", 3),
+              queued(1, first),        instant("grad ready", 6), queued(2, second),
+              instant("graph done", 8), span("callbacks", 9, 12), allreduce(1, 21, 22),
+              allreduce(2, 23, 24),    span("optimizer", 25, 26)};
+  std::sort(r.events.begin(), r.events.end(),
+            [](const auto& a, const auto& b) { return a.begin_order < b.begin_order; });
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the overlap check accepts all-reduces launched from hooks while backward runs") {
+  // #1 from the first gradient's hook (4), #2 from the last one's (7).
+  CHECK(train::check_overlap(order_run({overlap_step(4, 7)}).view(), "launch", "wait").empty());
 }
 
 TEST_CASE("the overlap check refuses all-reduces launched from the end-of-backward callback") {
-  RankResult r;
-  r.losses = {0.5};
-  r.allreduces_per_micro = {2};
-  r.events = {span("step", 1, 20, 0), span("backward", 2, 10), instant("graph done", 3),
-              span("callbacks", 4, 9), instant("allreduce queued", 5),
-              instant("allreduce queued", 6), span("allreduce", 7, 8), span("allreduce", 9, 11),
-              span("optimizer", 12, 13)};
-  CHECK(joined(train::check_overlap(order_run({r}).view(), "launch from hooks", "wait"))
+  CHECK(joined(train::check_overlap(order_run({overlap_step(10, 11)}).view(), "launch from hooks",
+                                    "wait"))
             .find("rank 0, step 0: 2 of 2 all-reduces were launched after the autograd graph "
                   "had finished") != std::string::npos);
+}
+
+TEST_CASE("the overlap check refuses all-reduces all launched from the last gradient's hook") {
+  CHECK(joined(train::check_overlap(order_run({overlap_step(7, 7)}).view(), "launch", "wait"))
+            .find("all 2 all-reduces were launched only after the last gradient of the backward "
+                  "was ready") != std::string::npos);
 }
 
 // ---- the overlap check against two real DDPs ------------------------------------------
 namespace {
 
-// Two minimal DDPs that sync inside backward and compute the same numbers.
-// Eager launches each gradient's all-reduce from its hook, while backward
-// still runs; Lazy only notes the gradient in its hook and launches every
-// all-reduce from the end-of-backward callback. Only Eager overlaps.
-template <bool kEager>
+// Three minimal DDPs that sync inside backward and compute the same numbers.
+// EachHook launches each gradient's all-reduce from its own hook, while
+// backward still runs; LastHook waits for the last gradient's hook and
+// launches them all there; Callback only notes the gradients in the hooks
+// and launches every all-reduce from the end-of-backward callback. Only
+// EachHook overlaps.
+enum class Launch { EachHook, LastHook, Callback };
+
+template <Launch kLaunch>
 class HookDDP {
  public:
   struct Options {};
@@ -668,10 +730,10 @@ class HookDDP {
           callback_queued_ = true;
           tp::autograd::queue_callback([this] { finish(); });
         }
-        if (kEager) {
-          pending_.push_back({param.grad(), group_->allreduce(param.grad())});
-        } else {
-          pending_.push_back({param.grad(), nullptr});
+        pending_.push_back({param.grad(), nullptr});
+        if (kLaunch == Launch::EachHook) pending_.back().second = group_->allreduce(param.grad());
+        if (kLaunch == Launch::LastHook && pending_.size() == module_->parameters().size()) {
+          for (auto& [grad, work] : pending_) work = group_->allreduce(grad);
         }
       }));
     }
@@ -686,7 +748,7 @@ class HookDDP {
  private:
   void finish() {
     for (auto& [grad, work] : pending_) {
-      if (!work) work = group_->allreduce(grad);  // Lazy: launched only now
+      if (!work) work = group_->allreduce(grad);  // Callback: launched only now
     }
     for (auto& [grad, work] : pending_) {
       work->wait();
@@ -713,21 +775,47 @@ std::vector<train::Finding> overlap_findings_of_real_run(Run& run) {
 
 }  // namespace
 
-TEST_CASE("the overlap check tells a DDP that overlaps from one that launches from the callback") {
+TEST_CASE("the overlap check refuses a DDP that launches one bucket early and the rest at the end") {
+  RankResult r;
+  r.losses = {0.5};
+  r.allreduces_per_micro = {3};
+  r.events = {span("step", 1, 40, 0),        span("backward", 2, 30),   instant("grad ready", 3),
+              queued(1, 4),                  instant("grad ready", 5),  instant("grad ready", 6),
+              queued(2, 7),                  queued(3, 8),              instant("graph done", 9),
+              allreduce(1, 31, 32),          allreduce(2, 33, 34),      allreduce(3, 35, 36),
+              span("optimizer", 37, 38)};
+  std::sort(r.events.begin(), r.events.end(),
+            [](const auto& a, const auto& b) { return a.begin_order < b.begin_order; });
+  CHECK(joined(train::check_overlap(order_run({r}).view(), "launch", "wait"))
+            .find("1 of the first 2 all-reduces were launched only after the last gradient") !=
+        std::string::npos);
+}
+
+TEST_CASE("the overlap check tells a DDP that overlaps from two that only look like they do") {
   Run eager;
   eager.config.world_size = 2;
   eager.config.steps = 2;
   eager.config.trace = true;
-  eager.ranks = train::run_ddp<HookDDP<true>>(eager.config);
+  eager.ranks = train::run_ddp<HookDDP<Launch::EachHook>>(eager.config);
   CHECK(overlap_findings_of_real_run(eager).empty());
   CHECK(train::diagnose(eager.config, eager.reference, eager.ranks, 1e-5).empty());
 
-  Run lazy;
-  lazy.config = eager.config;
-  lazy.ranks = train::run_ddp<HookDDP<false>>(lazy.config);
   // Same numbers: only the trace tells them apart.
-  CHECK(train::diagnose(lazy.config, train::train_reference(lazy.config), lazy.ranks, 1e-5).empty());
-  CHECK(joined(overlap_findings_of_real_run(lazy))
+  Run callback;
+  callback.config = eager.config;
+  callback.ranks = train::run_ddp<HookDDP<Launch::Callback>>(callback.config);
+  CHECK(train::diagnose(callback.config, train::train_reference(callback.config), callback.ranks,
+                        1e-5).empty());
+  CHECK(joined(overlap_findings_of_real_run(callback))
             .find("6 of 6 all-reduces were launched after the autograd graph had finished") !=
         std::string::npos);
+
+  Run last_hook;
+  last_hook.config = eager.config;
+  last_hook.ranks = train::run_ddp<HookDDP<Launch::LastHook>>(last_hook.config);
+  CHECK(train::diagnose(last_hook.config, train::train_reference(last_hook.config),
+                        last_hook.ranks, 1e-5).empty());
+  CHECK(joined(overlap_findings_of_real_run(last_hook))
+            .find("all 6 all-reduces were launched only after the last gradient of the "
+                  "backward was ready") != std::string::npos);
 }

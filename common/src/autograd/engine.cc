@@ -81,13 +81,16 @@ struct LaterCreatedFirst {
 // ~~~~~~~~~~~~~~~~~~
 // With tracing on, backward() records an instant "graph done" (category
 // "autograd") once the last node has run, before any queued callback, and a
-// span "callbacks" around the callbacks when any were queued. Both go on the
+// span "callbacks" around the callbacks when any were queued; every
+// AccumulateGrad records an instant "grad ready" (same category) when its
+// leaf's gradient is final, just before that leaf's hooks run. All go on the
 // trace's one total order, so a checker can state overlap as a happens-before
-// fact instead of timing it: "bucket 0's allreduce was queued before graph
-// done" holds only for a DDP that launches communication from hooks while
-// backward still computes earlier layers. A DDP that launches everything
-// from a queued end-of-backward callback queues its all-reduces after
-// "graph done", inside "callbacks". With tracing off, trace::instant and
+// fact instead of timing it: "bucket 0's allreduce was queued before the
+// last grad ready" holds only for a DDP that launches communication from
+// hooks while backward still computes earlier layers. A DDP that launches
+// everything from a queued end-of-backward callback queues its all-reduces
+// after "graph done", inside "callbacks"; one that waits for the last
+// gradient's hook queues them after the last "grad ready". With tracing off, trace::instant and
 // trace::Span cost one atomic load each and record nothing.
 
 // Step 1: for every node reachable from root, the number of edges into it.

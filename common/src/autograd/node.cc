@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "tensorplay/trace.h"
+
 namespace tp::autograd {
 namespace {
 
@@ -72,6 +74,9 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
   // another) changes the list from the next pass on, not this loop. Hooks
   // get variable_ as const Tensor&: they may change the leaf's gradient but
   // never rebind variable_, which every later pass dereferences.
+  // With tracing on, mark the moment on the trace first (Note [Phase marks]
+  // in engine.cc): a hook's launches then come after its own gradient's mark.
+  trace::instant("grad ready", "autograd");
   const auto hooks = leaf.post_accumulate_grad_hooks;
   for (const auto& [id, hook] : hooks) hook(variable_);
   return {};

@@ -280,12 +280,15 @@ struct ProcessGroupGloo::Impl {
     }
   }
 
-  std::shared_ptr<Work> enqueue(const char* op, const char* queued_event,
+  // nbytes: the payload, recorded on the trace so a checker can tell which
+  // bucket a collective carried.
+  std::shared_ptr<Work> enqueue(const char* op, const char* queued_event, uint64_t nbytes,
                                 std::initializer_list<uint64_t> must_agree,
                                 std::function<void(uint32_t)> body) {
     const uint64_t seq = next_seq++;
     auto work = std::make_shared<Work>(op, seq, rank);
-    trace::instant(queued_event, "comm", {{"seq", static_cast<int64_t>(seq)}});
+    trace::instant(queued_event, "comm",
+                   {{"seq", static_cast<int64_t>(seq)}, {"bytes", static_cast<int64_t>(nbytes)}});
     {
       std::lock_guard<std::mutex> lock(mutex);
       queue.push_back(Task{op, seq, work, std::move(body), make_tag(seq, must_agree)});
@@ -443,7 +446,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const Tensor& tensor, ReduceOp
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
   return impl_->enqueue(
-      "allreduce", "allreduce queued",
+      "allreduce", "allreduce queued", buf.nbytes,
       {buf.numel, static_cast<uint64_t>(buf.dtype), static_cast<uint64_t>(op)},
       [context, buf, op, timeout](uint32_t tag) {
         if (buf.numel == 0) return;  // Gloo rejects empty buffers; nothing to reduce
@@ -468,7 +471,7 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
   return impl_->enqueue(
-      "broadcast", "broadcast queued",
+      "broadcast", "broadcast queued", buf.nbytes,
       {buf.nbytes, static_cast<uint64_t>(buf.dtype), static_cast<uint64_t>(root)},
       [context, buf, root, timeout](uint32_t tag) {
         if (buf.nbytes == 0) return;
@@ -507,7 +510,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& out
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
   return impl_->enqueue(
-      "allgather", "allgather queued", {in.nbytes, static_cast<uint64_t>(in.dtype)},
+      "allgather", "allgather queued", in.nbytes, {in.nbytes, static_cast<uint64_t>(in.dtype)},
       [context, in, outs, timeout](uint32_t tag) {
         if (in.nbytes == 0) return;
         // Gloo gathers into one buffer holding every rank's block in rank
@@ -530,7 +533,7 @@ std::shared_ptr<Work> ProcessGroupGloo::barrier() {
   ++counters_.barrier;
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
-  return impl_->enqueue("barrier", "barrier queued", {}, [context, timeout](uint32_t tag) {
+  return impl_->enqueue("barrier", "barrier queued", 0, {}, [context, timeout](uint32_t tag) {
     gloo::BarrierOptions opts(context);
     opts.setTag(tag);
     opts.setTimeout(timeout);

@@ -510,9 +510,7 @@ void Job::throw_failure() {
       blamed_outcome = o;
     }
   }
-  // Unreachable in practice: the failure that brought us here was reaped
-  // before end_all(), so it is a candidate.
-  if (blamed < 0) {
+  if (blamed < 0) {  // unreachable: the failure that led here was reaped before end_all()
     throw SpawnError(-1, "tp::multiprocessing::spawn: a rank failed but none could be blamed");
   }
   throw SpawnError(blamed,
@@ -530,15 +528,15 @@ std::vector<std::string> Job::join() {
     if (!reap_finished()) continue;
     // Which failure to blame is decided in throw_failure(), once the others
     // have had their settle window (Note [Which rank failed first]).
-    bool all_ok = true;
+    bool all_done = true;
     for (const Child& c : children_) {
       if (!c.reaped) {
-        all_ok = false;
+        all_done = false;
       } else if (!decode(c).ok) {
         throw_failure();
       }
     }
-    if (all_ok) break;
+    if (all_done) break;
   }
   std::vector<std::string> payloads;
   payloads.reserve(children_.size());

@@ -110,7 +110,7 @@ void report_case(CheckerRun& run, const std::string& description,
     return;
   }
   char line[512];
-  std::snprintf(line, sizeof line, "PASS  %-56s max |loss diff| %.1e  max |param diff| %.1e\n",
+  std::snprintf(line, sizeof line, "PASS  %s\n      max |loss diff| %.1e, max |param diff| %.1e\n",
                 description.c_str(), comparison.max_loss_diff, comparison.final_params.max_abs);
   run.print(line);
 }

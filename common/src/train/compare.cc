@@ -22,7 +22,9 @@ namespace tp::train {
 // (float32, 10 steps) 1.5e-8. We compare
 //   |ddp - ref| <= tolerance * max(1, |ref|)
 // (for the kit's losses and parameters, mostly below 1, that is an absolute
-// bound) with tolerance 1e-5 (float32) and 1e-10 (float64): about 100x above the
+// bound; whole snapshots are compared by their largest absolute difference
+// against the tolerance itself, which is stricter for the few values above
+// 1) with tolerance 1e-5 (float32) and 1e-10 (float64): about 100x above the
 // rounding noise, and far below the smallest effect of a real bug (a
 // gradient left unaveraged moves a parameter by ~lr * |g| ~ 1e-3 in one step).
 double default_tolerance(Dtype dtype) {
@@ -92,7 +94,7 @@ std::string first_values(const ParamValues* p, size_t count = 4) {
   return out + "]";
 }
 
-// Which parameters differ between rank `r` and rank 0 in these snapshots.
+// Names of the tensors that differ between two snapshots of the same list.
 std::vector<std::string> params_differing(const Snapshot& a, const Snapshot& b,
                                           double tolerance) {
   std::vector<std::string> names;
@@ -145,6 +147,15 @@ std::vector<Finding> check_list(const RankResult& r, const char* noun, const Sna
                      listing + " must list the wrapped module's " + noun + "s in order"});
       break;
     }
+    int64_t elements = 1;
+    for (int64_t d : mine[p].shape) elements *= d;
+    if (static_cast<int64_t>(mine[p].values.size()) != elements) {
+      out.push_back({detail::cat("rank ", r.rank, " reported ", mine[p].values.size(),
+                                 " values for ", noun, " ", mine[p].name, " of shape ",
+                                 tp::to_string(mine[p].shape)),
+                     "the rank's results are incomplete: did it finish its run?"});
+      break;
+    }
   }
   return out;
 }
@@ -173,10 +184,18 @@ std::vector<Finding> check_results_complete(const RunConfig& config,
                                  " micro-batch losses; its plan has ", expected),
                      "every rank must run each of its micro-batches once"});
     }
-    for (const Snapshot* snap : {&r.initial_params, &r.final_params}) {
+    for (const Snapshot* snap : {&r.initial_params, &r.after_first_step, &r.final_params}) {
       for (Finding& f : check_list(r, "parameter", *snap, reference.final_params,
                                    "parameters()")) {
         out.push_back(std::move(f));
+      }
+    }
+    for (const auto* counts : {&r.allreduces_per_micro, &r.broadcasts_per_micro}) {
+      if (static_cast<int64_t>(counts->size()) != expected) {
+        out.push_back({detail::cat("rank ", r.rank, " counted collectives for ", counts->size(),
+                                   " micro-batches; its plan has ", expected),
+                       "every rank must run each of its micro-batches once"});
+        break;
       }
     }
     for (const Snapshot* snap : {&r.initial_buffers, &r.final_buffers}) {
@@ -398,9 +417,10 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
                           names.size() == 1 ? "that parameter" : "each of them",
                           " all-reduced ", advice.where_sync, ", or skipped?")
             : "every parameter disagrees between ranks: each rank stepped with its own "
-              "gradient, so gradients were not all-reduced (are gradients averaged " +
-                  advice.how_sync_runs + ", and is every gradient all-reduced " +
-                  advice.where_sync + "?)";
+              "gradient, so gradients were not all-reduced, or were read before their "
+              "all-reduce finished (are gradients averaged " +
+                  advice.how_sync_runs + ", is every gradient all-reduced " + advice.where_sync +
+                  ", and is every all-reduce waited for before the optimizer step?)";
     const RankResult& worst = ranks[static_cast<size_t>(std::max(step0.rank, 0))];
     out.push_back({detail::cat("after step 0's update, ranks hold different parameters (",
                                join(names), "); worst vs the reference: rank ", step0.rank, ", ",
@@ -415,7 +435,7 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
     const double ratio = update_ratio(rank0);
     std::string cause;
     if (near(ratio, w)) {
-      cause = detail::cat("rank 0 matches at step 0 and drifts from step 1, and the first update is ",
+      cause = detail::cat("step 0's losses match, but the first update is ",
                           num(ratio), "x the reference's (W = ", w,
                           "): is the sum divided by the world size?");
     } else if (near(ratio, 1.0 / w)) {
@@ -440,8 +460,11 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
     const RankResult& r = ranks[static_cast<size_t>(c.loss_rank)];
     const auto at = static_cast<size_t>(c.loss_index);
     const double ref = reference.losses[static_cast<size_t>(c.loss_rank)][at];
-    out.push_back({detail::cat("losses match through step 0 and first differ at step ",
-                               c.first_bad_index / k_micro, "; the largest difference is at step ",
+    const int64_t first_bad_step = c.first_bad_index / k_micro;
+    out.push_back({detail::cat("losses match through step ", first_bad_step - 1,
+                               " and first differ at step ", first_bad_step,
+                               ", so the update at the end of step ", first_bad_step - 1,
+                               " is the first wrong one; the largest difference is at step ",
                                c.loss_index / k_micro,
                                k_micro > 1 ? detail::cat(" (micro-batch ", c.loss_index, ")") : "",
                                ", rank ", c.loss_rank, ": ", num(r.losses[at]), " vs reference ",
@@ -467,8 +490,9 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
                                first_values(find(ranks[rank].final_buffers, c.final_buffers.name)),
                                ", reference ",
                                first_values(find(reference.final_buffers[rank], c.final_buffers.name))),
-                   config.buffer_sync == BufferSync::EveryForward
-                       ? "buffers must be broadcast from rank 0 before every forward"
+                   config.buffer_sync == BufferSync::EveryStep
+                       ? "buffers must be broadcast from rank 0 before the first forward of "
+                         "every step"
                        : "each rank's buffers evolve with its own forwards after construction: "
                          "are they broadcast or changed later?"});
   }

@@ -28,8 +28,8 @@ void validate(const RunConfig& config) {
   }
   TP_CHECK_EQ(config.batches_per_rank.size(), static_cast<size_t>(config.world_size), who,
               ": batches_per_rank lists one count per rank; leave it empty for even inputs");
-  if (config.buffer_sync == BufferSync::EveryForward && uneven(config)) {
-    TP_THROW(Error, who, ": buffer_sync = EveryForward with uneven inputs is not modelled "
+  if (config.buffer_sync == BufferSync::EveryStep && uneven(config)) {
+    TP_THROW(Error, who, ": buffer_sync = EveryStep with uneven inputs is not modelled "
              "(which rank's buffers a joined rank would shadow is a Join design choice); use "
              "even inputs or another BufferSync");
   }
@@ -128,7 +128,7 @@ std::string describe(const RunConfig& config) {
       config.model_kind != ModelKind::MiniMLP ? " " + to_string(config.model_kind) : "",
       config.model_kind == ModelKind::Buffered
           ? (config.buffer_sync == BufferSync::None ? " buffers-unsynced"
-             : config.buffer_sync == BufferSync::EveryForward ? " buffers-every-forward"
+             : config.buffer_sync == BufferSync::EveryStep ? " buffers-every-step"
                                                               : " buffers-at-construction")
           : "",
       config.per_rank_seed ? " per-rank seeds" : " shared seed");

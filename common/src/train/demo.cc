@@ -181,7 +181,7 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
                                       [&](const DemoFlag& f) { return f.name == flag; });
       if (extra == stage_flags.end()) usage(stage, 2, "unknown flag '" + flag + "'");
       const std::string text = extra->value_name.empty() ? "" : value();
-      const std::string problem = extra->apply(text);
+      const std::string problem = extra->apply(text, args.config);
       if (!problem.empty()) usage(stage, 2, flag + ": " + problem);
     }
   }
@@ -253,7 +253,7 @@ std::vector<StepRow> step_rows(const RunConfig& config, const ReferenceResult& r
 // "bucket 0: fc3.bias, fc3.weight (528 B)" for each bucket, when the stage has them.
 void print_buckets(const RunConfig& config, const RankResult& rank0) {
   if (rank0.buckets.empty()) return;
-  const size_t element = config.dtype == kFloat64 ? 8 : 4;
+  const size_t element = element_size(config.dtype);
   std::printf("buckets on rank 0 (launch order):\n");
   for (size_t b = 0; b < rank0.buckets.size(); ++b) {
     std::string names;
@@ -273,8 +273,24 @@ std::string json_optional(std::optional<double> v) { return v ? json_number(*v) 
 
 }  // namespace
 
+DemoFlag number_flag(std::string name, std::string value_name, std::string help,
+                     double& target, double low, double high) {
+  return DemoFlag{std::move(name), std::move(value_name), std::move(help),
+                  [&target, low, high](const std::string& text, RunConfig&) -> std::string {
+                    char* end = nullptr;
+                    const double v = std::strtod(text.c_str(), &end);
+                    if (text.empty() || *end != '\0' || !std::isfinite(v) || v < low || v > high) {
+                      return detail::cat("expects a number from ", low, " to ", high, ", got '",
+                                         text, "'");
+                    }
+                    target = v;
+                    return "";
+                  }};
+}
+
 void report_demo(const std::string& stage, const std::string& title, const DemoArgs& args,
-                 const ReferenceResult& reference, const std::vector<RankResult>& ranks) {
+                 const ReferenceResult& reference, const std::vector<RankResult>& ranks,
+                 const Advice& advice) {
   const RunConfig& config = args.config;
   const int last = config.world_size - 1;
   const double tolerance = default_tolerance(config.dtype);
@@ -328,7 +344,7 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
   std::printf("all-reduces per step on rank 0: %llu for %zu parameter tensors\n",
               static_cast<unsigned long long>(step0_allreduces), ranks[0].final_params.size());
   std::vector<Finding> findings = check_results_complete(config, reference, ranks);
-  if (findings.empty()) findings = diagnose(config, reference, ranks, tolerance);
+  if (findings.empty()) findings = diagnose(config, reference, ranks, tolerance, advice);
   if (findings.empty()) {
     std::printf("verdict: matches the reference within %.0e x max(1, |value|)\n", tolerance);
   } else {

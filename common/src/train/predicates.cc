@@ -2,6 +2,7 @@
 #include "tensorplay/train/predicates.h"
 
 #include <algorithm>
+#include <map>
 
 #include "tensorplay/error.h"
 
@@ -41,14 +42,29 @@ std::string buckets_text(const std::vector<std::vector<int64_t>>& buckets) {
   return out.empty() ? "(none)" : out;
 }
 
+int64_t seq_of(const trace::Event& e) {
+  for (const auto& [key, value] : e.args) {
+    if (key == "seq") return value;
+  }
+  return -1;
+}
+
+// One all-reduce as the trace shows it: queued on the issuing thread, run on
+// the communication thread; paired by their sequence number, so an
+// all-reduce that runs after its step ended still belongs to its step.
+struct AllReduce {
+  const trace::Event* queued = nullptr;
+  const trace::Event* span = nullptr;  // null: it never ran before the trace ended
+};
+
 // The events of one optimizer step on one rank's trace, by role.
 struct StepEvents {
   int64_t step = -1;
   const trace::Event* last_backward = nullptr;  // the step's syncing backward
   const trace::Event* optimizer = nullptr;
-  std::vector<const trace::Event*> graph_done;       // engine marks, any backward
-  std::vector<const trace::Event*> allreduce_queued;  // instants on the issuing thread
-  std::vector<const trace::Event*> allreduce_spans;   // spans on the comm thread
+  std::vector<const trace::Event*> graph_done;  // engine marks, any backward of the step
+  std::vector<const trace::Event*> grad_ready;  // AccumulateGrad marks, likewise
+  std::vector<AllReduce> allreduces;            // queued during the step, in queue order
 };
 
 // Splits a rank's trace into steps, by the "step" spans' order positions.
@@ -56,7 +72,9 @@ struct StepEvents {
 std::vector<StepEvents> steps_of_trace(const RankResult& r) {
   std::vector<StepEvents> steps;
   std::vector<std::pair<uint64_t, uint64_t>> bounds;  // [begin, end] of each step span
+  std::map<int64_t, const trace::Event*> spans_by_seq;
   for (const trace::Event& e : r.events) {
+    if (e.name == "allreduce" && e.phase == 'X') spans_by_seq[seq_of(e)] = &e;
     if (e.name != "step" || e.phase != 'X') continue;
     StepEvents s;
     s.step = e.args.empty() ? static_cast<int64_t>(steps.size()) : e.args[0].second;
@@ -73,15 +91,30 @@ std::vector<StepEvents> steps_of_trace(const RankResult& r) {
         step.optimizer = &e;
       } else if (e.name == "graph done") {
         step.graph_done.push_back(&e);
+      } else if (e.name == "grad ready") {
+        step.grad_ready.push_back(&e);
       } else if (e.name == "allreduce queued") {
-        step.allreduce_queued.push_back(&e);
-      } else if (e.name == "allreduce" && e.phase == 'X') {
-        step.allreduce_spans.push_back(&e);
+        const auto span = spans_by_seq.find(seq_of(e));
+        step.allreduces.push_back({&e, span == spans_by_seq.end() ? nullptr : span->second});
       }
       break;
     }
   }
   return steps;
+}
+
+// The first all-reduce of `step` still running (or never run) when the
+// step's optimizer began; null when all were done.
+const AllReduce* unfinished_before_optimizer(const StepEvents& step) {
+  const uint64_t optimizer_begin = step.optimizer ? step.optimizer->begin_order : 0;
+  for (const AllReduce& a : step.allreduces) {
+    // end_order 0: the span never ended, the collective was still running.
+    if (a.span == nullptr || optimizer_begin == 0 || a.span->end_order == 0 ||
+        a.span->end_order > optimizer_begin) {
+      return &a;
+    }
+  }
+  return nullptr;
 }
 
 // The finding for a trace that cannot support an order check.
@@ -95,8 +128,15 @@ std::vector<Finding> missing_trace(const RankResult& r, size_t steps_seen, int64
 
 std::vector<Finding> check_construction_counts(const CaseRun& run, uint64_t broadcasts,
                                                uint64_t allreduces,
-                                               const std::string& broadcast_cause) {
+                                               const std::string& broadcast_cause,
+                                               std::optional<uint64_t> allgathers) {
   for (const RankResult& r : run.ranks) {
+    if (allgathers && r.construction_allgathers != *allgathers) {
+      return {{cat("rank ", r.rank, ": the constructor issued ", r.construction_allgathers,
+                   " all-gathers; expected ", *allgathers),
+               "check that every rank wraps the same model once: the parameter count, then "
+               "every parameter's shape, each in one all-gather"}};
+    }
     if (r.construction_broadcasts != broadcasts) {
       return {{cat("rank ", r.rank, ": the constructor issued ", r.construction_broadcasts,
                    " broadcasts; expected ", broadcasts, " (", run.num_params(), " parameters",
@@ -154,8 +194,11 @@ std::vector<Finding> check_quiet_until_last_micro_batch(const CaseRun& run,
     for (int64_t i = 0; i < micro_batches_of(run.config, r.rank); ++i) {
       if (i % k == k - 1) continue;
       const auto at = static_cast<size_t>(i);
+      // Buffers synced every step are broadcast in the first micro-batch's
+      // forward (BufferSync::EveryStep); nothing else may communicate.
+      const bool buffers_due = run.config.buffer_sync == BufferSync::EveryStep && i % k == 0;
       const uint64_t got = count_of(r, Collective::AllReduce, at) +
-                           count_of(r, Collective::Broadcast, at);
+                           (buffers_due ? 0 : count_of(r, Collective::Broadcast, at));
       if (got == 0) continue;
       return {{cat(where(run.config, r.rank, i), ": counted ", got,
                    " collectives in a micro-batch that only accumulates (", k,
@@ -178,25 +221,26 @@ std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
     for (const StepEvents& s : steps) {
       const std::string at = cat("rank ", r.rank, ", step ", s.step);
       const uint64_t counted = allreduces_in_step(r, k, s.step);
-      if (s.allreduce_spans.size() != counted) {
-        return {{cat(at, ": ", counted, " all-reduces were issued but ", s.allreduce_spans.size(),
-                     " ran before the step ended"),
-                 "wait() for every all-reduce " + advice.where_sync + " before returning"}};
+      if (s.allreduces.size() != counted) {
+        return {{cat(at, ": ", counted, " all-reduces were counted but the trace shows ",
+                     s.allreduces.size(), " queued in the step"),
+                 "the order checks need RunConfig::trace on every rank"}};
       }
-      const uint64_t backward_end = s.last_backward ? s.last_backward->end_order : UINT64_MAX;
-      const uint64_t optimizer_begin = s.optimizer ? s.optimizer->begin_order : 0;
-      for (const trace::Event* a : s.allreduce_spans) {
-        if (a->begin_order < backward_end) {
-          return {{at + ": an all-reduce started before backward finished",
+      if (s.last_backward == nullptr) {
+        return {{at + ": the trace shows no backward", "the order checks need RunConfig::trace"}};
+      }
+      const uint64_t backward_end = s.last_backward->end_order;
+      for (const AllReduce& a : s.allreduces) {
+        if (a.queued->begin_order < backward_end) {
+          return {{at + ": an all-reduce was issued before backward finished",
                    "average the gradients " + advice.how_sync_runs +
                        ": the gradients are not final before"}};
         }
-        // end_order 0: the span never ended, the collective was still running.
-        if (optimizer_begin == 0 || a->end_order == 0 || a->end_order > optimizer_begin) {
-          return {{at + ": an all-reduce was still running when the optimizer step began",
-                   "wait() for every all-reduce " + advice.where_sync +
-                       ": the optimizer must read averaged gradients"}};
-        }
+      }
+      if (unfinished_before_optimizer(s) != nullptr) {
+        return {{at + ": an all-reduce was still running when the optimizer step began",
+                 "wait() for every all-reduce " + advice.where_sync +
+                     ": the optimizer must read averaged gradients"}};
       }
     }
   }
@@ -217,44 +261,64 @@ std::vector<Finding> check_overlap(const CaseRun& run, const std::string& launch
       if (s.last_backward == nullptr) {
         return {{at + ": the trace shows no backward", "the order checks need RunConfig::trace"}};
       }
-      // The engine's mark for the syncing backward: the one inside its span.
+      const uint64_t backward_begin = s.last_backward->begin_order;
+      const uint64_t backward_end = s.last_backward->end_order;
+      auto inside_backward = [&](const trace::Event* e) {
+        return e->begin_order > backward_begin && e->begin_order < backward_end;
+      };
+      // The engine's marks for the syncing backward: the ones inside its span.
       const trace::Event* done = nullptr;
+      const trace::Event* last_ready = nullptr;
       for (const trace::Event* g : s.graph_done) {
-        if (g->begin_order > s.last_backward->begin_order &&
-            g->begin_order < s.last_backward->end_order) {
-          done = g;
-        }
+        if (inside_backward(g)) done = g;
       }
-      if (done == nullptr) {
-        return {{at + ": the trace has no \"graph done\" mark inside the backward span",
-                 "the autograd engine marks the end of the graph when tracing is on; is "
-                 "backward run through tp::Tensor::backward?"}};
+      for (const trace::Event* g : s.grad_ready) {
+        if (inside_backward(g)) last_ready = g;
+      }
+      if (done == nullptr || last_ready == nullptr) {
+        return {{at + ": the trace has no \"grad ready\" and \"graph done\" marks inside the "
+                      "backward span",
+                 "the autograd engine marks them when tracing is on; is backward run through "
+                 "tp::Tensor::backward?"}};
       }
       // All-reduces launched during the syncing backward (a stage may issue
       // others earlier, e.g. in forward; those are not the buckets').
-      size_t launched = 0;
+      std::vector<const AllReduce*> launched;
+      for (const AllReduce& a : s.allreduces) {
+        if (a.queued->begin_order > backward_begin) launched.push_back(&a);
+      }
+      const uint64_t counted = allreduces_in_step(r, k, s.step);
+      if (launched.empty() && counted > 0) {
+        return {{at + ": no all-reduce was launched during the step's backward", launch_cause}};
+      }
       size_t late = 0;
-      for (const trace::Event* q : s.allreduce_queued) {
-        if (q->begin_order < s.last_backward->begin_order) continue;
-        ++launched;
-        if (q->begin_order > done->begin_order) ++late;
-      }
-      if (launched == 0 && allreduces_in_step(r, k, s.step) > 0) {
-        return {{at + ": no all-reduce was launched during the step's backward",
-                 launch_cause}};
-      }
+      for (const AllReduce* a : launched) late += a->queued->begin_order > done->begin_order;
       if (late > 0) {
-        return {{cat(at, ": ", late, " of ", launched, " all-reduces were launched after the "
-                     "autograd graph had finished (from end-of-backward callbacks), so they "
+        return {{cat(at, ": ", late, " of ", launched.size(), " all-reduces were launched after "
+                     "the autograd graph had finished (from end-of-backward callbacks), so they "
                      "could not overlap with backward"),
                  launch_cause}};
       }
-      const uint64_t optimizer_begin = s.optimizer ? s.optimizer->begin_order : 0;
-      for (const trace::Event* a : s.allreduce_spans) {
-        if (optimizer_begin == 0 || a->end_order == 0 || a->end_order > optimizer_begin) {
-          return {{at + ": an all-reduce was still running when the optimizer step began",
-                   wait_cause}};
-        }
+      // Every bucket but the last is complete before the last gradient is
+      // ready (gradients become ready in reverse registration order, the
+      // order buckets are filled), so its all-reduce must leave before it:
+      // launching them from the last gradient's hook overlaps nothing either.
+      size_t held = 0;
+      for (size_t a = 0; a + 1 < launched.size(); ++a) {
+        held += launched[a]->queued->begin_order > last_ready->begin_order;
+      }
+      if (held > 0) {
+        const std::string which =
+            held + 1 == launched.size()
+                ? cat("all ", launched.size(), " all-reduces were")
+                : cat(held, " of the first ", launched.size() - 1, " all-reduces were");
+        return {{cat(at, ": ", which, " launched only after the last gradient of the backward "
+                     "was ready, so they did not overlap with computing the others"),
+                 launch_cause}};
+      }
+      if (unfinished_before_optimizer(s) != nullptr) {
+        return {{at + ": an all-reduce was still running when the optimizer step began",
+                 wait_cause}};
       }
     }
   }
@@ -264,22 +328,28 @@ std::vector<Finding> check_overlap(const CaseRun& run, const std::string& launch
 std::vector<std::vector<int64_t>> expected_buckets(const Snapshot& params, size_t element_size,
                                                    double bucket_cap_mb,
                                                    double first_bucket_cap_mb) {
-  const double mib = 1024.0 * 1024.0;
+  // Caps in whole bytes, as PyTorch computes them: int(cap_mb * 1024 * 1024).
+  auto cap_bytes = [](double mb) { return static_cast<uint64_t>(mb * 1024.0 * 1024.0); };
   std::vector<std::vector<int64_t>> buckets;
   std::vector<int64_t> open;
-  double bytes = 0.0;
+  uint64_t bytes = 0;
   for (auto p = static_cast<int64_t>(params.size()) - 1; p >= 0; --p) {
     open.push_back(p);
-    bytes += static_cast<double>(params[static_cast<size_t>(p)].values.size() * element_size);
-    const double cap = (buckets.empty() ? first_bucket_cap_mb : bucket_cap_mb) * mib;
-    if (bytes >= cap) {
+    bytes += params[static_cast<size_t>(p)].values.size() * element_size;
+    if (bytes >= cap_bytes(buckets.empty() ? first_bucket_cap_mb : bucket_cap_mb)) {
       buckets.push_back(std::move(open));
       open.clear();
-      bytes = 0.0;
+      bytes = 0;
     }
   }
   if (!open.empty()) buckets.push_back(std::move(open));
   return buckets;
+}
+
+std::vector<std::vector<int64_t>> expected_buckets(const CaseRun& run, double bucket_cap_mb,
+                                                   double first_bucket_cap_mb) {
+  return expected_buckets(run.reference.final_params, element_size(run.config.dtype),
+                          bucket_cap_mb, first_bucket_cap_mb);
 }
 
 std::vector<Finding> check_buckets(const CaseRun& run,

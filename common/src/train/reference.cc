@@ -70,13 +70,14 @@ ReferenceResult train_reference(const RunConfig& config) {
     optimizer.zero_grad();
     // Gradients accumulate over every backward of the step. Scaling each
     // micro-batch loss by 1 / (divisor * K) makes their sum the mean over
-    // the K micro-batches, summed over the ranks and divided by the world
-    // size: what DDP's averaged all-reduce must produce.
+    // the K micro-batches, summed over the ranks and divided by the plan's
+    // divisor (the world size, unless uneven inputs say otherwise): what
+    // DDP's averaged all-reduce must produce.
     const double scale = 1.0 / (static_cast<double>(divisor_at(config, step)) *
                                 static_cast<double>(k_micro));
     for (int64_t micro = 0; micro < k_micro; ++micro) {
       const int64_t i = step * k_micro + micro;  // the micro-batch number
-      if (config.buffer_sync == BufferSync::EveryForward) {
+      if (config.buffer_sync == BufferSync::EveryStep && micro == 0) {
         for (int rank = 1; rank < world_size; ++rank) {
           copy_into(rank_buffers[rank], rank_buffers[0]);
         }

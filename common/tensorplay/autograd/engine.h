@@ -17,8 +17,9 @@
 //   - Trace: when tp::trace is enabled, backward() marks its phases, both
 //     with category "autograd": an instant "graph done" right after the last
 //     node has run and before any queued callback runs; then, only if at
-//     least one callback was queued, a span "callbacks" around running them.
-//     With tracing off nothing is recorded. Checkers use the marks for
+//     least one callback was queued, a span "callbacks" around running them;
+//     and each AccumulateGrad an instant "grad ready" just before its
+//     leaf's hooks run. With tracing off nothing is recorded. Checkers use the marks for
 //     happens-before: a collective queued before "graph done" overlapped
 //     backward. See Note [Phase marks] in engine.cc.
 //   - Reentrant backward (backward inside a hook) is not supported.

@@ -59,6 +59,7 @@ class Node : public std::enable_shared_from_this<Node> {
 // leaf.grad() (in place once it exists, so a grad that is a view into a DDP
 // bucket stays a view), then runs the leaf's post-accumulate-grad hooks,
 // handing each the leaf as a const Tensor& (a hook cannot rebind variable()).
+// With tracing on it records an instant "grad ready" before the hooks.
 // Holds the leaf strongly; the leaf holds this node weakly.
 class AccumulateGrad : public Node {
  public:

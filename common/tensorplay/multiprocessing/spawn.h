@@ -51,6 +51,8 @@ struct SpawnOptions {
   // OpenBLAS threads per rank.
   int blas_threads = 1;
   // How long a rank gets between SIGTERM and SIGKILL when the job is ended.
+  // After the first failure the other ranks also get min(kill_grace, 500 ms)
+  // to fail on their own and report, before any is signalled.
   std::chrono::milliseconds kill_grace{2000};
 };
 
@@ -91,8 +93,8 @@ namespace result_text {
 template <typename T>
 using BitsOf = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
 
-// The text of an arithmetic value: an integer in decimal, bool as 0 or 1, a float or a double as its bits in
-// hex (0.1 is "3fb999999999999a").
+// The text of an arithmetic value: an integer in decimal, bool as 0 or 1, a
+// float or a double as its bits in hex (0.1 is "3fb999999999999a").
 template <typename T>
 std::string encode(T value) {
   static_assert(!std::is_floating_point_v<T> || std::is_same_v<T, float> ||

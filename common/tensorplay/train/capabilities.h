@@ -7,9 +7,10 @@
 //     from method names: a stage-03 DDP that keeps a sync_grads() for
 //     debugging is not synced twice, because it declares syncs_in_backward.
 //   - Exactly one of syncs_after_backward and syncs_in_backward is true.
-//   - Each flag names the member the stage must then have; the trainer calls
-//     it, so a stage that declares a flag without the member fails to compile
-//     there, not at run time.
+//   - Each flag names the member the stage must then have; the concept
+//     DataParallelModel (ddp_trainer.h) requires it, so a stage that declares
+//     a flag without the member fails to compile with the concept's name in
+//     the message, not at run time.
 #pragma once
 
 namespace tp::train {
@@ -29,6 +30,10 @@ struct Capabilities {
   // shadows the collectives of the ranks still training until all have
   // joined. Needed for uneven inputs.
   bool join = false;
+  // Stage 05 on: can train a model whose parameters may get no gradient
+  // (find_unused_parameters). Without it, the trainer refuses such a plan
+  // (ModelKind::Branchy) before starting any rank.
+  bool unused_parameters = false;
   // Stage 02 on: `ddp.bucket_assignment()` returns the parameter indices
   // (named_parameters() order) of each bucket, in bucket order, as
   // std::vector<std::vector<int64_t>>, so checkers can check the rule.

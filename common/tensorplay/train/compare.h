@@ -25,7 +25,7 @@ struct ParamDiff {
   double max_abs = 0.0;
   std::string name;     // parameter with the largest difference
   int64_t element = 0;  // its flat index
-  int rank = -1;        // the DDP rank (-1 when comparing ranks among themselves)
+  int rank = -1;        // the DDP rank the snapshot came from
 };
 
 struct Comparison {
@@ -46,7 +46,8 @@ struct Comparison {
 // A tolerance for each dtype; see Note [Tolerance] in compare.cc.
 double default_tolerance(Dtype dtype);
 
-// REQUIRES: ranks has config.world_size entries with matching step counts.
+// Compares whatever each rank reported (ragged results included); run
+// check_results_complete() first to know the numbers mean something.
 Comparison compare(const ReferenceResult& reference,
                    const std::vector<RankResult>& ranks, double tolerance);
 

@@ -57,7 +57,11 @@ enum class Divisor {
 enum class BufferSync {
   None,            // never: each rank's buffers start from its own seed and evolve alone
   AtConstruction,  // once, when DDP is constructed (stage 01)
-  EveryForward,    // before every forward, as PyTorch DDP does
+  // Before the first forward of every optimizer step, as PyTorch DDP does
+  // with broadcast_buffers: it syncs buffers before a forward that follows a
+  // syncing backward (or is the first), so under no_sync only the first of a
+  // step's K micro-batches does.
+  EveryStep,
 };
 
 struct RunConfig {

@@ -15,8 +15,9 @@
 //     process group on a fresh file:// rendezvous, and returns every rank's
 //     RankResult in rank order.
 //   - A plan the stage cannot run (accumulation without no_sync for a stage
-//     that syncs inside backward, uneven inputs without join) throws tp::Error
-//     saying which capability is missing, before any collective.
+//     that syncs inside backward, uneven inputs without join, parameters
+//     without gradients without unused_parameters) throws tp::Error saying
+//     which capability is missing, before any rank starts.
 //   - A rank's exception or hang comes back as tp::multiprocessing::SpawnError
 //     naming the rank (and, for a hang, the collective it waits in).
 #pragma once
@@ -54,7 +55,14 @@ concept DataParallelModel =
       { ddp.named_parameters() } -> std::same_as<std::vector<nn::NamedTensor>>;
     } &&
     // Exactly one way of syncing.
-    (D::capabilities.syncs_after_backward != D::capabilities.syncs_in_backward);
+    (D::capabilities.syncs_after_backward != D::capabilities.syncs_in_backward) &&
+    // Each capability's member (capabilities.h).
+    (!D::capabilities.syncs_after_backward || requires(D ddp) { ddp.sync_grads(); }) &&
+    (!D::capabilities.no_sync || requires(D ddp) { ddp.no_sync(); }) &&
+    (!D::capabilities.join || requires(D ddp, std::function<void()> body) { ddp.join(body); }) &&
+    (!D::capabilities.buckets || requires(D ddp) {
+      { ddp.bucket_assignment() } -> std::convertible_to<std::vector<std::vector<int64_t>>>;
+    });
 
 // Throws tp::Error when stage D cannot run this plan (see the contract).
 template <DataParallelModel D>
@@ -65,6 +73,11 @@ void check_plan_fits_stage(const RunConfig& config) {
     TP_THROW(Error, "tp::train: this stage syncs inside backward and has no no_sync(), so "
              "every micro-batch's backward would all-reduce; gradient accumulation "
              "(micro_batches = ", config.micro_batches, ") needs no_sync (stage 04 on)");
+  }
+  if (config.model_kind == ModelKind::Branchy && !caps.unused_parameters) {
+    TP_THROW(Error, "tp::train: the BranchyMLP model leaves some parameters without a gradient "
+             "in some steps, and this stage has no support for unused parameters "
+             "(find_unused_parameters, stage 05); use another model");
   }
   if (uneven(config) && !caps.join) {
     TP_THROW(Error, "tp::train: the ranks have different numbers of batches, and this stage "

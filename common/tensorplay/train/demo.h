@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorplay/train/compare.h"
 #include "tensorplay/train/ddp_trainer.h"
 #include "tensorplay/train/reference.h"
 
@@ -36,13 +37,31 @@ struct DemoArgs {
 };
 
 // A flag of the stage's own ("--bucket-cap-mb X"), usually changing its
-// Options. apply() gets the value (empty for a flag without one) and returns
-// "" or what is wrong with it.
+// Options, and the plan when the two must agree (buffer sync). apply() gets
+// the value (empty for a flag without one) and the plan being parsed, and
+// returns "" or what is wrong with the value.
 struct DemoFlag {
   std::string name;        // "--bucket-cap-mb"
   std::string value_name;  // "X"; empty for a flag without a value
   std::string help;        // one line for --help
-  std::function<std::string(const std::string& value)> apply;
+  std::function<std::string(const std::string& value, RunConfig& config)> apply;
+};
+
+// A flag that sets a number in [low, high]: number_flag("--bucket-cap-mb",
+// "X", "bucket size cap in MiB", spec.options.bucket_cap_mb, 0, 1e6).
+// `target` is written while the flags are parsed, so it must outlive them.
+DemoFlag number_flag(std::string name, std::string value_name, std::string help,
+                     double& target, double low, double high);
+
+// What a lesson's demo is: its stage, title, the stage's options and own
+// flags, and its words for the verdict (the checker's Advice).
+template <typename Options>
+struct DemoSpec {
+  std::string stage;  // "01"
+  std::string title;  // "naive DDP, one all-reduce per parameter after backward"
+  Options options{};
+  std::vector<DemoFlag> flags;  // may write `options` (of this very spec) by reference
+  Advice advice;
 };
 
 // Parses the flags above (defaults: 4 ranks, 10 steps) and the stage's own.
@@ -52,21 +71,20 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
                          const std::vector<DemoFlag>& stage_flags = {});
 // Prints the table and summary to stdout; writes JSON when asked.
 void report_demo(const std::string& stage, const std::string& title, const DemoArgs& args,
-                 const ReferenceResult& reference, const std::vector<RankResult>& ranks);
+                 const ReferenceResult& reference, const std::vector<RankResult>& ranks,
+                 const Advice& advice = {});
 
-// The whole main() of a lesson's demo. The stage's flags may change
-// `options` (a reference to the caller's), which is read after parsing.
+// The whole main() of a lesson's demo. The spec's flags write spec.options
+// while the command line is parsed; the DDP is built from it afterwards.
 template <DataParallelModel D>
-int demo_main(int argc, char** argv, const std::string& stage, const std::string& title,
-              const typename D::Options& options = {},
-              const std::vector<DemoFlag>& stage_flags = {}) {
-  DemoArgs args = parse_demo_args(argc, argv, stage, stage_flags);
+int demo_main(int argc, char** argv, const DemoSpec<typename D::Options>& spec) {
+  DemoArgs args = parse_demo_args(argc, argv, spec.stage, spec.flags);
   try {
     ReferenceResult reference = train_reference(args.config);
-    std::vector<RankResult> ranks = run_ddp<D>(args.config, options);
-    report_demo(stage, title, args, reference, ranks);
+    std::vector<RankResult> ranks = run_ddp<D>(args.config, spec.options);
+    report_demo(spec.stage, spec.title, args, reference, ranks, spec.advice);
   } catch (const std::exception& error) {
-    std::fprintf(stderr, "demo %s: %s\n", stage.c_str(), error.what());
+    std::fprintf(stderr, "demo %s: %s\n", spec.stage.c_str(), error.what());
     return 1;
   }
   return 0;

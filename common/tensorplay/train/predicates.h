@@ -10,12 +10,13 @@
 //     end_order), never wall-clock time, so they hold on a loaded machine.
 //     They need RunConfig::trace and refuse to pass a run without a trace.
 //   - Counts come from RankResult::allreduces_per_micro / broadcasts_per_micro
-//     (the collectives a rank issued from the start of one micro-batch to the
-//     start of the next).
+//     (the collectives a rank issued from the start of micro-batch i to its
+//     end, the optimizer step of a step's last micro-batch included).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,10 +40,12 @@ struct CaseRun {
 enum class Collective { AllReduce, Broadcast };
 
 // The DDP constructor issued exactly `broadcasts` broadcasts and
-// `allreduces` all-reduces on every rank.
+// `allreduces` all-reduces on every rank, and `allgathers` all-gathers when
+// given (the model-consistency check).
 std::vector<Finding> check_construction_counts(const CaseRun& run, uint64_t broadcasts,
                                                uint64_t allreduces,
-                                               const std::string& broadcast_cause);
+                                               const std::string& broadcast_cause,
+                                               std::optional<uint64_t> allgathers = {});
 
 // Every micro-batch i that rank r ran issued expected(step, micro) collectives
 // of `kind`. `expectation` describes the rule in words ("one per parameter
@@ -59,7 +62,9 @@ std::vector<Finding> check_allreduces_per_step(const CaseRun& run, uint64_t expe
                                                const std::string& cause);
 
 // No collective at all in a micro-batch that is not the last of its step
-// (gradient accumulation: no_sync, or a stage that syncs after backward).
+// (gradient accumulation: no_sync, or a stage that syncs after backward),
+// except the buffer broadcasts of the first one when the plan syncs buffers
+// every step (BufferSync::EveryStep).
 std::vector<Finding> check_quiet_until_last_micro_batch(const CaseRun& run,
                                                         const std::string& cause);
 
@@ -72,20 +77,31 @@ std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
 // Stages that sync inside backward (overlap): in every step, every all-reduce
 // queued during the syncing backward is queued before the autograd engine's
 // "graph done" mark, i.e. from a hook while backward still computes, not
-// from the end-of-backward callbacks; and each finishes before the
-// optimizer step starts. `launch_cause` and `wait_cause` are the stage's
+// from the end-of-backward callbacks; all but the last are queued before the
+// last "grad ready" mark (not all from the last gradient's hook); and each
+// finishes before the optimizer step starts. All-reduces are paired with
+// their step by sequence number, so one that runs after its step ended
+// still counts against it. `launch_cause` and `wait_cause` are the stage's
 // advice for each failure.
 std::vector<Finding> check_overlap(const CaseRun& run, const std::string& launch_cause,
                                    const std::string& wait_cause);
 
-// The bucket rule (stage 02 on, as in PyTorch): parameters in reverse
-// registration order; a bucket closes once it holds at least its cap of
-// bytes (so it may overshoot by its last tensor); the first bucket's cap is
-// first_bucket_cap_mb, the others' bucket_cap_mb (MiB). All kit models have
-// one dtype, so one dtype per bucket holds by construction. Returns the
-// parameter indices of each bucket, in bucket order.
+// The bucket rule (stage 02 on): parameters in reverse registration order,
+// the order their gradients become ready; a bucket closes once it holds at
+// least its cap of bytes (so it may overshoot by its last tensor); the first
+// bucket's cap is first_bucket_cap_mb, the others' bucket_cap_mb (MiB,
+// truncated to whole bytes). All kit models have one dtype, so one dtype
+// per bucket holds by construction. Returns the parameter indices of each
+// bucket in bucket order, each bucket's in the order they were added. This
+// is PyTorch's rule once it has rebuilt its buckets in gradient-ready order
+// after the first iteration (its very first assignment fills buckets in
+// registration order and reverses the list, so there the small bucket goes
+// last).
 std::vector<std::vector<int64_t>> expected_buckets(const Snapshot& params, size_t element_size,
                                                    double bucket_cap_mb,
+                                                   double first_bucket_cap_mb);
+// The same for the case's model and dtype.
+std::vector<std::vector<int64_t>> expected_buckets(const CaseRun& run, double bucket_cap_mb,
                                                    double first_bucket_cap_mb);
 
 // Every rank reports the same buckets (RankResult::buckets), equal to

@@ -43,8 +43,9 @@ struct RankResult {
   Snapshot final_params;               // after the last step
   Snapshot initial_buffers;            // named_buffers() right after construction
   Snapshot final_buffers;              // ... after the last step
-  // [i]: collectives issued from the start of micro-batch i to the start of
-  // the next (the optimizer step of the last micro-batch of a step included).
+  // [i]: collectives issued from the start of micro-batch i to its end (the
+  // optimizer step of a step's last micro-batch included; zero_grad and
+  // anything after the last micro-batch are not counted).
   std::vector<uint64_t> allreduces_per_micro;
   std::vector<uint64_t> broadcasts_per_micro;
   uint64_t construction_allreduces = 0;  // issued by the DDP constructor
