@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include "test_util.h"
+
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -83,13 +85,7 @@ void gradcheck(const Fn& f, std::vector<Tensor> inputs) {
     double* data = x.data_ptr<double>();  // a contiguous leaf: element j is data[j]
     for (int64_t j = 0; j < x.numel(); ++j) {
       CAPTURE(j);
-      const double saved = data[j];
-      data[j] = saved + kEps;
-      const double plus = objective();
-      data[j] = saved - kEps;
-      const double minus = objective();
-      data[j] = saved;
-      const double numeric = (plus - minus) / (2 * kEps);
+      const double numeric = test_util::central_difference(data, j, objective, kEps);
       CHECK(analytic[static_cast<std::size_t>(j)] == doctest::Approx(numeric).epsilon(1e-6));
     }
   }

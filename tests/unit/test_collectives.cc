@@ -8,6 +8,8 @@
 // parent with the rank and the message.
 #include <doctest/doctest.h>
 
+#include "test_util.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -100,16 +102,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Runs job, which must throw SpawnError, and returns the error.
-template <typename Job>
-mp::SpawnError spawn_error_of(Job job) {
-  try {
-    job();
-  } catch (const mp::SpawnError& e) {
-    return e;
-  }
-  throw std::logic_error("the job did not fail");
-}
+using test_util::spawn_error_of;
 
 }  // namespace
 

@@ -5,6 +5,8 @@
 // SGD updates against their closed forms.
 #include <doctest/doctest.h>
 
+#include "test_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -88,13 +90,7 @@ void check_grads_by_finite_differences(const std::function<tp::Tensor()>& f,
     double* data = x.data_ptr<double>();  // contiguous: element j is data[j]
     for (int64_t j = 0; j < x.numel(); ++j) {
       CAPTURE(j);
-      const double saved = data[j];
-      data[j] = saved + kEps;
-      const double plus = objective();
-      data[j] = saved - kEps;
-      const double minus = objective();
-      data[j] = saved;
-      const double numeric = (plus - minus) / (2 * kEps);
+      const double numeric = test_util::central_difference(data, j, objective, kEps);
       if (has_grad) {
         CHECK(analytic[static_cast<std::size_t>(j)] == Approx(numeric).epsilon(1e-6));
       } else {

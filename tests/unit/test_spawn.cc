@@ -6,6 +6,8 @@
 // is not shared across fork); they report by returning a string or throwing.
 #include <doctest/doctest.h>
 
+#include "test_util.h"
+
 #include <errno.h>
 #include <signal.h>
 #include <unistd.h>
@@ -55,16 +57,7 @@ void wait_for_flag(const std::string& dir, const std::string& name) {
   }
 }
 
-// Runs job, which must throw SpawnError, and returns the error.
-template <typename Job>
-mp::SpawnError spawn_error_of(Job job) {
-  try {
-    job();
-  } catch (const mp::SpawnError& e) {
-    return e;
-  }
-  throw std::logic_error("the job did not fail");
-}
+using test_util::spawn_error_of;
 
 }  // namespace
 

@@ -117,9 +117,15 @@ const AllReduce* unfinished_before_optimizer(const StepEvents& step) {
   return nullptr;
 }
 
-// The finding for a trace that cannot support an order check.
-std::vector<Finding> missing_trace(const RankResult& r, size_t steps_seen, int64_t steps_run) {
-  return {{cat("rank ", r.rank, ": the trace shows ", steps_seen, " training steps, the run had ",
+// Splits rank r's trace into `steps`; returns a finding instead when the
+// trace does not show every step the rank ran (no trace, or a truncated
+// one), since an empty trace would pass every order check.
+std::vector<Finding> traced_steps(const CaseRun& run, const RankResult& r,
+                                  std::vector<StepEvents>& steps) {
+  steps = steps_of_trace(r);
+  const int64_t steps_run = steps_of(run.config, r.rank);
+  if (static_cast<int64_t>(steps.size()) == steps_run) return {};
+  return {{cat("rank ", r.rank, ": the trace shows ", steps.size(), " training steps, the run had ",
                steps_run),
            "the order checks need RunConfig::trace on every rank"}};
 }
@@ -213,11 +219,8 @@ std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
                                                           const Advice& advice) {
   const int64_t k = run.config.micro_batches;
   for (const RankResult& r : run.ranks) {
-    const std::vector<StepEvents> steps = steps_of_trace(r);
-    const int64_t steps_run = steps_of(run.config, r.rank);
-    if (static_cast<int64_t>(steps.size()) != steps_run) {
-      return missing_trace(r, steps.size(), steps_run);
-    }
+    std::vector<StepEvents> steps;
+    if (std::vector<Finding> missing = traced_steps(run, r, steps); !missing.empty()) return missing;
     for (const StepEvents& s : steps) {
       const std::string at = cat("rank ", r.rank, ", step ", s.step);
       const uint64_t counted = allreduces_in_step(r, k, s.step);
@@ -251,11 +254,8 @@ std::vector<Finding> check_overlap(const CaseRun& run, const std::string& launch
                                    const std::string& wait_cause) {
   const int64_t k = run.config.micro_batches;
   for (const RankResult& r : run.ranks) {
-    const std::vector<StepEvents> steps = steps_of_trace(r);
-    const int64_t steps_run = steps_of(run.config, r.rank);
-    if (static_cast<int64_t>(steps.size()) != steps_run) {
-      return missing_trace(r, steps.size(), steps_run);
-    }
+    std::vector<StepEvents> steps;
+    if (std::vector<Finding> missing = traced_steps(run, r, steps); !missing.empty()) return missing;
     for (const StepEvents& s : steps) {
       const std::string at = cat("rank ", r.rank, ", step ", s.step);
       if (s.last_backward == nullptr) {
