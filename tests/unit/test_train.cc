@@ -819,3 +819,24 @@ TEST_CASE("the overlap check tells a DDP that overlaps from two that only look l
             .find("all 6 all-reduces were launched only after the last gradient of the "
                   "backward was ready") != std::string::npos);
 }
+
+TEST_CASE("launches before the first wait: back to back passes, one at a time is flagged") {
+  auto wait = [](int64_t seq, uint64_t begin, uint64_t end) {
+    tp::trace::Event e = span("wait", begin, end);
+    e.args.push_back({"seq", seq});
+    return e;
+  };
+  RankResult r;
+  r.losses = {0.5};
+  r.allreduces_per_micro = {2};
+  r.events = {span("step", 1, 20, 0), span("backward", 2, 3), queued(1, 4), queued(2, 5),
+              wait(1, 6, 9), allreduce(1, 7, 8), wait(2, 10, 13), allreduce(2, 11, 12),
+              span("optimizer", 14, 15)};
+  CHECK(train::check_launched_before_first_wait(order_run({r}).view(), "c").empty());
+  r.events = {span("step", 1, 20, 0), span("backward", 2, 3), queued(1, 4), wait(1, 5, 8),
+              allreduce(1, 6, 7), queued(2, 9), wait(2, 10, 13), allreduce(2, 11, 12),
+              span("optimizer", 14, 15)};
+  CHECK(joined(train::check_launched_before_first_wait(order_run({r}).view(), "launch all first"))
+            .find("rank 0, step 0: 1 of 2 all-reduces were launched only after waiting for "
+                  "all-reduce #1") != std::string::npos);
+}

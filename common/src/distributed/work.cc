@@ -6,10 +6,14 @@
 #include <string>
 
 #include "tensorplay/multiprocessing/spawn.h"
+#include "tensorplay/trace.h"
 
 namespace tp::distributed {
 
 void Work::wait() {
+  // On the trace, a span "wait" on the waiting thread: checkers see where a
+  // stage blocks ("every bucket is launched before the first wait").
+  trace::Span span("wait", "comm", {{"seq", static_cast<int64_t>(seq_)}});
   std::unique_lock<std::mutex> lock(mutex_);
   if (!done_ && multiprocessing::current_rank() < 0) {
     done_cv_.wait(lock, [this] { return done_; });

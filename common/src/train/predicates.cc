@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "tensorplay/error.h"
 
@@ -65,6 +66,7 @@ struct StepEvents {
   std::vector<const trace::Event*> graph_done;  // engine marks, any backward of the step
   std::vector<const trace::Event*> grad_ready;  // AccumulateGrad marks, likewise
   std::vector<AllReduce> allreduces;            // queued during the step, in queue order
+  std::vector<const trace::Event*> waits;       // Work::wait spans on the main thread
 };
 
 // Splits a rank's trace into steps, by the "step" spans' order positions.
@@ -93,6 +95,8 @@ std::vector<StepEvents> steps_of_trace(const RankResult& r) {
         step.graph_done.push_back(&e);
       } else if (e.name == "grad ready") {
         step.grad_ready.push_back(&e);
+      } else if (e.name == "wait" && e.phase == 'X') {
+        step.waits.push_back(&e);
       } else if (e.name == "allreduce queued") {
         const auto span = spans_by_seq.find(seq_of(e));
         step.allreduces.push_back({&e, span == spans_by_seq.end() ? nullptr : span->second});
@@ -320,6 +324,35 @@ std::vector<Finding> check_overlap(const CaseRun& run, const std::string& launch
         return {{at + ": an all-reduce was still running when the optimizer step began",
                  wait_cause}};
       }
+    }
+  }
+  return {};
+}
+
+std::vector<Finding> check_launched_before_first_wait(const CaseRun& run,
+                                                      const std::string& cause) {
+  for (const RankResult& r : run.ranks) {
+    std::vector<StepEvents> steps;
+    if (std::vector<Finding> missing = traced_steps(run, r, steps); !missing.empty()) return missing;
+    for (const StepEvents& s : steps) {
+      if (s.allreduces.size() < 2) continue;
+      std::set<int64_t> ours;
+      for (const AllReduce& a : s.allreduces) ours.insert(seq_of(*a.queued));
+      const trace::Event* first_wait = nullptr;
+      for (const trace::Event* w : s.waits) {
+        if (ours.count(seq_of(*w)) != 0) {
+          first_wait = w;
+          break;  // in begin order
+        }
+      }
+      if (first_wait == nullptr) continue;  // check_overlap / the order check say more
+      size_t after = 0;
+      for (const AllReduce& a : s.allreduces) after += a.queued->begin_order > first_wait->begin_order;
+      if (after == 0) continue;
+      return {{cat("rank ", r.rank, ", step ", s.step, ": ", after, " of ", s.allreduces.size(),
+                   " all-reduces were launched only after waiting for all-reduce #",
+                   seq_of(*first_wait), ", so they ran one at a time instead of back to back"),
+               cause}};
     }
   }
   return {};

@@ -9,7 +9,8 @@
 //     thread when the collective fails, so its time_ns() is that moment, not
 //     the later wait().
 //   - wait() may be called many times and from any thread; is_completed()
-//     never blocks.
+//     never blocks. With tp::trace enabled, each wait() records a span
+//     "wait" (category "comm", arg seq) on the calling thread.
 //   - Output tensors may be read only after wait() returns.
 #pragma once
 

@@ -86,6 +86,12 @@ std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
 std::vector<Finding> check_overlap(const CaseRun& run, const std::string& launch_cause,
                                    const std::string& wait_cause);
 
+// In every step with two or more all-reduces, all are launched before the
+// first wait() on any of them (Work::wait's "wait" span), so they queue back
+// to back on the communication thread instead of one at a time.
+std::vector<Finding> check_launched_before_first_wait(const CaseRun& run,
+                                                      const std::string& cause);
+
 // The bucket rule (stage 02 on): parameters in reverse registration order,
 // the order their gradients become ready; a bucket closes once it holds at
 // least its cap of bytes (so it may overshoot by its last tensor); the first
