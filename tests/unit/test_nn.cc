@@ -823,3 +823,28 @@ TEST_CASE("SGD rejects bad options and parameters") {
                                 "parameter once"),
                        tp::Error);
 }
+
+TEST_CASE("ReorderedMLP registers fc2, fc1, fc3 but computes fc3(relu(fc2(relu(fc1(x)))))") {
+  tp::manual_seed(5);
+  nn::ReorderedMLP model(float64_options(3, 4, 2));
+  std::vector<std::string> names;
+  for (const auto& [name, p] : model.named_parameters()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"fc2.weight", "fc2.bias", "fc1.weight", "fc1.bias",
+                                          "fc3.weight", "fc3.bias"});
+  CHECK(model.fc1->weight.shape() == tp::Shape{4, 3});
+  CHECK(model.fc2->weight.shape() == tp::Shape{4, 4});
+  const tp::Tensor x = tp::randn({5, 3}, tp::kFloat64);
+  const tp::Tensor expected =
+      (*model.fc3)(tp::relu((*model.fc2)(tp::relu((*model.fc1)(x)))));
+  CHECK(tp::max_abs_diff(model(x), expected) == 0.0);
+  // Gradients become ready in the order of use reversed: fc3, fc2, fc1.
+  std::vector<std::string> ready;
+  std::vector<tp::RemovableHandle> handles;
+  for (const auto& [name, p] : model.named_parameters()) {
+    handles.push_back(p.register_post_accumulate_grad_hook(
+        [&ready, name = name](const tp::Tensor&) { ready.push_back(name); }));
+  }
+  tp::sum(model(x)).backward();
+  CHECK(ready == std::vector<std::string>{"fc3.bias", "fc3.weight", "fc2.bias", "fc2.weight",
+                                          "fc1.bias", "fc1.weight"});
+}

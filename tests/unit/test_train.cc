@@ -686,18 +686,18 @@ RankResult overlap_step(uint64_t first, uint64_t second) {
 
 TEST_CASE("the overlap check accepts all-reduces launched from hooks while backward runs") {
   // #1 from the first gradient's hook (4), #2 from the last one's (7).
-  CHECK(train::check_overlap(order_run({overlap_step(4, 7)}).view(), "launch", "wait").empty());
+  CHECK(train::check_overlap(order_run({overlap_step(4, 7)}).view(), {}, "launch", "wait").empty());
 }
 
 TEST_CASE("the overlap check refuses all-reduces launched from the end-of-backward callback") {
-  CHECK(joined(train::check_overlap(order_run({overlap_step(10, 11)}).view(), "launch from hooks",
-                                    "wait"))
+  CHECK(joined(train::check_overlap(order_run({overlap_step(10, 11)}).view(), {},
+                                    "launch from hooks", "wait"))
             .find("rank 0, step 0: 2 of 2 all-reduces were launched after the autograd graph "
                   "had finished") != std::string::npos);
 }
 
 TEST_CASE("the overlap check refuses all-reduces all launched from the last gradient's hook") {
-  CHECK(joined(train::check_overlap(order_run({overlap_step(7, 7)}).view(), "launch", "wait"))
+  CHECK(joined(train::check_overlap(order_run({overlap_step(7, 7)}).view(), {}, "launch", "wait"))
             .find("all 2 all-reduces were launched only after the last gradient of the backward "
                   "was ready") != std::string::npos);
 }
@@ -770,25 +770,42 @@ std::vector<train::Finding> overlap_findings_of_real_run(Run& run) {
   run.config.steps = 2;
   run.config.trace = true;
   run.reference = train::train_reference(run.config);
-  return train::check_overlap(run.view(), "launch from hooks", "wait in the callback");
+  // One "bucket" per parameter, in reverse registration order: MiniMLP's
+  // gradients become ready in exactly that order.
+  return train::check_overlap(run.view(), {{5}, {4}, {3}, {2}, {1}, {0}}, "launch from hooks",
+                              "wait in the callback");
 }
 
 }  // namespace
 
-TEST_CASE("the overlap check refuses a DDP that launches one bucket early and the rest at the end") {
-  RankResult r;
-  r.losses = {0.5};
-  r.allreduces_per_micro = {3};
-  r.events = {span("step", 1, 40, 0),        span("backward", 2, 30),   instant("grad ready", 3),
-              queued(1, 4),                  instant("grad ready", 5),  instant("grad ready", 6),
-              queued(2, 7),                  queued(3, 8),              instant("graph done", 9),
-              allreduce(1, 31, 32),          allreduce(2, 33, 34),      allreduce(3, 35, 36),
-              span("optimizer", 37, 38)};
-  std::sort(r.events.begin(), r.events.end(),
-            [](const auto& a, const auto& b) { return a.begin_order < b.begin_order; });
-  CHECK(joined(train::check_overlap(order_run({r}).view(), "launch", "wait"))
-            .find("1 of the first 2 all-reduces were launched only after the last gradient") !=
-        std::string::npos);
+TEST_CASE("the overlap check holds each bucket to its deadline, given the buckets") {
+  // Three parameters, one bucket each, ready in bucket order (marks 3, 5, 7
+  // carry tensor ids 30, 20, 10 = parameters 2, 1, 0); the graph is done at 9.
+  auto ready = [](uint64_t at, int64_t id) {
+    tp::trace::Event e = instant("grad ready", at);
+    e.args.push_back({"tensor", id});
+    return e;
+  };
+  auto step = [&](uint64_t q1, uint64_t q2, uint64_t q3) {
+    RankResult r;
+    r.losses = {0.5};
+    r.allreduces_per_micro = {3};
+    r.param_ids = {10, 20, 30};
+    r.events = {span("step", 1, 40, 0), span("backward", 2, 30), ready(3, 30), ready(5, 20),
+                ready(7, 10),          instant("graph done", 9), queued(1, q1), queued(2, q2),
+                queued(3, q3),         allreduce(1, 31, 32), allreduce(2, 33, 34),
+                allreduce(3, 35, 36),  span("optimizer", 37, 38)};
+    std::sort(r.events.begin(), r.events.end(),
+              [](const auto& a, const auto& b) { return a.begin_order < b.begin_order; });
+    return order_run({r});
+  };
+  const std::vector<std::vector<int64_t>> buckets = {{2}, {1}, {0}};
+  // Each launched right after its gradient: 4, 6, 8.
+  CHECK(train::check_overlap(step(4, 6, 8).view(), buckets, "launch", "wait").empty());
+  // Bucket 0 early, the others held to the end (after mark 7): bucket 1 missed its deadline.
+  CHECK(joined(train::check_overlap(step(4, 8, 8).view(), buckets, "launch", "wait"))
+            .find("bucket 1's all-reduce was complete at gradient 2 of 3 but launched only after "
+                  "gradient 3 was computed") != std::string::npos);
 }
 
 TEST_CASE("the overlap check tells a DDP that overlaps from two that only look like they do") {
@@ -816,8 +833,8 @@ TEST_CASE("the overlap check tells a DDP that overlaps from two that only look l
   CHECK(train::diagnose(last_hook.config, train::train_reference(last_hook.config),
                         last_hook.ranks, 1e-5).empty());
   CHECK(joined(overlap_findings_of_real_run(last_hook))
-            .find("all 6 all-reduces were launched only after the last gradient of the "
-                  "backward was ready") != std::string::npos);
+            .find("bucket 0's all-reduce was complete at gradient 1 of 6 but launched only after "
+                  "gradient 2 was computed") != std::string::npos);
 }
 
 TEST_CASE("launches before the first wait: back to back passes, one at a time is flagged") {

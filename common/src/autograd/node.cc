@@ -76,7 +76,10 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
   // never rebind variable_, which every later pass dereferences.
   // With tracing on, mark the moment on the trace first (Note [Phase marks]
   // in engine.cc): a hook's launches then come after its own gradient's mark.
-  trace::instant("grad ready", "autograd");
+  // Its argument identifies the leaf (its address) for a checker that knows
+  // which parameter each address is (tp::train::RankResult::param_ids).
+  trace::instant("grad ready", "autograd",
+                 {{"tensor", static_cast<int64_t>(reinterpret_cast<intptr_t>(&leaf))}});
   const auto hooks = leaf.post_accumulate_grad_hooks;
   for (const auto& [id, hook] : hooks) hook(variable_);
   return {};

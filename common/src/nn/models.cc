@@ -118,6 +118,23 @@ Tensor BufferedMLP::forward(const Tensor& input) {
   return fc3->forward(h);
 }
 
+// ---- ReorderedMLP ----------------------------------------------------------------
+
+ReorderedMLP::ReorderedMLP(MiniMLPOptions options) {
+  const int64_t in = options.in_features, hidden = options.hidden, out = options.out_features;
+  // Registered (and initialised) fc2, fc1, fc3: not the order of use.
+  fc2 = register_module("fc2", std::make_shared<Linear>(hidden, hidden, true, options.dtype));
+  fc1 = register_module("fc1", std::make_shared<Linear>(in, hidden, true, options.dtype));
+  fc3 = register_module("fc3", std::make_shared<Linear>(hidden, out, true, options.dtype));
+}
+
+// x is (B, in) -> fc1 (B, hidden) -> fc2 (B, hidden) -> fc3 (B, out).
+Tensor ReorderedMLP::forward(const Tensor& input) {
+  Tensor h = fc1->forward(input).relu();
+  h = fc2->forward(h).relu();
+  return fc3->forward(h);
+}
+
 // ---- deep_mlp -------------------------------------------------------------------
 
 std::shared_ptr<Sequential> deep_mlp(int64_t in_features, int64_t width, int64_t depth,

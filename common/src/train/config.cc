@@ -12,6 +12,7 @@ std::string to_string(ModelKind kind) {
     case ModelKind::MiniMLP: return "MiniMLP";
     case ModelKind::Branchy: return "BranchyMLP";
     case ModelKind::Buffered: return "BufferedMLP";
+    case ModelKind::Reordered: return "ReorderedMLP";
   }
   return "unknown model";
 }
@@ -92,6 +93,7 @@ std::shared_ptr<nn::Module> make_model(const RunConfig& config) {
     case ModelKind::MiniMLP: return std::make_shared<nn::MiniMLP>(model_options(config));
     case ModelKind::Branchy: return std::make_shared<nn::BranchyMLP>(model_options(config));
     case ModelKind::Buffered: return std::make_shared<nn::BufferedMLP>(model_options(config));
+    case ModelKind::Reordered: return std::make_shared<nn::ReorderedMLP>(model_options(config));
   }
   TP_THROW(Error, "tp::train::make_model: unknown ModelKind ", static_cast<int>(config.model_kind));
 }

@@ -24,7 +24,7 @@ const std::vector<DemoFlag>* g_stage_flags = nullptr;
   std::fprintf(out,
                "usage: ./kit demo %s [--world-size W] [--steps N] [--batch B] [--lr X]\n"
                "                  [--momentum M] [--dtype float32|float64] [--per-rank-seed]\n"
-               "                  [--model mini|branchy|buffered] [--micro-batches K]\n"
+               "                  [--model mini|branchy|buffered|reordered] [--micro-batches K]\n"
                "                  [--batches N0,N1,...] [--divide-by-active-ranks]\n"
                "                  [--json FILE] [--trace FILE]",
                stage.c_str());
@@ -153,8 +153,10 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
         args.config.model_kind = ModelKind::Branchy;
       } else if (m == "buffered") {
         args.config.model_kind = ModelKind::Buffered;
+      } else if (m == "reordered") {
+        args.config.model_kind = ModelKind::Reordered;
       } else {
-        usage(stage, 2, "--model expects mini, branchy or buffered, got '" + m + "'");
+        usage(stage, 2, "--model expects mini, branchy, buffered or reordered, got '" + m + "'");
       }
     } else if (flag == "--micro-batches") {
       args.config.micro_batches = parse_count(stage, flag, value(), 1, 1024);

@@ -43,12 +43,14 @@ std::string buckets_text(const std::vector<std::vector<int64_t>>& buckets) {
   return out.empty() ? "(none)" : out;
 }
 
-int64_t seq_of(const trace::Event& e) {
+int64_t arg_of(const trace::Event& e, const char* name) {
   for (const auto& [key, value] : e.args) {
-    if (key == "seq") return value;
+    if (key == name) return value;
   }
   return -1;
 }
+
+int64_t seq_of(const trace::Event& e) { return arg_of(e, "seq"); }
 
 // One all-reduce as the trace shows it: queued on the issuing thread, run on
 // the communication thread; paired by their sequence number, so an
@@ -254,12 +256,18 @@ std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
   return {};
 }
 
-std::vector<Finding> check_overlap(const CaseRun& run, const std::string& launch_cause,
+std::vector<Finding> check_overlap(const CaseRun& run,
+                                   const std::vector<std::vector<int64_t>>& buckets,
+                                   const std::string& launch_cause,
                                    const std::string& wait_cause) {
   const int64_t k = run.config.micro_batches;
   for (const RankResult& r : run.ranks) {
     std::vector<StepEvents> steps;
     if (std::vector<Finding> missing = traced_steps(run, r, steps); !missing.empty()) return missing;
+    std::map<int64_t, int64_t> param_of_id;  // "grad ready" tensor id -> parameter index
+    for (size_t p = 0; p < r.param_ids.size(); ++p) {
+      param_of_id[r.param_ids[p]] = static_cast<int64_t>(p);
+    }
     for (const StepEvents& s : steps) {
       const std::string at = cat("rank ", r.rank, ", step ", s.step);
       if (s.last_backward == nullptr) {
@@ -272,14 +280,14 @@ std::vector<Finding> check_overlap(const CaseRun& run, const std::string& launch
       };
       // The engine's marks for the syncing backward: the ones inside its span.
       const trace::Event* done = nullptr;
-      const trace::Event* last_ready = nullptr;
+      std::vector<const trace::Event*> ready;  // "grad ready", in order
       for (const trace::Event* g : s.graph_done) {
         if (inside_backward(g)) done = g;
       }
       for (const trace::Event* g : s.grad_ready) {
-        if (inside_backward(g)) last_ready = g;
+        if (inside_backward(g)) ready.push_back(g);
       }
-      if (done == nullptr || last_ready == nullptr) {
+      if (done == nullptr || ready.empty()) {
         return {{at + ": the trace has no \"grad ready\" and \"graph done\" marks inside the "
                       "backward span",
                  "the autograd engine marks them when tracing is on; is backward run through "
@@ -303,27 +311,103 @@ std::vector<Finding> check_overlap(const CaseRun& run, const std::string& launch
                      "could not overlap with backward"),
                  launch_cause}};
       }
-      // Every bucket but the last is complete before the last gradient is
-      // ready (gradients become ready in reverse registration order, the
-      // order buckets are filled), so its all-reduce must leave before it:
-      // launching them from the last gradient's hook overlaps nothing either.
-      size_t held = 0;
-      for (size_t a = 0; a + 1 < launched.size(); ++a) {
-        held += launched[a]->queued->begin_order > last_ready->begin_order;
+      // Note [Launch deadlines]: launched in bucket order, bucket b can leave
+      // as soon as every parameter of buckets 0..b has its gradient; it must
+      // leave before the engine produces the next gradient after that (or,
+      // for the last one, before the graph is done). A DDP that holds a
+      // complete bucket back (launching everything from the last hook, say)
+      // misses its deadline.
+      std::map<int64_t, size_t> ready_at;  // parameter -> position in `ready`
+      for (size_t i = 0; i < ready.size(); ++i) {
+        const auto p = param_of_id.find(arg_of(*ready[i], "tensor"));
+        if (p != param_of_id.end()) ready_at[p->second] = i;
       }
-      if (held > 0) {
-        const std::string which =
-            held + 1 == launched.size()
-                ? cat("all ", launched.size(), " all-reduces were")
-                : cat(held, " of the first ", launched.size() - 1, " all-reduces were");
-        return {{cat(at, ": ", which, " launched only after the last gradient of the backward "
-                     "was ready, so they did not overlap with computing the others"),
+      size_t complete = 0;  // position of the last gradient buckets 0..b need
+      bool known = !buckets.empty() && launched.size() == buckets.size();
+      for (size_t b = 0; known && b < buckets.size(); ++b) {
+        for (int64_t p : buckets[b]) {
+          const auto found = ready_at.find(p);
+          if (found == ready_at.end()) {
+            known = false;  // a parameter without a mark: no deadline to hold it to
+            break;
+          }
+          complete = std::max(complete, found->second);
+        }
+        if (!known) break;
+        const uint64_t deadline = complete + 1 < ready.size() ? ready[complete + 1]->begin_order
+                                                              : done->begin_order;
+        if (launched[b]->queued->begin_order > deadline) {
+          return {{cat(at, ": bucket ", b, "'s all-reduce was complete at gradient ", complete + 1,
+                       " of ", ready.size(), " but launched only after gradient ",
+                       complete + 2 > ready.size() ? "the last" : std::to_string(complete + 2),
+                       " was computed, so it waited instead of overlapping"),
+                   launch_cause}};
+        }
+      }
+      // Without the buckets, what holds for any order: the first all-reduce
+      // leaves before the last gradient is ready.
+      if (!known && launched.size() >= 2 &&
+          launched.front()->queued->begin_order > ready.back()->begin_order) {
+        return {{cat(at, ": all ", launched.size(), " all-reduces were launched only after the "
+                     "last gradient of the backward was ready, so none overlapped with computing "
+                     "the others"),
                  launch_cause}};
       }
       if (unfinished_before_optimizer(s) != nullptr) {
         return {{at + ": an all-reduce was still running when the optimizer step began",
                  wait_cause}};
       }
+    }
+  }
+  return {};
+}
+
+std::vector<Finding> check_synced_when_backward_returns(const CaseRun& run,
+                                                        const std::string& cause) {
+  for (const RankResult& r : run.ranks) {
+    std::vector<StepEvents> steps;
+    if (std::vector<Finding> missing = traced_steps(run, r, steps); !missing.empty()) return missing;
+    for (const StepEvents& s : steps) {
+      if (s.last_backward == nullptr) continue;  // check_overlap says so
+      for (const AllReduce& a : s.allreduces) {
+        if (a.queued->begin_order < s.last_backward->begin_order) continue;
+        if (a.span != nullptr && a.span->end_order != 0 &&
+            a.span->end_order < s.last_backward->end_order) {
+          continue;
+        }
+        return {{cat("rank ", r.rank, ", step ", s.step, ": all-reduce #", seq_of(*a.queued),
+                     " was still running when backward() returned, so .grad was not final"),
+                 cause}};
+      }
+    }
+  }
+  return {};
+}
+
+std::vector<Finding> check_launch_order(const CaseRun& run,
+                                        const std::vector<std::vector<int64_t>>& buckets,
+                                        const std::string& cause) {
+  std::vector<int64_t> bytes;  // of each bucket, in bucket order
+  const size_t element = element_size(run.config.dtype);
+  for (const std::vector<int64_t>& bucket : buckets) {
+    int64_t b = 0;
+    for (int64_t p : bucket) {
+      b += static_cast<int64_t>(run.reference.final_params[static_cast<size_t>(p)].values.size() *
+                                element);
+    }
+    bytes.push_back(b);
+  }
+  for (const RankResult& r : run.ranks) {
+    std::vector<StepEvents> steps;
+    if (std::vector<Finding> missing = traced_steps(run, r, steps); !missing.empty()) return missing;
+    for (const StepEvents& s : steps) {
+      std::vector<int64_t> launched;
+      for (const AllReduce& a : s.allreduces) launched.push_back(arg_of(*a.queued, "bytes"));
+      if (launched == bytes) continue;
+      return {{cat("rank ", r.rank, ", step ", s.step, ": the all-reduces carried ",
+                   list(launched), " bytes, in that order; the buckets, in order, hold ",
+                   list(bytes)),
+               cause}};
     }
   }
   return {};

@@ -118,6 +118,7 @@ std::string serialize(const RankResult& r) {
   put_list(out, "allreduces", r.allreduces_per_micro);
   put_list(out, "broadcasts", r.broadcasts_per_micro);
   for (const std::vector<int64_t>& bucket : r.buckets) put_list(out, "bucket", bucket);
+  put_list(out, "param_ids", r.param_ids);
   put_snapshot(out, "initial", r.initial_params);
   put_snapshot(out, "first", r.after_first_step);
   put_snapshot(out, "final", r.final_params);
@@ -156,6 +157,8 @@ RankResult parse_rank_result(const std::string& text) {
       r.allreduces_per_micro = read_list<uint64_t>(in);
     } else if (key == "broadcasts") {
       r.broadcasts_per_micro = read_list<uint64_t>(in);
+    } else if (key == "param_ids") {
+      r.param_ids = read_list<int64_t>(in);
     } else if (key == "bucket") {
       r.buckets.push_back(read_list<int64_t>(in));
     } else if (key == "initial_buffer") {

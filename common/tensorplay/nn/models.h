@@ -127,6 +127,23 @@ class BufferedMLP : public Module {
   std::shared_ptr<Linear> fc2, fc3;
 };
 
+// MiniMLP's layers registered out of the order forward uses them: fc2 is
+// registered first, then fc1, then fc3; forward is still
+// fc3(relu(fc2(relu(fc1(x))))). So the order gradients become ready (fc3,
+// fc2, fc1: reverse order of use) differs from reverse registration order
+// (fc3, fc1, fc2), the order DDP fills buckets in: the model on which a
+// bucket can complete before an earlier one, and on which rebuilding the
+// buckets in ready order (stage 06) pays.
+// Shapes as MiniMLP. Parameters, in this order: fc2.weight, fc2.bias,
+// fc1.weight, fc1.bias, fc3.weight, fc3.bias.
+class ReorderedMLP : public Module {
+ public:
+  explicit ReorderedMLP(MiniMLPOptions options = {});
+  Tensor forward(const Tensor& input) override;
+
+  std::shared_ptr<Linear> fc2, fc1, fc3;
+};
+
 // depth Linear layers of width `width` with ReLU between them, then a Linear
 // to out_features: Linear(in, width), ReLU, [Linear(width, width), ReLU] x
 // (depth - 1), Linear(width, out). 2 * (depth + 1) parameter tensors.

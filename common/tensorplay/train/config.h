@@ -44,6 +44,8 @@ enum class ModelKind {
   Branchy,   // BranchyMLP: the route depends on the data, so some parameters get no
              // gradient on some (step, rank), and `spare` gets none ever
   Buffered,  // BufferedMLP: a RunningMean buffer, updated in every training forward
+  Reordered, // ReorderedMLP: registration order differs from the order of use, so
+             // gradients become ready out of reverse registration order
 };
 std::string to_string(ModelKind kind);
 

@@ -77,14 +77,33 @@ std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
 // Stages that sync inside backward (overlap): in every step, every all-reduce
 // queued during the syncing backward is queued before the autograd engine's
 // "graph done" mark, i.e. from a hook while backward still computes, not
-// from the end-of-backward callbacks; all but the last are queued before the
-// last "grad ready" mark (not all from the last gradient's hook); and each
+// from the end-of-backward callbacks; bucket b's all-reduce leaves before
+// the engine produces the next gradient after the last one buckets 0..b
+// need (Note [Launch deadlines] in predicates.cc; the engine's "grad ready"
+// marks say which parameter, through RankResult::param_ids) when `buckets`
+// is given, else only "the first leaves before the last gradient"; and each
 // finishes before the optimizer step starts. All-reduces are paired with
 // their step by sequence number, so one that runs after its step ended
 // still counts against it. `launch_cause` and `wait_cause` are the stage's
 // advice for each failure.
-std::vector<Finding> check_overlap(const CaseRun& run, const std::string& launch_cause,
+std::vector<Finding> check_overlap(const CaseRun& run,
+                                   const std::vector<std::vector<int64_t>>& buckets,
+                                   const std::string& launch_cause,
                                    const std::string& wait_cause);
+
+// Stages that sync inside backward: every all-reduce launched during a
+// step's syncing backward has finished before that backward returns (the
+// end-of-backward callback waits for them), so .grad is final when
+// backward() returns.
+std::vector<Finding> check_synced_when_backward_returns(const CaseRun& run,
+                                                        const std::string& cause);
+
+// The all-reduces of every step are launched in bucket order: the k-th
+// carries bucket k's bytes (the "bytes" argument of "allreduce queued"), and
+// there are no others.
+std::vector<Finding> check_launch_order(const CaseRun& run,
+                                        const std::vector<std::vector<int64_t>>& buckets,
+                                        const std::string& cause);
 
 // In every step with two or more all-reduces, all are launched before the
 // first wait() on any of them (Work::wait's "wait" span), so they queue back

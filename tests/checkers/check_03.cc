@@ -1,0 +1,153 @@
+// Checker for stage 03 (DDP overlapping communication with backward).
+// Compiled once and linked with every ddp.cc: solutions/03-overlap (must
+// pass), the generated exercise (must fail at once, naming the stub), each
+// planted-bug mutant in tests/mutants/03-overlap (must fail with the
+// diagnosis the mutant names), and your exercises/03-overlap
+// (`./kit check 03`).
+// TP_STAGE_HEADER is set only for a planted bug that patches the header.
+#ifdef TP_STAGE_HEADER
+#include TP_STAGE_HEADER
+#else
+#include "ddp.h"
+#endif
+
+#include "tensorplay/train/checker.h"
+
+namespace {
+
+namespace train = tp::train;
+using Options = stage03::Options;
+using Case = train::CheckCase<Options>;
+
+// Stage 03's words for its own parts (see tp::train::Advice).
+train::Advice advice() {
+  train::Advice a;
+  a.where_sync = "by the gradient hooks, bucket by bucket";
+  a.how_sync_runs = "inside loss.backward(), by the hooks and the end-of-backward callback";
+  return a;
+}
+
+// As in stage 02's checker: MiniMLP float32 in reverse registration order is
+// 16, 512 | 128, 4096 | 128, 2048 bytes.
+const Options kOneBucket{};
+const Options kSeveral{.bucket_cap_mb = 2000.0 / (1 << 20), .first_bucket_cap_mb = 500.0 / (1 << 20)};
+const Options kPerParameter{.bucket_cap_mb = 1e-9, .first_bucket_cap_mb = 1e-9};
+
+Options as_view(Options options) {
+  options.gradient_as_bucket_view = true;
+  return options;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out = train::cases_of(train::standard_configs(), kSeveral, "3 buckets");
+  train::RunConfig small;
+  small.world_size = 3;
+  small.steps = 4;
+  small.per_rank_seed = true;
+  out.push_back({small, kOneBucket, "one bucket"});
+  out.push_back({small, kPerParameter, "one bucket per parameter"});
+  out.push_back({small, as_view(kSeveral), "3 buckets, gradient_as_bucket_view"});
+  train::RunConfig momentum = small;
+  momentum.world_size = 2;
+  momentum.momentum = 0.9;
+  out.push_back({momentum, as_view(kPerParameter),
+                 "one bucket per parameter, gradient_as_bucket_view, momentum"});
+  train::RunConfig buffered = small;
+  buffered.model_kind = train::ModelKind::Buffered;
+  out.push_back({buffered, kSeveral, "buffered model, 3 buckets"});
+  // Registered fc2, fc1, fc3 but used fc1, fc2, fc3: with a bucket per
+  // parameter, fc2's buckets (4, 5) complete before fc1's (2, 3), and must
+  // still be launched after them.
+  train::RunConfig reordered = small;
+  reordered.model_kind = train::ModelKind::Reordered;
+  out.push_back({reordered, kPerParameter, "reordered model: buckets complete out of order"});
+  for (Case& c : out) c.config.trace = true;
+  return out;
+}
+
+// "copy back" spans (one per bucket per step) on one rank's trace.
+uint64_t copy_backs(const train::RankResult& r) {
+  uint64_t n = 0;
+  for (const tp::trace::Event& e : r.events) n += e.name == "copy back" && e.phase == 'X';
+  return n;
+}
+
+std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
+  const auto buckets =
+      train::expected_buckets(run, c.options.bucket_cap_mb, c.options.first_bucket_cap_mb);
+  const uint64_t buffers = c.options.broadcast_buffers ? run.num_buffers() : 0;
+  std::vector<train::Finding> out = train::check_construction_counts(
+      run, run.num_params() + buffers, 0,
+      "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
+      "once",
+      /*allgathers=*/2);  // the model check: parameter count, then every shape
+  if (out.empty()) {
+    out = train::check_buckets(run, buckets,
+                               "walk the parameters from the last to the first and close a bucket "
+                               "once it holds at least its cap (Note [Bucket assignment])");
+  }
+  if (out.empty()) {
+    out = train::check_allreduces_per_step(
+        run, buckets.size(), "one per bucket",
+        "launch each bucket's all-reduce exactly once per backward, when its last gradient "
+        "arrives");
+  }
+  if (out.empty()) {
+    out = train::check_launch_order(
+        run, buckets,
+        "launch the buckets strictly in index order (bucket b only after 0 .. b-1), whatever "
+        "order their gradients complete in, so every rank issues the same all-reduces in the "
+        "same order (Note [Overlap])");
+  }
+  if (out.empty()) {
+    out = train::check_overlap(
+        run, buckets,
+        "launch a bucket's all-reduce from the hook that completes it, while backward is still "
+        "running; the end-of-backward callback only waits (Note [Overlap])",
+        "wait for every bucket in the end-of-backward callback before backward returns");
+  }
+  if (out.empty()) {
+    out = train::check_launched_before_first_wait(
+        run, "never wait inside a hook: launch, return, and wait only in the end-of-backward "
+             "callback; waiting in the hook makes backward stop for every bucket");
+  }
+  if (out.empty()) {
+    out = train::check_synced_when_backward_returns(
+        run, "wait for every bucket in the end-of-backward callback, so that .grad is final "
+             "when loss.backward() returns");
+  }
+  if (out.empty()) {
+    // With gradient_as_bucket_view, .grad is the slot: the average needs no
+    // copy back. Without, one copy back per bucket per step.
+    const uint64_t steps = static_cast<uint64_t>(train::total_steps(c.config));
+    const uint64_t expected = c.options.gradient_as_bucket_view ? 0 : buckets.size() * steps;
+    for (const train::RankResult& r : run.ranks) {
+      if (copy_backs(r) == expected) continue;
+      out.push_back({tp::detail::cat("rank ", r.rank, ": the trace shows ", copy_backs(r),
+                                     " \"copy back\" spans in ", steps, " steps; expected ",
+                                     expected,
+                                     c.options.gradient_as_bucket_view
+                                         ? " (with gradient_as_bucket_view .grad is the slot)"
+                                         : " (one per bucket per step)"),
+                     c.options.gradient_as_bucket_view
+                         ? "with gradient_as_bucket_view, point each .grad at its slot when its "
+                           "gradient first arrives; the average then needs no copy"
+                         : "copy each bucket's average back into the gradients once, in the "
+                           "end-of-backward callback"});
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  train::CheckerSpec<Options> spec;
+  spec.stage = "03";
+  spec.title = "DDP overlapping bucket all-reduces with backward";
+  spec.cases = cases();
+  spec.advice = advice();
+  spec.stage_checks = stage_checks;
+  return train::run_checker<stage03::DistributedDataParallel>(argc, argv, spec);
+}
