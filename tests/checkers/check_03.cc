@@ -52,6 +52,13 @@ std::vector<Case> cases() {
   momentum.momentum = 0.9;
   out.push_back({momentum, as_view(kPerParameter),
                  "one bucket per parameter, gradient_as_bucket_view, momentum"});
+  // Many tensors per bucket: 18 parameter tensors of 4 KiB and less, 8 KiB
+  // buckets (a 2 KiB first one).
+  train::RunConfig deep = small;
+  deep.model_kind = train::ModelKind::Deep;
+  deep.deep_depth = 8;
+  out.push_back({deep, {.bucket_cap_mb = 8.0 / 1024, .first_bucket_cap_mb = 2.0 / 1024},
+                 "deep model, several tensors per bucket"});
   train::RunConfig buffered = small;
   buffered.model_kind = train::ModelKind::Buffered;
   out.push_back({buffered, kSeveral, "buffered model, 3 buckets"});

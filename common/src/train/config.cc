@@ -13,6 +13,7 @@ std::string to_string(ModelKind kind) {
     case ModelKind::Branchy: return "BranchyMLP";
     case ModelKind::Buffered: return "BufferedMLP";
     case ModelKind::Reordered: return "ReorderedMLP";
+    case ModelKind::Deep: return "deep MLP";
   }
   return "unknown model";
 }
@@ -21,6 +22,8 @@ void validate(const RunConfig& config) {
   constexpr const char* who = "tp::train::RunConfig";
   TP_CHECK_GE(config.world_size, 1, who, ": world_size must be at least 1");
   TP_CHECK_GE(config.batch_size, 1, who, ": batch_size must be at least 1");
+  TP_CHECK_GE(config.deep_depth, 1, who, ": deep_depth must be at least 1");
+  TP_CHECK_GE(config.model.hidden, 1, who, ": model.hidden must be at least 1");
   TP_CHECK_GE(config.micro_batches, 1, who,
               ": micro_batches (K, micro-batches per optimizer step) must be at least 1");
   if (config.batches_per_rank.empty()) {
@@ -94,6 +97,10 @@ std::shared_ptr<nn::Module> make_model(const RunConfig& config) {
     case ModelKind::Branchy: return std::make_shared<nn::BranchyMLP>(model_options(config));
     case ModelKind::Buffered: return std::make_shared<nn::BufferedMLP>(model_options(config));
     case ModelKind::Reordered: return std::make_shared<nn::ReorderedMLP>(model_options(config));
+    case ModelKind::Deep: {
+      const nn::MiniMLPOptions o = model_options(config);
+      return nn::deep_mlp(o.in_features, o.hidden, config.deep_depth, o.out_features, o.dtype);
+    }
   }
   TP_THROW(Error, "tp::train::make_model: unknown ModelKind ", static_cast<int>(config.model_kind));
 }

@@ -24,7 +24,8 @@ const std::vector<DemoFlag>* g_stage_flags = nullptr;
   std::fprintf(out,
                "usage: ./kit demo %s [--world-size W] [--steps N] [--batch B] [--lr X]\n"
                "                  [--momentum M] [--dtype float32|float64] [--per-rank-seed]\n"
-               "                  [--model mini|branchy|buffered|reordered] [--micro-batches K]\n"
+               "                  [--model mini|branchy|buffered|reordered|deep] [--hidden N]\n"
+               "                  [--depth N (deep)] [--micro-batches K]\n"
                "                  [--batches N0,N1,...] [--divide-by-active-ranks]\n"
                "                  [--json FILE] [--trace FILE]",
                stage.c_str());
@@ -155,9 +156,15 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
         args.config.model_kind = ModelKind::Buffered;
       } else if (m == "reordered") {
         args.config.model_kind = ModelKind::Reordered;
+      } else if (m == "deep") {
+        args.config.model_kind = ModelKind::Deep;
       } else {
-        usage(stage, 2, "--model expects mini, branchy, buffered or reordered, got '" + m + "'");
+        usage(stage, 2, "--model expects mini, branchy, buffered, reordered or deep, got '" + m + "'");
       }
+    } else if (flag == "--hidden") {
+      args.config.model.hidden = parse_count(stage, flag, value(), 1, 4096);
+    } else if (flag == "--depth") {
+      args.config.deep_depth = parse_count(stage, flag, value(), 1, 1024);
     } else if (flag == "--micro-batches") {
       args.config.micro_batches = parse_count(stage, flag, value(), 1, 1024);
     } else if (flag == "--batches") {

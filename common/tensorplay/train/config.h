@@ -46,6 +46,8 @@ enum class ModelKind {
   Buffered,  // BufferedMLP: a RunningMean buffer, updated in every training forward
   Reordered, // ReorderedMLP: registration order differs from the order of use, so
              // gradients become ready out of reverse registration order
+  Deep,      // deep_mlp(in, hidden, deep_depth, out): many parameter tensors, for
+             // buckets holding several tensors and for overlap you can see
 };
 std::string to_string(ModelKind kind);
 
@@ -92,7 +94,8 @@ struct RunConfig {
   // Record a tp::trace timeline on every rank (forward, backward, sync,
   // collectives) and return it in RankResult::events.
   bool trace = false;
-  nn::MiniMLPOptions model;
+  nn::MiniMLPOptions model;  // sizes of every model kind (hidden is the deep model's width)
+  int64_t deep_depth = 16;   // hidden layers of ModelKind::Deep: 2 * (depth + 1) tensors
   data::SyntheticRegressionOptions data;
   // Deadline of one collective (a skipped collective becomes an error naming
   // the rank and the collective) and of the whole job. The kit's collectives

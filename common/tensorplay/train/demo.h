@@ -3,7 +3,8 @@
 //
 //   ./kit demo NN [--world-size W] [--steps N] [--batch B] [--lr X]
 //                 [--momentum M] [--dtype float32|float64] [--per-rank-seed]
-//                 [--model mini|branchy|buffered|reordered] [--micro-batches K]
+//                 [--model mini|branchy|buffered|reordered|deep] [--hidden N]
+//                 [--depth N (deep)] [--micro-batches K]
 //                 [--batches N0,N1,...] [--divide-by-active-ranks]
 //                 [--json FILE] [--trace FILE] [the stage's own flags]
 //
