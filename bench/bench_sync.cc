@@ -1,50 +1,74 @@
-// The gradient sync of one training step on 2 ranks: stage 01's
-// one-all-reduce-per-parameter against a single flat all-reduce of the same
-// number of bytes. Lesson 01's "why naive is slow" quotes these numbers.
+// The gradient sync of one training step, three ways: stage 01's one
+// all-reduce per parameter, stage 02's one all-reduce per bucket, and a
+// single flat all-reduce of the same number of bytes. Lessons 01 and 02
+// quote these numbers.
 //
 // What it measures, for deep_mlp(in=256, width=256, depth=D, out=16) with
-// D in {2, 8, 32} (2 * (D + 1) parameter tensors, 0.5 to 8.4 MB of float32):
+// D in {2, 8, 32, 64} (2 * (D + 1) parameter tensors, 0.5 to 16.9 MB of
+// float32):
 //   BM_Stage01SyncGrads/D   stage01::DistributedDataParallel::sync_grads():
 //                           2 * (D + 1) all-reduces, each waited for, then
 //                           divided by the world size.
+//   BM_Stage02SyncGrads/D   stage02::DistributedDataParallel::sync_grads()
+//                           with the default caps (first bucket 1 MiB, the
+//                           others 25 MiB): copy every gradient into its
+//                           bucket, one all-reduce per bucket, all launched
+//                           before the first wait, divide, copy back.
 //   BM_OneFlatAllreduce/D   one all-reduce (SUM, wait) of one flat float32
 //                           tensor with as many elements as the model has
 //                           parameters: the lower bound that bucketing
-//                           (stage 02) approaches.
-// Counters: "tensors" is all-reduces per sync, "MB" the payload per sync
-// (10^6 bytes), bytes_per_second the payload rate. Only communication is
-// timed: no forward or backward runs inside the loop.
+//                           approaches (no copies, no division).
+//   BM_Stage02BucketCap/C   stage 02 at D = 64 with both caps set to C KiB
+//                           (C = 0: one bucket per parameter, still all
+//                           launched before the first wait): the sweep from
+//                           per-parameter to one bucket.
+// Counters: "allreduces" is all-reduces per sync, "MB" the payload per sync
+// (10^6 bytes), bytes_per_second the payload rate. Only the sync is timed: no
+// forward or backward runs inside the loop. Besides Google Benchmark's mean,
+// median, stddev and cv, repeated runs (--benchmark_repetitions=N) report
+// "p90": the 90th percentile of the N repetitions' times.
 //
 // Why: every all-reduce pays a fixed cost (queue to the communication thread,
 // a Gloo ring round over TCP, the wake-up of the waiting thread) on top of the
 // bytes it moves. With many small tensors the fixed cost dominates, so the
-// per-parameter sync falls further behind the flat one as D grows.
+// per-parameter sync falls further behind the flat one as D grows, while a
+// handful of buckets pays it a handful of times.
 //
-// How it runs: main() spawns 2 ranks (real processes, Gloo over loopback,
-// rendezvous in a fresh TempDir). Each rank registers the same benchmarks
-// with a fixed iteration count, because both ranks must issue the same
-// collectives in the same order; an adaptive count (Google Benchmark's
-// default) would differ between ranks and hang. A barrier before each timed
-// loop lines the ranks up. Rank 0 reports as any benchmark program does
-// (and honours --benchmark_out); rank 1 runs the same benchmarks silently.
-// Times are wall-clock (UseRealTime): the work happens on the communication
-// thread and in the other process, not on the timed thread's CPU clock.
+// How it runs: main() spawns the ranks (2, or --world-size=N; real processes,
+// Gloo over loopback, rendezvous in a fresh TempDir). Each rank registers the
+// same benchmarks with a fixed iteration count, because all ranks must issue
+// the same collectives in the same order; an adaptive count (Google
+// Benchmark's default) would differ between ranks and hang. A barrier before
+// each timed loop lines the ranks up. Rank 0 reports as any benchmark program
+// does (and honours --benchmark_out); the other ranks run the same benchmarks
+// silently. Times are wall-clock (UseRealTime): the work happens on the
+// communication thread and in the other processes, not on the timed thread's
+// CPU clock.
 //
-// Run: ./kit bench, or build/bench/bench_sync [--benchmark_filter=Flat].
-// Expect: the flat all-reduce is several times faster than the per-parameter
-// sync at D = 32, and the gap grows with D; the whole program takes well
-// under a minute.
+// Run: ./kit bench, or build/bench/bench_sync [--benchmark_filter=/64/]
+// [--benchmark_repetitions=10 --benchmark_report_aggregates_only=true]
+// [--world-size=4].
+// Expect: at D = 64 the bucketed sync is several times faster than the
+// per-parameter one and takes about 1.5x the flat all-reduce, the rest being
+// its copies in and out and its division (the "CPU" column, the timed
+// thread's CPU time, shows them); with the default flags the whole program
+// takes well under a minute.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "ddp.h"  // stage01::DistributedDataParallel
+// Both stages' headers are called ddp.h: include them by their folder.
+#include "01-naive/ddp.h"      // stage01::DistributedDataParallel
+#include "02-bucketing/ddp.h"  // stage02::DistributedDataParallel
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/nn/models.h"
@@ -57,21 +81,34 @@ namespace {
 namespace dist = tp::distributed;
 namespace mp = tp::multiprocessing;
 
-constexpr int kWorldSize = 2;
+// Ranks unless --world-size=N says otherwise.
+constexpr int kDefaultWorldSize = 2;
 
 // The model: deep_mlp(kIn, kWidth, depth, kOut).
 constexpr int64_t kIn = 256;
 constexpr int64_t kWidth = 256;
 constexpr int64_t kOut = 16;
 
-// Each depth with its fixed iteration count (the same on every rank; see the
-// top of the file). Fewer iterations for the bigger model keep the whole run
-// short.
+// Each depth with its fixed iteration counts (the same on every rank; see
+// the top of the file): one for the per-parameter sync, one for the bucketed
+// and the flat ones, which are many times faster at depth. Fewer iterations
+// for the bigger models keep the whole run short.
 struct Case {
   int64_t depth;
+  int64_t per_parameter_iterations;
+  int64_t flat_iterations;
+};
+constexpr Case kCases[] = {{2, 200, 200}, {8, 100, 100}, {32, 40, 40}, {64, 5, 40}};
+
+// The bucket-cap sweep (BM_Stage02BucketCap): its model's depth, and each cap
+// in KiB with its iteration count; 0 stands for a cap so small that every
+// parameter gets its own bucket.
+constexpr int64_t kSweepDepth = 64;
+struct CapCase {
+  int64_t cap_kib;
   int64_t iterations;
 };
-constexpr Case kCases[] = {{2, 200}, {8, 100}, {32, 40}};
+constexpr CapCase kCapCases[] = {{0, 5}, {256, 10}, {1024, 20}, {4096, 40}, {25600, 40}};
 
 std::shared_ptr<tp::nn::Module> make_model(int64_t depth) {
   tp::manual_seed(0);
@@ -92,7 +129,7 @@ void report(benchmark::State& state, const dist::ProcessGroup& group,
   const dist::CollectiveCounters& after = group.counters();
   const auto bytes = static_cast<int64_t>(
       (after.allreduce_elements - before.allreduce_elements) * sizeof(float));
-  state.counters["tensors"] =
+  state.counters["allreduces"] =
       static_cast<double>(after.allreduce - before.allreduce) / iterations;
   state.counters["MB"] = static_cast<double>(bytes) / 1e6 / iterations;
   state.SetBytesProcessed(bytes);
@@ -105,6 +142,37 @@ void bm_stage01_sync_grads(benchmark::State& state,
   // Every gradient is ones on every rank: all-reduce (SUM) makes it 2, the
   // division by 2 makes it 1 again, so the values stay exact and normal
   // (no overflow or denormals slowing the arithmetic) however long it runs.
+  for (const tp::Tensor& p : ddp.parameters()) p.set_grad(tp::ones(p.shape(), p.dtype()));
+
+  group->barrier()->wait();
+  const dist::CollectiveCounters before = group->counters();
+  for (auto _ : state) ddp.sync_grads();
+  report(state, *group, before);
+}
+
+// [snippet:stage02-bench]
+// Stage 02's sync_grads() on the same model, default caps.
+void bm_stage02_sync_grads(benchmark::State& state,
+                           const std::shared_ptr<dist::ProcessGroup>& group) {
+  stage02::DistributedDataParallel ddp(make_model(state.range(0)), group);
+  // Ones, as for stage 01: sum W, divide by W, ones again.
+  for (const tp::Tensor& p : ddp.parameters()) p.set_grad(tp::ones(p.shape(), p.dtype()));
+
+  group->barrier()->wait();
+  const dist::CollectiveCounters before = group->counters();
+  for (auto _ : state) ddp.sync_grads();
+  report(state, *group, before);
+}
+// [/snippet:stage02-bench]
+
+// Stage 02's sync_grads() on deep_mlp(256, 256, kSweepDepth, 16) with both
+// caps set to range(0) KiB (0: 1e-9 MiB, one bucket per parameter): how the
+// time goes from per-parameter to flat as buckets grow.
+void bm_stage02_bucket_cap(benchmark::State& state,
+                           const std::shared_ptr<dist::ProcessGroup>& group) {
+  const double cap_mb = state.range(0) == 0 ? 1e-9 : static_cast<double>(state.range(0)) / 1024.0;
+  stage02::DistributedDataParallel ddp(make_model(kSweepDepth), group,
+                                       {.bucket_cap_mb = cap_mb, .first_bucket_cap_mb = cap_mb});
   for (const tp::Tensor& p : ddp.parameters()) p.set_grad(tp::ones(p.shape(), p.dtype()));
 
   group->barrier()->wait();
@@ -126,26 +194,43 @@ void bm_one_flat_allreduce(benchmark::State& state,
   report(state, *group, before);
 }
 
+// The 90th percentile of the repetitions' times (nearest rank), reported
+// beside Google Benchmark's mean and median when --benchmark_repetitions > 1.
+double p90(const std::vector<double>& times) {
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const auto rank = static_cast<size_t>(std::ceil(0.9 * static_cast<double>(sorted.size())));
+  return sorted[std::max<size_t>(rank, 1) - 1];
+}
+
+using SyncBenchmark = void (*)(benchmark::State&, const std::shared_ptr<dist::ProcessGroup>&);
+
+// Registers `run` under `name`/`arg` (a depth, or a cap for the sweep).
+void register_sync(const char* name, SyncBenchmark run, int64_t arg, int64_t iterations,
+                   const std::shared_ptr<dist::ProcessGroup>& group) {
+  benchmark::RegisterBenchmark(name, [run, group](benchmark::State& state) { run(state, group); })
+      ->Arg(arg)->Iterations(iterations)
+      ->ComputeStatistics("p90", p90)
+      ->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
 void register_benchmarks(const std::shared_ptr<dist::ProcessGroup>& group) {
   for (const Case& c : kCases) {
-    benchmark::RegisterBenchmark("BM_Stage01SyncGrads",
-                                 [group](benchmark::State& state) {
-                                   bm_stage01_sync_grads(state, group);
-                                 })
-        ->Arg(c.depth)->Iterations(c.iterations)
-        ->Unit(benchmark::kMicrosecond)->UseRealTime();
+    register_sync("BM_Stage01SyncGrads", bm_stage01_sync_grads, c.depth,
+                  c.per_parameter_iterations, group);
   }
   for (const Case& c : kCases) {
-    benchmark::RegisterBenchmark("BM_OneFlatAllreduce",
-                                 [group](benchmark::State& state) {
-                                   bm_one_flat_allreduce(state, group);
-                                 })
-        ->Arg(c.depth)->Iterations(c.iterations)
-        ->Unit(benchmark::kMicrosecond)->UseRealTime();
+    register_sync("BM_Stage02SyncGrads", bm_stage02_sync_grads, c.depth, c.flat_iterations, group);
+  }
+  for (const Case& c : kCases) {
+    register_sync("BM_OneFlatAllreduce", bm_one_flat_allreduce, c.depth, c.flat_iterations, group);
+  }
+  for (const CapCase& c : kCapCases) {
+    register_sync("BM_Stage02BucketCap", bm_stage02_bucket_cap, c.cap_kib, c.iterations, group);
   }
 }
 
-// Rank 1's display reporter: runs everything, prints nothing.
+// The other ranks' display reporter: runs everything, prints nothing.
 class SilentReporter : public benchmark::BenchmarkReporter {
  public:
   SilentReporter() {
@@ -166,9 +251,9 @@ std::string_view flag_name(std::string_view arg) {
   return arg.substr(0, arg.find('='));
 }
 
-// Rank 1 keeps every flag (so --benchmark_filter, --benchmark_repetitions and
-// the like select the same runs on both ranks) except those that write
-// output.
+// Ranks other than 0 keep every flag (so --benchmark_filter,
+// --benchmark_repetitions and the like select the same runs on every rank)
+// except those that write output.
 bool writes_output(std::string_view arg) {
   const std::string_view name = flag_name(arg);
   return name == "benchmark_out" || name == "benchmark_out_format" ||
@@ -176,7 +261,7 @@ bool writes_output(std::string_view arg) {
 }
 
 // One rank: connect, register, run. Returns "" on success, or a reason.
-std::string run_rank(int rank, const std::string& rendezvous,
+std::string run_rank(int rank, int world_size, const std::string& rendezvous,
                      const std::vector<std::string>& args) {
   std::vector<std::string> mine;
   for (const std::string& arg : args) {
@@ -194,7 +279,7 @@ std::string run_rank(int rank, const std::string& rendezvous,
   }
 
   auto group = std::make_shared<dist::ProcessGroupGloo>(
-      rendezvous, rank, kWorldSize, dist::GlooOptions{std::chrono::seconds(60)});
+      rendezvous, rank, world_size, dist::GlooOptions{std::chrono::seconds(60)});
   register_benchmarks(group);
   if (rank == 0) {
     benchmark::RunSpecifiedBenchmarks();
@@ -209,11 +294,35 @@ std::string run_rank(int rank, const std::string& rendezvous,
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args(argv, argv + argc);
+  // --world-size=N is this program's own flag: taken out before the ranks
+  // hand the rest to Google Benchmark.
+  int world_size = kDefaultWorldSize;
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (i > 0 && flag_name(arg) == "world-size") {
+      const size_t eq = arg.find('=');
+      const std::string value(eq == std::string_view::npos ? "" : arg.substr(eq + 1));
+      char* end = nullptr;
+      const long n = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || n < 1 || n > 16) {
+        std::cerr << "bench_sync: --world-size expects a number of ranks from 1 to 16, as in "
+                     "--world-size=4; got '" << arg << "'\n";
+        return 1;
+      }
+      world_size = static_cast<int>(n);
+      continue;
+    }
+    args.emplace_back(arg);
+  }
   for (const std::string& arg : args) {
     const std::string_view name = flag_name(arg);
     // --help prints and exits inside Initialize: do it here, before any rank.
-    if (name == "help") benchmark::Initialize(&argc, argv);
+    if (name == "help") {
+      std::cout << "bench_sync: --world-size=N runs N ranks (default " << kDefaultWorldSize
+                << "); the other flags are Google Benchmark's:\n";
+      benchmark::Initialize(&argc, argv);
+    }
     if (name == "benchmark_enable_random_interleaving") {
       std::cerr << "bench_sync: --benchmark_enable_random_interleaving would shuffle the runs "
                    "differently on each rank and hang their collectives; run without it\n";
@@ -225,7 +334,7 @@ int main(int argc, char** argv) {
   mp::SpawnOptions options;
   options.timeout = std::chrono::minutes(10);  // generous: a loaded machine is slow, not hung
   const std::vector<std::string> results =
-      mp::spawn(options, run_rank, kWorldSize, rendezvous.path(), args);
+      mp::spawn(options, run_rank, world_size, world_size, rendezvous.path(), args);
   for (const std::string& result : results) {
     if (!result.empty()) return 1;
   }

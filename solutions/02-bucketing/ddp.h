@@ -46,6 +46,7 @@
 
 namespace stage02 {
 
+// [snippet:options]
 struct Options {
   // Also copy rank 0's buffers (running statistics) at construction.
   bool broadcast_buffers = true;
@@ -55,6 +56,7 @@ struct Options {
   // 03 communication can start early (PyTorch uses 1 MiB).
   double first_bucket_cap_mb = 1.0;
 };
+// [/snippet:options]
 
 class DistributedDataParallel {
  public:
@@ -92,6 +94,7 @@ class DistributedDataParallel {
   std::vector<std::vector<int64_t>> bucket_assignment() const;
 
  private:
+  // [snippet:slots]
   // One parameter's place in its bucket: elements [offset, offset + length)
   // of the bucket's flat tensor, viewed with the parameter's shape.
   struct Slot {
@@ -104,6 +107,7 @@ class DistributedDataParallel {
     std::vector<Slot> slots;  // in the order the parameters were added
     tp::Tensor flat;          // 1-D, one dtype; what is all-reduced
   };
+  // [/snippet:slots]
 
   // Copies rank 0's parameters and buffers to every rank.
   void broadcast_from_rank0();

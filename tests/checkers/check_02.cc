@@ -23,6 +23,9 @@ train::Advice advice() {
   train::Advice a;
   a.where_sync = "in sync_grads(), bucket by bucket";
   a.how_sync_runs = "by sync_grads() after loss.backward(), on every rank";
+  a.where_grads_move =
+      "copied into their own slots and back (a slot starts where the one before it in its "
+      "bucket ends, and is as long as its parameter: no two overlap)";
   return a;
 }
 
@@ -34,6 +37,12 @@ const Options kOneBucket{};  // the defaults, 1 and 25 MiB: everything in one
 // fc2.weight} (overshoots by fc2.weight) and {fc1.bias, fc1.weight}.
 const Options kSeveral{.bucket_cap_mb = 2000.0 / (1 << 20), .first_bucket_cap_mb = 500.0 / (1 << 20)};
 const Options kPerParameter{.bucket_cap_mb = 1e-9, .first_bucket_cap_mb = 1e-9};
+// Caps on the rule's edges (float32). The first, 528 B, is exactly what
+// {fc3.bias, fc3.weight} hold, so "at least the cap" closes it there and
+// "more than the cap" takes fc2.bias too. The other, 4300 B, is passed by
+// {fc2.bias, fc2.weight, fc1.bias} (4352 B) but not by the first two (4224
+// B); read as MB instead of MiB it is 4100 B, which closes a parameter early.
+const Options kOnTheEdge{.bucket_cap_mb = 4300.0 / (1 << 20), .first_bucket_cap_mb = 528.0 / (1 << 20)};
 
 std::vector<Case> cases() {
   std::vector<Case> out = train::cases_of(train::standard_configs(), kSeveral, "3 buckets");
@@ -43,6 +52,7 @@ std::vector<Case> cases() {
   small.per_rank_seed = true;
   out.push_back({small, kOneBucket, "one bucket"});
   out.push_back({small, kPerParameter, "one bucket per parameter"});
+  out.push_back({small, kOnTheEdge, "caps on the rule's edges (528 B, 4300 B)"});
   // Many tensors per bucket: 18 parameter tensors of 4 KiB and less, 8 KiB
   // buckets (a 2 KiB first one).
   train::RunConfig deep = small;

@@ -411,6 +411,15 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
                           join(times_w), " is ", w, "x the reference's while "
                           "the other ranks match it: is the summed gradient divided by the "
                           "world size on every rank?")
+        : config.model_kind == ModelKind::Branchy &&
+                  std::all_of(names.begin(), names.end(), [](const std::string& n) {
+                    return n.starts_with("branch_") || n.starts_with("spare.");
+                  })
+            ? detail::cat("only ", join(names), " disagree", names.size() == 1 ? "s" : "",
+                          " between ranks, parameters that got no gradient on some ranks (the "
+                          "branch not taken): such a parameter still takes part in the sync "
+                          "and must end with the average on every rank; is its gradient set "
+                          "where the rank had none?")
         : names.size() < total
             ? detail::cat("only ", join(names), " disagree", names.size() == 1 ? "s" : "",
                           " between ranks while the other parameters agree: is ",
@@ -441,6 +450,12 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
     } else if (near(ratio, 1.0 / w)) {
       cause = detail::cat("the first update is 1/", w,
                           " of the reference's: is the gradient divided by the world size twice?");
+    } else if (const std::vector<std::string> wrong =
+                   params_differing(rank0.after_first_step, reference.after_first_step, tolerance);
+               wrong.size() < rank0.after_first_step.size()) {
+      cause = detail::cat("only ", join(wrong), wrong.size() == 1 ? " was" : " were",
+                          " updated wrongly while the other parameters match the reference: "
+                          "are their gradients ", advice.where_grads_move, "?");
     } else {
       cause = detail::cat("all ranks agree with each other but not with the reference; the first "
                           "update is ", num(ratio), "x the reference's: the gradients are "

@@ -64,6 +64,10 @@ struct Advice {
   // "are gradients averaged ___?", asked when every rank kept its own
   // gradient: how the stage is meant to be triggered.
   std::string how_sync_runs = "after loss.backward(), on every rank";
+  // "only fc3.bias, fc1.bias were updated wrongly while the other parameters
+  // match the reference: are their gradients ___?", asked when the ranks
+  // agree: where the stage moves a gradient, so that it can land wrong.
+  std::string where_grads_move = "all-reduced and divided like the others";
 };
 
 // Findings when the results are not what the plan says: a rank missing, a
