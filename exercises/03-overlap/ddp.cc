@@ -35,12 +35,14 @@ DistributedDataParallel::DistributedDataParallel(
   tp::distributed::verify_same_tensors_on_all_ranks(*process_group_, params_, "stage03 DDP");
   broadcast_from_rank0();
   assign_buckets();
+  // [snippet:register-hooks]
   // One hook per parameter. It captures `this`, which is why this class can
   // be neither copied nor moved, and why hooks_ is its last member.
   for (size_t i = 0; i < params_.size(); ++i) {
     hooks_.push_back(params_[i].second.register_post_accumulate_grad_hook(
         [this, i](const Tensor& param) { on_gradient_ready(static_cast<int64_t>(i), param); }));
   }
+  // [/snippet:register-hooks]
 }
 
 void DistributedDataParallel::broadcast_from_rank0() {

@@ -103,6 +103,7 @@ class DistributedDataParallel {
     tp::Tensor view;     // flat.narrow(0, offset, length).view(shape)
     bool arrived = false;  // per iteration: its gradient is in (reset by finish_backward)
   };
+  // [snippet:bucket-state]
   struct Bucket {
     std::vector<Slot> slots;  // in the order the parameters were added
     tp::Tensor flat;          // 1-D, one dtype; what is all-reduced
@@ -110,6 +111,7 @@ class DistributedDataParallel {
     size_t pending = 0;       // slots whose gradient has not arrived yet
     std::shared_ptr<tp::distributed::Work> work;  // set when launched
   };
+  // [/snippet:bucket-state]
   // Where a parameter lives: buckets_[bucket].slots[slot].
   struct Location {
     size_t bucket = 0;
@@ -134,11 +136,13 @@ class DistributedDataParallel {
   std::vector<Bucket> buckets_;              // the layout is constant after construction
   std::vector<Location> locations_;          // [param index], constant after construction
 
+  // [snippet:iteration-state]
   // Per iteration, touched by the hooks and the callback on the thread that
   // runs backward; reset at the end of every backward.
   size_t next_bucket_ = 0;         // the next bucket to launch, in index order
   bool callback_queued_ = false;   // finish_backward queued for this backward
   std::string unfinished_;         // set when a backward ended with a bucket unfinished
+  // [/snippet:iteration-state]
 
   // Last, so the hooks are removed before anything they touch is destroyed.
   std::vector<tp::RemovableHandle> hooks_;

@@ -47,6 +47,7 @@ std::string one_branchy_step(stage03::DistributedDataParallel& ddp, int rank) {
 
 }  // namespace
 
+// [snippet:unused-parameter]
 TEST_CASE("a parameter without a gradient is an error on every rank naming it, never a hang") {
   const std::vector<std::string> messages = run_ranks(2, [](int rank, auto group) {
     tp::manual_seed(3);
@@ -60,6 +61,7 @@ TEST_CASE("a parameter without a gradient is an error on every rank naming it, n
     CHECK(message.find("find_unused_parameters") != std::string::npos);
   }
 }
+// [/snippet:unused-parameter]
 
 TEST_CASE("after an unfinished backward, the next forward refuses to run") {
   const std::vector<std::string> messages = run_ranks(2, [](int rank, auto group) {

@@ -182,6 +182,7 @@ void backward(const Tensor& root, const Tensor& grad) {
     }
   }
 
+  // [snippet:engine-callbacks]
   trace::instant("graph done", "autograd");  // Note [Phase marks]
   if (t_state.callbacks.empty()) return;
 
@@ -192,6 +193,7 @@ void backward(const Tensor& root, const Tensor& grad) {
     std::function<void()> callback = std::move(t_state.callbacks[i]);
     callback();
   }
+  // [/snippet:engine-callbacks]
 }
 
 void queue_callback(std::function<void()> fn) {

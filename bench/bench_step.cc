@@ -1,0 +1,431 @@
+// One whole training step of one rank (zero_grad, forward, loss, backward,
+// gradient sync, SGD step) on a deep MLP, without DDP and with stages 01, 02
+// and 03. Lesson 03 quotes these numbers: they show how much of stage 02's
+// sync stage 03 hides behind backward, and on which machine it can.
+//
+// What it measures, for deep_mlp(16, kWidth, kDepth, 4) (130 parameter
+// tensors, 4.2 MB of float32 gradients) and a batch of 64 rows per rank
+// (--batch=N):
+//   BM_StepNoDDP             the step with no communication at all: what a
+//                            rank computes. Every rank runs it at the same
+//                            time, so it competes for the cores as the
+//                            others do.
+//   BM_StepStage01           stage 01: backward, then sync_grads() (130
+//                            all-reduces, each waited for).
+//   BM_StepStage02/cap_kib   stage 02: backward, then sync_grads() (one
+//                            all-reduce per bucket, all launched before the
+//                            first wait).
+//   BM_StepStage03/cap_kib   stage 03: the hooks launch each bucket's
+//                            all-reduce during backward; backward returns
+//                            with every gradient averaged.
+// cap_kib 0 stands for the default caps (first bucket 1 MiB, the others 25
+// MiB: two buckets here, the second three times the first); any other value
+// sets both caps to that many KiB (512: 8 buckets, 1024: 4, 2048: 2 equal).
+// Counters, per step: "fwd_ms", "bwd_ms" (loss.backward(), which in stage 03
+// includes the hooks and the end-of-backward wait), "sync_ms"
+// (sync_grads(), stages 01 and 02), "bwd_cpu_ms" and "sync_cpu_ms" (the
+// process's CPU time during those phases, every thread: main, communication,
+// Gloo's), "allreduces", "buckets", and "cores": the process's CPU time over
+// wall time for the whole loop, i.e. how many cores this rank kept busy (at
+// most 1 each for 2 ranks on 2 cores). Repeated runs
+// (--benchmark_repetitions=N) add "p90", the 90th percentile of the N
+// repetitions, beside the mean, median, stddev and cv.
+//
+// Why: stage 02 pays its whole sync after backward. Stage 03 launches bucket
+// b while backward still computes the earlier layers, so the all-reduces
+// overlap with compute and the step shrinks by up to the sync time, minus
+// what cannot overlap: the last bucket, which completes with the last
+// gradient, and whatever backward is too short to cover. Over loopback the
+// sync is CPU work too, so overlap hides only the time a rank waits: where
+// every core is already busy with backward (2 ranks on 2 cores), the
+// communication thread takes its CPU time from backward. "bwd_cpu_ms" and
+// "sync_cpu_ms" against "bwd_ms" and "sync_ms" show how much waiting there
+// was to hide.
+//
+// How it runs: as bench_sync.cc: main() spawns the ranks (2, or
+// --world-size=N; Gloo over loopback, OpenBLAS on one thread per rank), each
+// registers the same benchmarks with fixed iteration counts (the ranks must
+// issue the same collectives in the same order; an adaptive count would
+// differ between ranks and hang), runs kWarmupSteps untimed steps and a
+// barrier before each timed loop, and rank 0 reports. Times are wall-clock.
+//
+// Run: ./kit bench, or build/bench/bench_step [--benchmark_filter=Stage0[23]]
+// [--benchmark_repetitions=10 --benchmark_report_aggregates_only=true]
+// [--world-size=N] [--batch=N]. A larger batch lengthens forward and
+// backward but not the sync: more compute for the sync to hide behind.
+// Expect: stage 01 some 25 times slower than no DDP; stage 02 slower than
+// no DDP by its sync; stage 03 shorter than stage 02 by the part of the sync
+// that found compute to hide behind. On the kit's 2-core machine that is
+// within the noise at the default batch and a third or more of the sync
+// with --batch=256: lesson 03 ("What overlap buys") has the numbers and
+// the reasons. About 15 s with the default flags, about a minute with 5
+// repetitions, on 2 cores.
+#include <benchmark/benchmark.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// The stages' headers are all called ddp.h: include them by their folder.
+#include "01-naive/ddp.h"      // stage01::DistributedDataParallel
+#include "02-bucketing/ddp.h"  // stage02::DistributedDataParallel
+#include "03-overlap/ddp.h"    // stage03::DistributedDataParallel
+#include "tensorplay/data.h"
+#include "tensorplay/distributed/process_group_gloo.h"
+#include "tensorplay/multiprocessing/spawn.h"
+#include "tensorplay/nn/models.h"
+#include "tensorplay/ops.h"
+#include "tensorplay/optim/sgd.h"
+#include "tensorplay/random.h"
+#include "tensorplay/util/temp_dir.h"
+
+namespace {
+
+namespace dist = tp::distributed;
+namespace mp = tp::multiprocessing;
+using Clock = std::chrono::steady_clock;
+
+// Ranks unless --world-size=N says otherwise.
+constexpr int kDefaultWorldSize = 2;
+// Rows per rank and step unless --batch=N says otherwise.
+constexpr int64_t kDefaultBatch = 64;
+
+// The model, deep_mlp(16, kWidth, kDepth, 4) on SyntheticRegression's 16
+// features and 4 targets: 2 * (kDepth + 1) = 130 parameter tensors, almost
+// all of them (kWidth, kWidth) weights of 64 KiB. The width and the default
+// batch make a step about 8 ms of compute on one core, comparable to the
+// sync of its 4.2 MB over loopback, so neither hides the other by sheer size.
+constexpr int64_t kWidth = 128;
+constexpr int64_t kDepth = 64;
+
+// Untimed steps before each benchmark's barrier: the first steps allocate
+// gradients and fault in memory.
+constexpr int kWarmupSteps = 3;
+
+// Fixed iteration counts (the same on every rank). Stage 01 is some 20 times
+// slower than the others: fewer steps keep the run short.
+constexpr int64_t kIterations = 40;
+constexpr int64_t kStage01Iterations = 5;
+
+// Bucket caps of the stage 02 and 03 runs, in KiB; 0 is the default caps.
+constexpr int64_t kCapsKib[] = {0, 512, 1024, 2048};
+
+struct Caps {
+  double bucket_cap_mb = 25.0;
+  double first_bucket_cap_mb = 1.0;
+};
+Caps caps_of(int64_t cap_kib) {
+  if (cap_kib == 0) return {};
+  const double mb = static_cast<double>(cap_kib) / 1024.0;
+  return {mb, mb};
+}
+
+std::shared_ptr<tp::nn::Module> make_model() {
+  tp::manual_seed(0);
+  return tp::nn::deep_mlp(16, kWidth, kDepth, 4);
+}
+
+// What every benchmark of one rank needs: its process group, and the batch
+// size (the same on every rank).
+struct Rank {
+  std::shared_ptr<dist::ProcessGroup> group;
+  int64_t batch = kDefaultBatch;
+};
+
+// This rank's own rows: a different batch on every rank, as in training.
+tp::data::Batch batch_of(const Rank& rank) {
+  return tp::data::SyntheticRegression().rows(rank.group->rank() * rank.batch, rank.batch);
+}
+
+// CPU time of this process so far, every thread, user and system, in s.
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// Per-step phase times, summed over the timed loop: wall-clock, and the
+// process's CPU time (all threads) during backward and during the sync.
+struct Phases {
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double sync_ms = 0;
+  double backward_cpu_ms = 0;
+  double sync_cpu_ms = 0;
+};
+
+// One training step. `sync` runs between backward and the optimizer step
+// (a stage's sync_grads(); nothing for no DDP and stage 03).
+template <typename Forward, typename Sync>
+void step(Forward&& forward, Sync&& sync, tp::optim::SGD& optimizer,
+          const tp::data::Batch& batch, Phases& phases) {
+  optimizer.zero_grad();
+  auto t = Clock::now();
+  tp::Tensor loss = tp::mse_loss(forward(batch.x), batch.y);
+  phases.forward_ms += ms_since(t);
+  t = Clock::now();
+  double cpu = process_cpu_seconds();
+  loss.backward();
+  phases.backward_ms += ms_since(t);
+  phases.backward_cpu_ms += (process_cpu_seconds() - cpu) * 1e3;
+  t = Clock::now();
+  cpu = process_cpu_seconds();
+  sync();
+  phases.sync_ms += ms_since(t);
+  phases.sync_cpu_ms += (process_cpu_seconds() - cpu) * 1e3;
+  optimizer.step();
+  benchmark::DoNotOptimize(loss.data_ptr());
+}
+
+// Warms up, lines the ranks up, runs the timed loop and reports the
+// counters. `one_step(phases)` is one training step.
+template <typename OneStep>
+void run_steps(benchmark::State& state, dist::ProcessGroup& group, OneStep&& one_step) {
+  Phases warmup;
+  for (int i = 0; i < kWarmupSteps; ++i) one_step(warmup);
+  group.barrier()->wait();
+
+  Phases phases;
+  const uint64_t allreduces_before = group.counters().allreduce;
+  const double cpu_before = process_cpu_seconds();
+  const auto wall_start = Clock::now();
+  for (auto _ : state) one_step(phases);
+  const double wall_ms = ms_since(wall_start);
+  const double cpu_ms = (process_cpu_seconds() - cpu_before) * 1e3;
+
+  using benchmark::Counter;
+  state.counters["fwd_ms"] = Counter(phases.forward_ms, Counter::kAvgIterations);
+  state.counters["bwd_ms"] = Counter(phases.backward_ms, Counter::kAvgIterations);
+  state.counters["sync_ms"] = Counter(phases.sync_ms, Counter::kAvgIterations);
+  state.counters["bwd_cpu_ms"] = Counter(phases.backward_cpu_ms, Counter::kAvgIterations);
+  state.counters["sync_cpu_ms"] = Counter(phases.sync_cpu_ms, Counter::kAvgIterations);
+  state.counters["allreduces"] =
+      Counter(static_cast<double>(group.counters().allreduce - allreduces_before),
+              Counter::kAvgIterations);
+  state.counters["cores"] = cpu_ms / wall_ms;
+}
+
+void bm_no_ddp(benchmark::State& state, const Rank& rank) {
+  auto model = make_model();
+  tp::optim::SGD optimizer(model->parameters(), {.lr = 1e-3});
+  const tp::data::Batch batch = batch_of(rank);
+  run_steps(state, *rank.group, [&](Phases& phases) {
+    step([&](const tp::Tensor& x) { return model->forward(x); }, [] {}, optimizer, batch, phases);
+  });
+}
+
+void bm_stage01(benchmark::State& state, const Rank& rank) {
+  stage01::DistributedDataParallel ddp(make_model(), rank.group);
+  tp::optim::SGD optimizer(ddp.parameters(), {.lr = 1e-3});
+  const tp::data::Batch batch = batch_of(rank);
+  run_steps(state, *rank.group, [&](Phases& phases) {
+    step([&](const tp::Tensor& x) { return ddp(x); }, [&] { ddp.sync_grads(); }, optimizer,
+         batch, phases);
+  });
+}
+
+void bm_stage02(benchmark::State& state, const Rank& rank) {
+  const Caps caps = caps_of(state.range(0));
+  stage02::DistributedDataParallel ddp(
+      make_model(), rank.group,
+      {.bucket_cap_mb = caps.bucket_cap_mb, .first_bucket_cap_mb = caps.first_bucket_cap_mb});
+  tp::optim::SGD optimizer(ddp.parameters(), {.lr = 1e-3});
+  const tp::data::Batch batch = batch_of(rank);
+  run_steps(state, *rank.group, [&](Phases& phases) {
+    step([&](const tp::Tensor& x) { return ddp(x); }, [&] { ddp.sync_grads(); }, optimizer,
+         batch, phases);
+  });
+  state.counters["buckets"] = static_cast<double>(ddp.bucket_assignment().size());
+}
+
+void bm_stage03(benchmark::State& state, const Rank& rank) {
+  const Caps caps = caps_of(state.range(0));
+  stage03::DistributedDataParallel ddp(
+      make_model(), rank.group,
+      {.bucket_cap_mb = caps.bucket_cap_mb, .first_bucket_cap_mb = caps.first_bucket_cap_mb});
+  tp::optim::SGD optimizer(ddp.parameters(), {.lr = 1e-3});
+  const tp::data::Batch batch = batch_of(rank);
+  run_steps(state, *rank.group, [&](Phases& phases) {
+    // No sync call: backward returns with the gradients averaged.
+    step([&](const tp::Tensor& x) { return ddp(x); }, [] {}, optimizer, batch, phases);
+  });
+  state.counters["buckets"] = static_cast<double>(ddp.bucket_assignment().size());
+}
+
+// The 90th percentile of the repetitions' times (nearest rank), reported
+// beside Google Benchmark's mean and median when --benchmark_repetitions > 1.
+double p90(const std::vector<double>& times) {
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const auto rank = static_cast<size_t>(std::ceil(0.9 * static_cast<double>(sorted.size())));
+  return sorted[std::max<size_t>(rank, 1) - 1];
+}
+
+using StepBenchmark = void (*)(benchmark::State&, const Rank&);
+
+benchmark::internal::Benchmark* register_step(const char* name, StepBenchmark run,
+                                              int64_t iterations, const Rank& rank) {
+  return benchmark::RegisterBenchmark(name,
+                                      [run, rank](benchmark::State& state) { run(state, rank); })
+      ->Iterations(iterations)
+      ->ComputeStatistics("p90", p90)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+}
+
+void register_benchmarks(const Rank& rank) {
+  register_step("BM_StepNoDDP", bm_no_ddp, kIterations, rank);
+  register_step("BM_StepStage01", bm_stage01, kStage01Iterations, rank);
+  // Stage 02 and 03 side by side for each cap, so that a change in the
+  // machine's load during the run weighs on both alike.
+  for (int64_t cap : kCapsKib) {
+    register_step("BM_StepStage02", bm_stage02, kIterations, rank)->ArgName("cap_kib")->Arg(cap);
+    register_step("BM_StepStage03", bm_stage03, kIterations, rank)->ArgName("cap_kib")->Arg(cap);
+  }
+}
+
+// The other ranks' display reporter: runs everything, prints nothing.
+class SilentReporter : public benchmark::BenchmarkReporter {
+ public:
+  SilentReporter() {
+    SetOutputStream(&null_);
+    SetErrorStream(&null_);
+  }
+  bool ReportContext(const Context&) override { return true; }  // false would skip the runs
+  void ReportRuns(const std::vector<Run>&) override {}
+
+ private:
+  std::ostream null_{nullptr};  // no buffer: every write is dropped
+};
+
+// "--benchmark_out=x" -> "benchmark_out"; "" for an argument that is no flag.
+std::string_view flag_name(std::string_view arg) {
+  if (!arg.starts_with('-')) return {};
+  while (arg.starts_with('-')) arg.remove_prefix(1);
+  return arg.substr(0, arg.find('='));
+}
+
+// Ranks other than 0 keep every flag (so --benchmark_filter,
+// --benchmark_repetitions and the like select the same runs on every rank)
+// except those that write output.
+bool writes_output(std::string_view arg) {
+  const std::string_view name = flag_name(arg);
+  return name == "benchmark_out" || name == "benchmark_out_format" ||
+         name == "benchmark_format";
+}
+
+// One rank: connect, register, run. Returns "" on success, or a reason.
+std::string run_rank(int rank, int world_size, int64_t batch, const std::string& rendezvous,
+                     const std::vector<std::string>& args) {
+  std::vector<std::string> mine;
+  for (const std::string& arg : args) {
+    if (rank == 0 || !writes_output(arg)) mine.push_back(arg);
+  }
+  std::vector<char*> argv;
+  for (std::string& arg : mine) argv.push_back(arg.data());
+  int argc = static_cast<int>(argv.size());
+  argv.push_back(nullptr);
+  benchmark::Initialize(&argc, argv.data());
+  // Every rank sees the same leftover arguments, so all stop here together.
+  if (argc > 1) {
+    if (rank == 0) benchmark::ReportUnrecognizedArguments(argc, argv.data());
+    return "unrecognized arguments";
+  }
+
+  auto group = std::make_shared<dist::ProcessGroupGloo>(
+      rendezvous, rank, world_size, dist::GlooOptions{std::chrono::seconds(60)});
+  register_benchmarks({group, batch});
+  if (rank == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    SilentReporter silent;
+    benchmark::RunSpecifiedBenchmarks(&silent);
+  }
+  benchmark::Shutdown();
+  return "";
+}
+
+// The value of "--name=N" if it is a whole number in [lo, hi].
+std::optional<long> count_flag(std::string_view arg, long lo, long hi) {
+  const size_t eq = arg.find('=');
+  const std::string value(eq == std::string_view::npos ? "" : arg.substr(eq + 1));
+  char* end = nullptr;
+  const long n = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || n < lo || n > hi) return std::nullopt;
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // --world-size=N and --batch=N are this program's own flags: taken out
+  // before the ranks hand the rest to Google Benchmark.
+  int world_size = kDefaultWorldSize;
+  int64_t batch = kDefaultBatch;
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (i > 0 && flag_name(arg) == "world-size") {
+      const std::optional<long> n = count_flag(arg, 1, 16);
+      if (!n) {
+        std::cerr << "bench_step: --world-size expects a number of ranks from 1 to 16, as in "
+                     "--world-size=4; got '" << arg << "'\n";
+        return 1;
+      }
+      world_size = static_cast<int>(*n);
+      continue;
+    }
+    if (i > 0 && flag_name(arg) == "batch") {
+      const std::optional<long> n = count_flag(arg, 1, 4096);
+      if (!n) {
+        std::cerr << "bench_step: --batch expects rows per rank from 1 to 4096, as in "
+                     "--batch=256; got '" << arg << "'\n";
+        return 1;
+      }
+      batch = *n;
+      continue;
+    }
+    args.emplace_back(arg);
+  }
+  for (const std::string& arg : args) {
+    const std::string_view name = flag_name(arg);
+    // --help prints and exits inside Initialize: do it here, before any rank.
+    if (name == "help") {
+      std::cout << "bench_step: --world-size=N runs N ranks (default " << kDefaultWorldSize
+                << "), --batch=N gives each rank N rows per step (default " << kDefaultBatch
+                << "); the other flags are Google Benchmark's:\n";
+      benchmark::Initialize(&argc, argv);
+    }
+    if (name == "benchmark_enable_random_interleaving") {
+      std::cerr << "bench_step: --benchmark_enable_random_interleaving would shuffle the runs "
+                   "differently on each rank and hang their collectives; run without it\n";
+      return 1;
+    }
+  }
+
+  tp::TempDir rendezvous("tp-bench-step");
+  mp::SpawnOptions options;
+  options.timeout = std::chrono::minutes(10);  // generous: a loaded machine is slow, not hung
+  const std::vector<std::string> results =
+      mp::spawn(options, run_rank, world_size, world_size, batch, rendezvous.path(), args);
+  for (const std::string& result : results) {
+    if (!result.empty()) return 1;
+  }
+  return 0;
+}
