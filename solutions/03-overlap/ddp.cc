@@ -3,6 +3,7 @@
 // the why.
 #include "ddp.h"
 
+#include <algorithm>
 #include <map>
 
 #include "tensorplay/autograd/engine.h"
@@ -153,14 +154,14 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] 
   const Location at = locations_[static_cast<size_t>(index)];
   Bucket& bucket = buckets_[at.bucket];
   Slot& slot = bucket.slots[at.slot];
+  TP_CHECK(!slot.arrived, "stage03 DDP: parameter ", index, " (",
+           params_[static_cast<size_t>(index)].first, ") got its gradient twice in one backward");
+  slot.arrived = true;
   const Tensor grad = param.grad();
   if (!grad.is_alias_of(bucket.flat)) {
     slot.view.copy_(grad);
     if (options_.gradient_as_bucket_view) param.set_grad(slot.view);
   }
-  TP_CHECK(!slot.arrived, "stage03 DDP: parameter ", index, " (",
-           params_[static_cast<size_t>(index)].first, ") got its gradient twice in one backward");
-  slot.arrived = true;
   --bucket.pending;
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& ready = buckets_[next_bucket_++];
@@ -170,6 +171,8 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] 
 }
 
 void DistributedDataParallel::finish_backward() {
+  // The hooks launch in bucket order, so every bucket has been launched
+  // exactly when next_bucket_ has passed them all.
   if (next_bucket_ < buckets_.size()) throw_unfinished();
   // EXERCISE: every bucket has been launched. Wait for each, divide it by
   // the world size, copy each slot back into its parameter's gradient
@@ -199,16 +202,27 @@ void DistributedDataParallel::throw_unfinished() {
   // The parameters whose hook did not run: their buckets never completed.
   std::string missing;
   size_t count = 0;
-  for (size_t b = next_bucket_; b < buckets_.size(); ++b) {
+  size_t first_unlaunched = buckets_.size();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!buckets_[b].work) first_unlaunched = std::min(first_unlaunched, b);
     for (const Slot& slot : buckets_[b].slots) {
       if (slot.arrived) continue;  // its hook ran this backward
       missing += (count++ ? ", " : "") + std::to_string(slot.param) + " (" +
                  params_[static_cast<size_t>(slot.param)].first + ")";
     }
   }
-  unfinished_ = count == 0 ? "bucket " + std::to_string(next_bucket_) + " never completed"
-                           : "no gradient for parameter" + std::string(count > 1 ? "s " : " ") +
-                                 missing;
+  if (count == 0) {
+    // Every gradient arrived, yet a bucket was never launched: the
+    // bookkeeping, not the model, is wrong. Not an unused parameter.
+    for (Bucket& bucket : buckets_) {
+      if (bucket.work) bucket.work->wait();
+    }
+    TP_THROW(tp::DistributedError, "stage03 DDP: rank ", process_group_->rank(),
+             ": every gradient arrived in this backward, but bucket ", first_unlaunched,
+             "'s all-reduce was never launched; is the per-iteration state (each bucket's "
+             "pending count, the next bucket to launch) reset at the end of every backward?");
+  }
+  unfinished_ = "no gradient for parameter" + std::string(count > 1 ? "s " : " ") + missing;
   // Leave no all-reduce in flight: the launched buckets are the same on
   // every rank that skipped the same parameters.
   for (Bucket& bucket : buckets_) {

@@ -99,8 +99,11 @@ Finding finding_from_error(const std::string& stage, const std::exception& error
     case ErrorKind::Cause:
       break;
   }
-  return {message, from_a_rank ? "a rank threw: its message above says why"
-                               : "the checker could not run this case: the message says why"};
+  return {message, from_a_rank
+                       ? "a rank failed: its message above says why (killed by a signal means it "
+                         "crashed, for example on a null pointer: run this case alone with "
+                         "--only N under gdb)"
+                       : "the checker could not run this case: the message says why"};
 }
 
 void report_case(CheckerRun& run, const std::string& description,

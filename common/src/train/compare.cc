@@ -121,6 +121,22 @@ double update_norm(const Snapshot& before, const Snapshot& after) {
   return std::sqrt(sum);
 }
 
+// True when a first SGD step p1 = p0 - lr * g used g = p0, i.e. the
+// implied gradient (p0 - p1) / lr equals the parameters (to float32
+// rounding, amplified by 1/lr): what averaging equal parameters gives.
+bool implied_gradient_is_the_parameter(const Snapshot& initial, const Snapshot& after,
+                                       double lr) {
+  if (lr <= 0 || initial.size() != after.size()) return false;
+  for (size_t p = 0; p < initial.size(); ++p) {
+    for (size_t i = 0; i < initial[p].values.size() && i < after[p].values.size(); ++i) {
+      const double p0 = initial[p].values[i];
+      const double g = (p0 - after[p].values[i]) / lr;
+      if (std::abs(g - p0) > 1e-4 * std::max(1.0, std::abs(p0))) return false;
+    }
+  }
+  return true;
+}
+
 std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
@@ -450,6 +466,11 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
     } else if (near(ratio, 1.0 / w)) {
       cause = detail::cat("the first update is 1/", w,
                           " of the reference's: is the gradient divided by the world size twice?");
+    } else if (implied_gradient_is_the_parameter(reference.initial_params,
+                                                 rank0.after_first_step, config.lr)) {
+      cause = "the first update is lr times the parameters themselves: the parameters "
+              "themselves were averaged instead of their gradients (all-reduce param.grad(), "
+              "not param)";
     } else if (const std::vector<std::string> wrong =
                    params_differing(rank0.after_first_step, reference.after_first_step, tolerance);
                wrong.size() < rank0.after_first_step.size()) {
