@@ -103,7 +103,7 @@ Batch SyntheticRegression::shard(int64_t step, int rank, int world_size,
            world_size - 1);
   TP_CHECK(step >= 0, fn, "step must be >= 0, got ", step);
   TP_CHECK(batch_size >= 1, fn, "batch size must be >= 1, got ", batch_size);
-  // DESIGN.md: at step s, rank r takes rows (s*W + r)*B ... +B-1, so the W
+  // At step s, rank r takes rows (s*W + r)*B ... +B-1, so the W
   // micro-batches of one step are consecutive and steps never overlap.
   const int64_t first = (step * world_size + rank) * batch_size;
   return rows(first, batch_size);

@@ -8,9 +8,10 @@
 //   - The teacher is Linear(in, hidden) -> ReLU -> Linear(hidden, out), with
 //     weights drawn from its own generator seeded by `seed` (the global
 //     generator is never touched).
-//   - Sharding (DESIGN.md): at step s with world size W and per-rank batch B,
-//     rank r takes rows (s*W + r)*B ... (s*W + r)*B + B - 1. The reference
-//     trainer walks the same shards in rank order.
+//   - Sharding: at step s with world size W and per-rank batch B, rank r
+//     takes rows (s*W + r)*B ... (s*W + r)*B + B - 1. The training plan
+//     (tensorplay/train/config.h) calls "step" here the micro-batch number,
+//     and the reference trainer walks the same shards in rank order.
 #pragma once
 
 #include <cstdint>
