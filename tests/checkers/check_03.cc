@@ -72,13 +72,6 @@ std::vector<Case> cases() {
   return out;
 }
 
-// "copy back" spans (one per bucket per step) on one rank's trace.
-uint64_t copy_backs(const train::RankResult& r) {
-  uint64_t n = 0;
-  for (const tp::trace::Event& e : r.events) n += e.name == "copy back" && e.phase == 'X';
-  return n;
-}
-
 std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
   const auto buckets =
       train::expected_buckets(run, c.options.bucket_cap_mb, c.options.first_bucket_cap_mb);
@@ -124,25 +117,14 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
              "when loss.backward() returns");
   }
   if (out.empty()) {
-    // With gradient_as_bucket_view, .grad is the slot: the average needs no
-    // copy back. Without, one copy back per bucket per step.
-    const uint64_t steps = static_cast<uint64_t>(train::total_steps(c.config));
-    const uint64_t expected = c.options.gradient_as_bucket_view ? 0 : buckets.size() * steps;
-    for (const train::RankResult& r : run.ranks) {
-      if (copy_backs(r) == expected) continue;
-      out.push_back({tp::detail::cat("rank ", r.rank, ": the trace shows ", copy_backs(r),
-                                     " \"copy back\" spans in ", steps, " steps; expected ",
-                                     expected,
-                                     c.options.gradient_as_bucket_view
-                                         ? " (with gradient_as_bucket_view .grad is the slot)"
-                                         : " (one per bucket per step)"),
-                     c.options.gradient_as_bucket_view
-                         ? "with gradient_as_bucket_view, point each .grad at its slot when its "
-                           "gradient first arrives; the average then needs no copy"
-                         : "copy each bucket's average back into the gradients once, in the "
-                           "end-of-backward callback"});
-      break;
-    }
+    out = train::check_grad_storage(
+        run, buckets, c.options.gradient_as_bucket_view,
+        c.options.gradient_as_bucket_view
+            ? "with gradient_as_bucket_view, point each .grad at its bucket slot when its "
+              "gradient arrives (param.set_grad(slot)); the average then lands in .grad with no "
+              "copy back"
+            : "without gradient_as_bucket_view, .grad stays the parameter's own tensor: copy the "
+              "average back into it, do not point it at the bucket");
   }
   return out;
 }

@@ -297,6 +297,7 @@ TEST_CASE("a rank result survives serialize and parse bit for bit, everything in
   r.allreduces_per_micro = {0, 6, 7};
   r.broadcasts_per_micro = {1, 1, 1};
   r.buckets = {{5, 4}, {3, 2, 1, 0}};
+  r.grad_storage = {1, 1, 2, 0};
   r.construction_broadcasts = 6;
   r.events.push_back(span("allreduce queued", 4, 4));
   r.events.back().thread = "main";
@@ -315,6 +316,7 @@ TEST_CASE("a rank result survives serialize and parse bit for bit, everything in
   CHECK(back.allreduces_per_micro == r.allreduces_per_micro);
   CHECK(back.broadcasts_per_micro == r.broadcasts_per_micro);
   CHECK(back.buckets == r.buckets);
+  CHECK(back.grad_storage == r.grad_storage);
   CHECK(back.construction_broadcasts == 6);
   CHECK(train::allreduces_in_step(back, 3, 0) == 13);
   REQUIRE(back.events.size() == 1);
@@ -856,4 +858,34 @@ TEST_CASE("launches before the first wait: back to back passes, one at a time is
   CHECK(joined(train::check_launched_before_first_wait(order_run({r}).view(), "launch all first"))
             .find("rank 0, step 0: 1 of 2 all-reduces were launched only after waiting for "
                   "all-reduce #1") != std::string::npos);
+}
+
+TEST_CASE("gradient storage: views of one bucket share it, separate gradients do not") {
+  const RunConfig c = small_config(1);
+  const ReferenceResult ref = train::train_reference(c);
+  Run run;
+  run.config = c;
+  run.reference = ref;
+  RankResult r;
+  r.grad_storage = {1, 1, 1, 2, 2, 2};  // buckets {5, 4, 3} and {2, 1, 0}, as views
+  run.ranks = {r};
+  const std::vector<std::vector<int64_t>> buckets = {{5, 4, 3}, {2, 1, 0}};
+  CHECK(train::check_grad_storage(run.view(), buckets, true, "c").empty());
+  CHECK(joined(train::check_grad_storage(run.view(), buckets, false, "own"))
+            .find("share one storage (without gradient_as_bucket_view each gradient is its own)") !=
+        std::string::npos);
+  run.ranks[0].grad_storage = {1, 2, 3, 4, 5, 6};
+  CHECK(train::check_grad_storage(run.view(), buckets, false, "c").empty());
+  CHECK(joined(train::check_grad_storage(run.view(), buckets, true, "view"))
+            .find("live in different storages although they are in the same bucket") !=
+        std::string::npos);
+  // The real thing: separate tensors get separate numbers, views of one share.
+  const tp::Tensor flat = tp::zeros({4});
+  tp::Tensor a = tp::zeros({2}).requires_grad_(), b = tp::zeros({2}).requires_grad_();
+  a.set_grad(flat.narrow(0, 0, 2));
+  b.set_grad(flat.narrow(0, 2, 2));
+  tp::Tensor own = tp::zeros({2}).requires_grad_();
+  own.set_grad(tp::ones({2}));
+  CHECK(train::grad_storage_groups({a, b, own, tp::zeros({1}).requires_grad_()}) ==
+        std::vector<int64_t>{1, 1, 2, 0});
 }

@@ -413,6 +413,40 @@ std::vector<Finding> check_launch_order(const CaseRun& run,
   return {};
 }
 
+std::vector<Finding> check_grad_storage(const CaseRun& run,
+                                        const std::vector<std::vector<int64_t>>& buckets,
+                                        bool as_view, const std::string& cause) {
+  for (const RankResult& r : run.ranks) {
+    if (r.grad_storage.size() != run.num_params()) {
+      return {{cat("rank ", r.rank, " reported the gradient storage of ", r.grad_storage.size(),
+                   " parameters; the model has ", run.num_params()),
+               "every rank must run to the end and report"}};
+    }
+    auto storage = [&](int64_t p) { return r.grad_storage[static_cast<size_t>(p)]; };
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      for (int64_t p : buckets[b]) {
+        for (size_t c = 0; c < buckets.size(); ++c) {
+          for (int64_t q : buckets[c]) {
+            if (q <= p) continue;
+            const bool shared = storage(p) != 0 && storage(p) == storage(q);
+            const bool want = as_view && b == c;
+            if (shared == want) continue;
+            const std::string& name_p = run.reference.final_params[static_cast<size_t>(p)].name;
+            const std::string& name_q = run.reference.final_params[static_cast<size_t>(q)].name;
+            return {{cat("rank ", r.rank, ": the .grad of ", name_p, " and of ", name_q,
+                         shared ? " share one storage" : " live in different storages",
+                         as_view ? cat(" although they are ", b == c ? "in" : "not in",
+                                       " the same bucket (gradient_as_bucket_view)")
+                                 : " (without gradient_as_bucket_view each gradient is its own)"),
+                     cause}};
+          }
+        }
+      }
+    }
+  }
+  return {};
+}
+
 std::vector<Finding> check_launched_before_first_wait(const CaseRun& run,
                                                       const std::string& cause) {
   for (const RankResult& r : run.ranks) {

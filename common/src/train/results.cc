@@ -1,6 +1,7 @@
 // Snapshots and the text form ranks send back through spawn().
 #include "tensorplay/train/results.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,23 @@ Snapshot snapshot(const std::vector<nn::NamedTensor>& named) {
   out.reserve(named.size());
   for (const auto& [name, tensor] : named) {
     out.push_back({name, tensor.shape(), tensor.to_vector()});
+  }
+  return out;
+}
+
+std::vector<int64_t> grad_storage_groups(const std::vector<Tensor>& params) {
+  std::vector<const Storage*> seen;
+  std::vector<int64_t> out;
+  for (const Tensor& p : params) {
+    const Tensor grad = p.grad();
+    if (!grad.defined()) {
+      out.push_back(0);
+      continue;
+    }
+    const Storage* storage = grad.storage().get();
+    const auto at = std::find(seen.begin(), seen.end(), storage);
+    if (at == seen.end()) seen.push_back(storage);
+    out.push_back(static_cast<int64_t>(std::find(seen.begin(), seen.end(), storage) - seen.begin()) + 1);
   }
   return out;
 }
@@ -119,6 +137,7 @@ std::string serialize(const RankResult& r) {
   put_list(out, "broadcasts", r.broadcasts_per_micro);
   for (const std::vector<int64_t>& bucket : r.buckets) put_list(out, "bucket", bucket);
   put_list(out, "param_ids", r.param_ids);
+  put_list(out, "grad_storage", r.grad_storage);
   put_snapshot(out, "initial", r.initial_params);
   put_snapshot(out, "first", r.after_first_step);
   put_snapshot(out, "final", r.final_params);
@@ -157,6 +176,8 @@ RankResult parse_rank_result(const std::string& text) {
       r.allreduces_per_micro = read_list<uint64_t>(in);
     } else if (key == "broadcasts") {
       r.broadcasts_per_micro = read_list<uint64_t>(in);
+    } else if (key == "grad_storage") {
+      r.grad_storage = read_list<int64_t>(in);
     } else if (key == "param_ids") {
       r.param_ids = read_list<int64_t>(in);
     } else if (key == "bucket") {

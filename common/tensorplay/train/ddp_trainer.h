@@ -172,6 +172,7 @@ RankResult train_rank(int rank, const RunConfig& config,
   }
   result.final_params = snapshot(ddp.named_parameters());
   result.final_buffers = snapshot(model->named_buffers());
+  result.grad_storage = grad_storage_groups(ddp.parameters());
   if constexpr (caps.buckets) result.buckets = ddp.bucket_assignment();
   if (config.trace) {
     trace::disable();

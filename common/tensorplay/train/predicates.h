@@ -111,6 +111,15 @@ std::vector<Finding> check_launch_order(const CaseRun& run,
 std::vector<Finding> check_launched_before_first_wait(const CaseRun& run,
                                                       const std::string& cause);
 
+// gradient_as_bucket_view, checked on what the rank's .grad tensors are
+// (RankResult::grad_storage), not on what the stage says it did: with
+// `as_view`, the parameters of one bucket have their gradients in one
+// storage and different buckets in different ones; without, no two
+// parameters share a gradient's storage.
+std::vector<Finding> check_grad_storage(const CaseRun& run,
+                                        const std::vector<std::vector<int64_t>>& buckets,
+                                        bool as_view, const std::string& cause);
+
 // The bucket rule (stage 02 on): parameters in reverse registration order,
 // the order their gradients become ready; a bucket closes once it holds at
 // least its cap of bytes (so it may overshoot by its last tensor); the first

@@ -57,6 +57,10 @@ struct RankResult {
   // [p]: the id the autograd engine's "grad ready" trace marks carry for
   // parameter p (its TensorImpl's address in that rank's process).
   std::vector<int64_t> param_ids;
+  // [p]: which storage parameter p's final .grad lives in, numbered by first
+  // appearance (1, 2, ...; 0: no gradient). Parameters whose gradients are
+  // views of one DDP bucket share a number.
+  std::vector<int64_t> grad_storage;
   std::vector<trace::Event> events;  // when RunConfig::trace is set
 };
 
@@ -68,6 +72,9 @@ struct ReferenceResult {
   std::vector<Snapshot> initial_buffers;  // [rank]: its buffers after construction
   std::vector<Snapshot> final_buffers;    // [rank]: after its last micro-batch
 };
+
+// RankResult::grad_storage for these parameters.
+std::vector<int64_t> grad_storage_groups(const std::vector<Tensor>& params);
 
 // Collectives a rank issued in optimizer step `step` (its K micro-batches);
 // 0 for a step it did not run. K = micro_batches.
