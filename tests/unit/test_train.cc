@@ -398,6 +398,12 @@ TEST_CASE("the reference's knobs change what they should") {
   RunConfig branchy = two_steps(2);
   branchy.model_kind = train::ModelKind::Branchy;
   const ReferenceResult b = train::train_reference(branchy);
+  // spare is never reached; of the two branches, at least the one some
+  // rank did not take in step 0.
+  REQUIRE(b.unreached_in_step0.size() >= 2);
+  CHECK(b.unreached_in_step0[b.unreached_in_step0.size() - 2] == "spare.weight");
+  CHECK(b.unreached_in_step0.back() == "spare.bias");
+  CHECK(train::train_reference(two_steps(2)).unreached_in_step0.empty());
   for (size_t p = 0; p < b.final_params.size(); ++p) {
     if (b.final_params[p].name.rfind("spare.", 0) != 0) continue;
     CHECK(b.final_params[p].values == b.initial_params[p].values);  // never used, never moved

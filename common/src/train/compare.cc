@@ -427,13 +427,13 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
                           join(times_w), " is ", w, "x the reference's while "
                           "the other ranks match it: is the summed gradient divided by the "
                           "world size on every rank?")
-        : config.model_kind == ModelKind::Branchy &&
-                  std::all_of(names.begin(), names.end(), [](const std::string& n) {
-                    return n.starts_with("branch_") || n.starts_with("spare.");
-                  })
+        : std::all_of(names.begin(), names.end(), [&](const std::string& n) {
+            const auto& unreached = reference.unreached_in_step0;
+            return std::find(unreached.begin(), unreached.end(), n) != unreached.end();
+          })
             ? detail::cat("only ", join(names), " disagree", names.size() == 1 ? "s" : "",
-                          " between ranks, parameters that got no gradient on some ranks (the "
-                          "branch not taken): such a parameter still takes part in the sync "
+                          " between ranks, parameters that some rank's step-0 micro-batch did not "
+                          "reach (no gradient there): such a parameter still takes part in the sync "
                           "and must end with the average on every rank; is its gradient set "
                           "where the rank had none?")
         : names.size() < total

@@ -1,7 +1,11 @@
 // The single-process reference trainer (see reference.h).
 #include "tensorplay/train/reference.h"
 
+#include <set>
+#include <string>
+
 #include "tensorplay/autograd/grad_mode.h"
+#include "tensorplay/autograd/node.h"
 #include "tensorplay/data.h"
 #include "tensorplay/ops.h"
 #include "tensorplay/optim/sgd.h"
@@ -28,6 +32,27 @@ Snapshot snapshot_buffers(const nn::Module& model, const std::vector<Tensor>& va
   std::vector<nn::NamedTensor> named = model.named_buffers();
   for (size_t j = 0; j < named.size(); ++j) named[j].second = values[j];
   return snapshot(named);
+}
+
+// The leaves `loss` reaches: a walk from its grad_fn through next_functions
+// to the AccumulateGrad nodes, the graph backward would run.
+std::set<const TensorImpl*> leaves_reached(const Tensor& loss) {
+  std::set<const TensorImpl*> leaves;
+  std::set<const autograd::Node*> seen;
+  std::vector<const autograd::Node*> stack;
+  if (loss.grad_fn()) stack.push_back(loss.grad_fn().get());
+  while (!stack.empty()) {
+    const autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    if (const auto* sink = dynamic_cast<const autograd::AccumulateGrad*>(node)) {
+      leaves.insert(sink->variable().impl());
+    }
+    for (const auto& next : node->next_functions()) {
+      if (next) stack.push_back(next.get());
+    }
+  }
+  return leaves;
 }
 
 }  // namespace
@@ -65,6 +90,7 @@ ReferenceResult train_reference(const RunConfig& config) {
     result.initial_buffers.push_back(snapshot_buffers(*model, rank_buffers[rank]));
   }
   result.losses.resize(static_cast<size_t>(world_size));
+  std::set<std::string> unreached;  // see ReferenceResult::unreached_in_step0
   // [snippet:reference-step]
   for (int64_t step = 0; step < total_steps(config); ++step) {
     optimizer.zero_grad();
@@ -88,6 +114,12 @@ ReferenceResult train_reference(const RunConfig& config) {
         copy_into(model_buffers, rank_buffers[rank]);
         Tensor loss = mse_loss((*model)(batch.x), batch.y);
         copy_into(rank_buffers[rank], model_buffers);
+        if (step == 0) {
+          const std::set<const TensorImpl*> reached = leaves_reached(loss);
+          for (const auto& [name, param] : model->named_parameters()) {
+            if (reached.count(param.impl()) == 0) unreached.insert(name);
+          }
+        }
         result.losses[rank].push_back(loss.item());
         mul(loss, scale).backward();
       }
@@ -96,6 +128,9 @@ ReferenceResult train_reference(const RunConfig& config) {
     if (step == 0) result.after_first_step = snapshot(model->named_parameters());
   }
   // [/snippet:reference-step]
+  for (const auto& [name, param] : model->named_parameters()) {
+    if (unreached.count(name) != 0) result.unreached_in_step0.push_back(name);
+  }
   result.final_params = snapshot(model->named_parameters());
   for (int rank = 0; rank < world_size; ++rank) {
     result.final_buffers.push_back(snapshot_buffers(*model, rank_buffers[rank]));

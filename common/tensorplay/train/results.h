@@ -71,6 +71,10 @@ struct ReferenceResult {
   Snapshot final_params;
   std::vector<Snapshot> initial_buffers;  // [rank]: its buffers after construction
   std::vector<Snapshot> final_buffers;    // [rank]: after its last micro-batch
+  // Parameters that some rank's micro-batch of step 0 did not reach (no
+  // gradient from it), in named_parameters() order: a diagnosis can tell a
+  // parameter that disagrees because of that from any other.
+  std::vector<std::string> unreached_in_step0;
 };
 
 // RankResult::grad_storage for these parameters.
