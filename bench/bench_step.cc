@@ -87,6 +87,7 @@
 #include "tensorplay/optim/sgd.h"
 #include "tensorplay/random.h"
 #include "tensorplay/util/temp_dir.h"
+#include "ranked_benchmark.h"
 
 namespace {
 
@@ -268,15 +269,6 @@ void bm_stage03(benchmark::State& state, const Rank& rank) {
   state.counters["buckets"] = static_cast<double>(ddp.bucket_assignment().size());
 }
 
-// The 90th percentile of the repetitions' times (nearest rank), reported
-// beside Google Benchmark's mean and median when --benchmark_repetitions > 1.
-double p90(const std::vector<double>& times) {
-  std::vector<double> sorted = times;
-  std::sort(sorted.begin(), sorted.end());
-  const auto rank = static_cast<size_t>(std::ceil(0.9 * static_cast<double>(sorted.size())));
-  return sorted[std::max<size_t>(rank, 1) - 1];
-}
-
 using StepBenchmark = void (*)(benchmark::State&, const Rank&);
 
 benchmark::internal::Benchmark* register_step(const char* name, StepBenchmark run,
@@ -284,7 +276,7 @@ benchmark::internal::Benchmark* register_step(const char* name, StepBenchmark ru
   return benchmark::RegisterBenchmark(name,
                                       [run, rank](benchmark::State& state) { run(state, rank); })
       ->Iterations(iterations)
-      ->ComputeStatistics("p90", p90)
+      ->ComputeStatistics("p90", tp::bench::p90)
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
 }
@@ -300,132 +292,14 @@ void register_benchmarks(const Rank& rank) {
   }
 }
 
-// The other ranks' display reporter: runs everything, prints nothing.
-class SilentReporter : public benchmark::BenchmarkReporter {
- public:
-  SilentReporter() {
-    SetOutputStream(&null_);
-    SetErrorStream(&null_);
-  }
-  bool ReportContext(const Context&) override { return true; }  // false would skip the runs
-  void ReportRuns(const std::vector<Run>&) override {}
-
- private:
-  std::ostream null_{nullptr};  // no buffer: every write is dropped
-};
-
-// "--benchmark_out=x" -> "benchmark_out"; "" for an argument that is no flag.
-std::string_view flag_name(std::string_view arg) {
-  if (!arg.starts_with('-')) return {};
-  while (arg.starts_with('-')) arg.remove_prefix(1);
-  return arg.substr(0, arg.find('='));
-}
-
-// Ranks other than 0 keep every flag (so --benchmark_filter,
-// --benchmark_repetitions and the like select the same runs on every rank)
-// except those that write output.
-bool writes_output(std::string_view arg) {
-  const std::string_view name = flag_name(arg);
-  return name == "benchmark_out" || name == "benchmark_out_format" ||
-         name == "benchmark_format";
-}
-
-// One rank: connect, register, run. Returns "" on success, or a reason.
-std::string run_rank(int rank, int world_size, int64_t batch, const std::string& rendezvous,
-                     const std::vector<std::string>& args) {
-  std::vector<std::string> mine;
-  for (const std::string& arg : args) {
-    if (rank == 0 || !writes_output(arg)) mine.push_back(arg);
-  }
-  std::vector<char*> argv;
-  for (std::string& arg : mine) argv.push_back(arg.data());
-  int argc = static_cast<int>(argv.size());
-  argv.push_back(nullptr);
-  benchmark::Initialize(&argc, argv.data());
-  // Every rank sees the same leftover arguments, so all stop here together.
-  if (argc > 1) {
-    if (rank == 0) benchmark::ReportUnrecognizedArguments(argc, argv.data());
-    return "unrecognized arguments";
-  }
-
-  auto group = std::make_shared<dist::ProcessGroupGloo>(
-      rendezvous, rank, world_size, dist::GlooOptions{std::chrono::seconds(60)});
-  register_benchmarks({group, batch});
-  if (rank == 0) {
-    benchmark::RunSpecifiedBenchmarks();
-  } else {
-    SilentReporter silent;
-    benchmark::RunSpecifiedBenchmarks(&silent);
-  }
-  benchmark::Shutdown();
-  return "";
-}
-
-// The value of "--name=N" if it is a whole number in [lo, hi].
-std::optional<long> count_flag(std::string_view arg, long lo, long hi) {
-  const size_t eq = arg.find('=');
-  const std::string value(eq == std::string_view::npos ? "" : arg.substr(eq + 1));
-  char* end = nullptr;
-  const long n = std::strtol(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || n < lo || n > hi) return std::nullopt;
-  return n;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --world-size=N and --batch=N are this program's own flags: taken out
-  // before the ranks hand the rest to Google Benchmark.
-  int world_size = kDefaultWorldSize;
-  int64_t batch = kDefaultBatch;
-  std::vector<std::string> args;
-  for (int i = 0; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (i > 0 && flag_name(arg) == "world-size") {
-      const std::optional<long> n = count_flag(arg, 1, 16);
-      if (!n) {
-        std::cerr << "bench_step: --world-size expects a number of ranks from 1 to 16, as in "
-                     "--world-size=4; got '" << arg << "'\n";
-        return 1;
-      }
-      world_size = static_cast<int>(*n);
-      continue;
-    }
-    if (i > 0 && flag_name(arg) == "batch") {
-      const std::optional<long> n = count_flag(arg, 1, 4096);
-      if (!n) {
-        std::cerr << "bench_step: --batch expects rows per rank from 1 to 4096, as in "
-                     "--batch=256; got '" << arg << "'\n";
-        return 1;
-      }
-      batch = *n;
-      continue;
-    }
-    args.emplace_back(arg);
-  }
-  for (const std::string& arg : args) {
-    const std::string_view name = flag_name(arg);
-    // --help prints and exits inside Initialize: do it here, before any rank.
-    if (name == "help") {
-      std::cout << "bench_step: --world-size=N runs N ranks (default " << kDefaultWorldSize
-                << "), --batch=N gives each rank N rows per step (default " << kDefaultBatch
-                << "); the other flags are Google Benchmark's:\n";
-      benchmark::Initialize(&argc, argv);
-    }
-    if (name == "benchmark_enable_random_interleaving") {
-      std::cerr << "bench_step: --benchmark_enable_random_interleaving would shuffle the runs "
-                   "differently on each rank and hang their collectives; run without it\n";
-      return 1;
-    }
-  }
-
-  tp::TempDir rendezvous("tp-bench-step");
-  mp::SpawnOptions options;
-  options.timeout = std::chrono::minutes(10);  // generous: a loaded machine is slow, not hung
-  const std::vector<std::string> results =
-      mp::spawn(options, run_rank, world_size, world_size, batch, rendezvous.path(), args);
-  for (const std::string& result : results) {
-    if (!result.empty()) return 1;
-  }
-  return 0;
+  long batch = kDefaultBatch;
+  return tp::bench::ranked_benchmark_main(
+      argc, argv, "bench_step", kDefaultWorldSize,
+      {{"batch", 1, 4096, "gives each rank N rows per step", &batch}},
+      [&batch](const std::shared_ptr<dist::ProcessGroup>& group) {
+        register_benchmarks({group, batch});
+      });
 }

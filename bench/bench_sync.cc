@@ -75,6 +75,7 @@
 #include "tensorplay/random.h"
 #include "tensorplay/tensor.h"
 #include "tensorplay/util/temp_dir.h"
+#include "ranked_benchmark.h"
 
 namespace {
 
@@ -194,15 +195,6 @@ void bm_one_flat_allreduce(benchmark::State& state,
   report(state, *group, before);
 }
 
-// The 90th percentile of the repetitions' times (nearest rank), reported
-// beside Google Benchmark's mean and median when --benchmark_repetitions > 1.
-double p90(const std::vector<double>& times) {
-  std::vector<double> sorted = times;
-  std::sort(sorted.begin(), sorted.end());
-  const auto rank = static_cast<size_t>(std::ceil(0.9 * static_cast<double>(sorted.size())));
-  return sorted[std::max<size_t>(rank, 1) - 1];
-}
-
 using SyncBenchmark = void (*)(benchmark::State&, const std::shared_ptr<dist::ProcessGroup>&);
 
 // Registers `run` under `name`/`arg` (a depth, or a cap for the sweep).
@@ -210,7 +202,7 @@ void register_sync(const char* name, SyncBenchmark run, int64_t arg, int64_t ite
                    const std::shared_ptr<dist::ProcessGroup>& group) {
   benchmark::RegisterBenchmark(name, [run, group](benchmark::State& state) { run(state, group); })
       ->Arg(arg)->Iterations(iterations)
-      ->ComputeStatistics("p90", p90)
+      ->ComputeStatistics("p90", tp::bench::p90)
       ->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
 
@@ -230,113 +222,9 @@ void register_benchmarks(const std::shared_ptr<dist::ProcessGroup>& group) {
   }
 }
 
-// The other ranks' display reporter: runs everything, prints nothing.
-class SilentReporter : public benchmark::BenchmarkReporter {
- public:
-  SilentReporter() {
-    SetOutputStream(&null_);
-    SetErrorStream(&null_);
-  }
-  bool ReportContext(const Context&) override { return true; }  // false would skip the runs
-  void ReportRuns(const std::vector<Run>&) override {}
-
- private:
-  std::ostream null_{nullptr};  // no buffer: every write is dropped
-};
-
-// "--benchmark_out=x" -> "benchmark_out"; "" for an argument that is no flag.
-std::string_view flag_name(std::string_view arg) {
-  if (!arg.starts_with('-')) return {};
-  while (arg.starts_with('-')) arg.remove_prefix(1);
-  return arg.substr(0, arg.find('='));
-}
-
-// Ranks other than 0 keep every flag (so --benchmark_filter,
-// --benchmark_repetitions and the like select the same runs on every rank)
-// except those that write output.
-bool writes_output(std::string_view arg) {
-  const std::string_view name = flag_name(arg);
-  return name == "benchmark_out" || name == "benchmark_out_format" ||
-         name == "benchmark_format";
-}
-
-// One rank: connect, register, run. Returns "" on success, or a reason.
-std::string run_rank(int rank, int world_size, const std::string& rendezvous,
-                     const std::vector<std::string>& args) {
-  std::vector<std::string> mine;
-  for (const std::string& arg : args) {
-    if (rank == 0 || !writes_output(arg)) mine.push_back(arg);
-  }
-  std::vector<char*> argv;
-  for (std::string& arg : mine) argv.push_back(arg.data());
-  int argc = static_cast<int>(argv.size());
-  argv.push_back(nullptr);
-  benchmark::Initialize(&argc, argv.data());
-  // Both ranks see the same leftover arguments, so both stop here together.
-  if (argc > 1) {
-    if (rank == 0) benchmark::ReportUnrecognizedArguments(argc, argv.data());
-    return "unrecognized arguments";
-  }
-
-  auto group = std::make_shared<dist::ProcessGroupGloo>(
-      rendezvous, rank, world_size, dist::GlooOptions{std::chrono::seconds(60)});
-  register_benchmarks(group);
-  if (rank == 0) {
-    benchmark::RunSpecifiedBenchmarks();
-  } else {
-    SilentReporter silent;
-    benchmark::RunSpecifiedBenchmarks(&silent);
-  }
-  benchmark::Shutdown();
-  return "";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --world-size=N is this program's own flag: taken out before the ranks
-  // hand the rest to Google Benchmark.
-  int world_size = kDefaultWorldSize;
-  std::vector<std::string> args;
-  for (int i = 0; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (i > 0 && flag_name(arg) == "world-size") {
-      const size_t eq = arg.find('=');
-      const std::string value(eq == std::string_view::npos ? "" : arg.substr(eq + 1));
-      char* end = nullptr;
-      const long n = std::strtol(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || n < 1 || n > 16) {
-        std::cerr << "bench_sync: --world-size expects a number of ranks from 1 to 16, as in "
-                     "--world-size=4; got '" << arg << "'\n";
-        return 1;
-      }
-      world_size = static_cast<int>(n);
-      continue;
-    }
-    args.emplace_back(arg);
-  }
-  for (const std::string& arg : args) {
-    const std::string_view name = flag_name(arg);
-    // --help prints and exits inside Initialize: do it here, before any rank.
-    if (name == "help") {
-      std::cout << "bench_sync: --world-size=N runs N ranks (default " << kDefaultWorldSize
-                << "); the other flags are Google Benchmark's:\n";
-      benchmark::Initialize(&argc, argv);
-    }
-    if (name == "benchmark_enable_random_interleaving") {
-      std::cerr << "bench_sync: --benchmark_enable_random_interleaving would shuffle the runs "
-                   "differently on each rank and hang their collectives; run without it\n";
-      return 1;
-    }
-  }
-
-  tp::TempDir rendezvous("tp-bench-sync");
-  mp::SpawnOptions options;
-  options.timeout = std::chrono::minutes(10);  // generous: a loaded machine is slow, not hung
-  const std::vector<std::string> results =
-      mp::spawn(options, run_rank, world_size, world_size, rendezvous.path(), args);
-  for (const std::string& result : results) {
-    if (!result.empty()) return 1;
-  }
-  return 0;
+  return tp::bench::ranked_benchmark_main(argc, argv, "bench_sync", kDefaultWorldSize, {},
+                                          register_benchmarks);
 }

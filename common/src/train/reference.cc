@@ -55,6 +55,15 @@ std::set<const TensorImpl*> leaves_reached(const Tensor& loss) {
   return leaves;
 }
 
+// Adds to `unreached` the names of the model's parameters `loss` does not
+// reach (ReferenceResult::unreached_in_step0).
+void note_unreached(const Tensor& loss, const nn::Module& model, std::set<std::string>& unreached) {
+  const std::set<const TensorImpl*> reached = leaves_reached(loss);
+  for (const auto& [name, param] : model.named_parameters()) {
+    if (reached.count(param.impl()) == 0) unreached.insert(name);
+  }
+}
+
 }  // namespace
 
 ReferenceResult train_reference(const RunConfig& config) {
@@ -114,12 +123,7 @@ ReferenceResult train_reference(const RunConfig& config) {
         copy_into(model_buffers, rank_buffers[rank]);
         Tensor loss = mse_loss((*model)(batch.x), batch.y);
         copy_into(rank_buffers[rank], model_buffers);
-        if (step == 0) {
-          const std::set<const TensorImpl*> reached = leaves_reached(loss);
-          for (const auto& [name, param] : model->named_parameters()) {
-            if (reached.count(param.impl()) == 0) unreached.insert(name);
-          }
-        }
+        if (step == 0) note_unreached(loss, *model, unreached);  // for diagnoses only
         result.losses[rank].push_back(loss.item());
         mul(loss, scale).backward();
       }

@@ -1,0 +1,188 @@
+// Google Benchmark on W spawned ranks: the shared main() of bench_sync.cc
+// and bench_step.cc.
+//
+// Contract:
+//   - ranked_benchmark_main() takes the program's own flags out of the
+//     command line (--world-size=N, always, and the `flags` given, each
+//     "--name=N" with a whole number in [low, high]), refuses flags that
+//     would make ranks disagree, spawns the ranks (a fresh file://
+//     rendezvous, a 10-minute job deadline), and on each rank initialises
+//     Google Benchmark with the remaining flags, connects a
+//     ProcessGroupGloo, calls register_all(group) and runs the benchmarks.
+//   - Every rank must register the same benchmarks with fixed iteration
+//     counts: an adaptive count would differ between ranks, and so would
+//     their collectives, which would hang. Rank 0 reports (and honours
+//     --benchmark_out); the others run silently.
+//   - Returns the process exit code: 0 when every rank succeeded.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tensorplay/distributed/process_group_gloo.h"
+#include "tensorplay/multiprocessing/spawn.h"
+#include "tensorplay/util/temp_dir.h"
+
+namespace tp::bench {
+
+// One of a program's own flags: "--name=N", N a whole number in [low, high].
+struct OwnFlag {
+  std::string name;  // without the dashes: "batch"
+  long low = 1;
+  long high = 1;
+  std::string help;  // "gives each rank N rows per step"
+  long* value;       // written when the flag is given; its default otherwise
+};
+
+using RegisterAll = std::function<void(const std::shared_ptr<distributed::ProcessGroup>&)>;
+
+// The 90th percentile of the repetitions' times (nearest rank), reported
+// beside Google Benchmark's mean and median when --benchmark_repetitions > 1:
+// ->ComputeStatistics("p90", tp::bench::p90).
+inline double p90(const std::vector<double>& times) {
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const auto rank = static_cast<size_t>(std::ceil(0.9 * static_cast<double>(sorted.size())));
+  return sorted[std::max<size_t>(rank, 1) - 1];
+}
+
+namespace detail {
+
+// The other ranks' display reporter: runs everything, prints nothing.
+class SilentReporter : public benchmark::BenchmarkReporter {
+ public:
+  SilentReporter() {
+    SetOutputStream(&null_);
+    SetErrorStream(&null_);
+  }
+  bool ReportContext(const Context&) override { return true; }  // false would skip the runs
+  void ReportRuns(const std::vector<Run>&) override {}
+
+ private:
+  std::ostream null_{nullptr};  // no buffer: every write is dropped
+};
+
+// "--benchmark_out=x" -> "benchmark_out"; "" for an argument that is no flag.
+inline std::string_view flag_name(std::string_view arg) {
+  if (!arg.starts_with('-')) return {};
+  while (arg.starts_with('-')) arg.remove_prefix(1);
+  return arg.substr(0, arg.find('='));
+}
+
+// The value of "--name=N" if it is a whole number in [low, high].
+inline std::optional<long> count_flag(std::string_view arg, long low, long high) {
+  const size_t eq = arg.find('=');
+  const std::string value(eq == std::string_view::npos ? "" : arg.substr(eq + 1));
+  char* end = nullptr;
+  const long n = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || n < low || n > high) return std::nullopt;
+  return n;
+}
+
+// Ranks other than 0 keep every flag (so --benchmark_filter,
+// --benchmark_repetitions and the like select the same runs on every rank)
+// except those that write output.
+inline bool writes_output(std::string_view arg) {
+  const std::string_view name = flag_name(arg);
+  return name == "benchmark_out" || name == "benchmark_out_format" ||
+         name == "benchmark_format";
+}
+
+// One rank: initialise, connect, register, run. "" on success, or a reason.
+inline std::string run_rank(int rank, int world_size, const std::string& rendezvous,
+                            const std::vector<std::string>& args, const RegisterAll& register_all) {
+  std::vector<std::string> mine;
+  for (const std::string& arg : args) {
+    if (rank == 0 || !writes_output(arg)) mine.push_back(arg);
+  }
+  std::vector<char*> argv;
+  for (std::string& arg : mine) argv.push_back(arg.data());
+  int argc = static_cast<int>(argv.size());
+  argv.push_back(nullptr);
+  benchmark::Initialize(&argc, argv.data());
+  // Every rank sees the same leftover arguments, so all stop here together.
+  if (argc > 1) {
+    if (rank == 0) benchmark::ReportUnrecognizedArguments(argc, argv.data());
+    return "unrecognized arguments";
+  }
+  auto group = std::make_shared<distributed::ProcessGroupGloo>(
+      rendezvous, rank, world_size, distributed::GlooOptions{std::chrono::seconds(60)});
+  register_all(group);
+  if (rank == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    SilentReporter silent;
+    benchmark::RunSpecifiedBenchmarks(&silent);
+  }
+  benchmark::Shutdown();
+  return "";
+}
+
+}  // namespace detail
+
+inline int ranked_benchmark_main(int argc, char** argv, const std::string& program,
+                                 long default_world_size, std::vector<OwnFlag> flags,
+                                 const RegisterAll& register_all) {
+  long world_size = default_world_size;
+  flags.insert(flags.begin(), OwnFlag{"world-size", 1, 16, "runs N ranks", &world_size});
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    const auto own = std::find_if(flags.begin(), flags.end(), [&](const OwnFlag& f) {
+      return i > 0 && detail::flag_name(arg) == f.name;
+    });
+    if (own == flags.end()) {
+      args.emplace_back(arg);
+      continue;
+    }
+    const std::optional<long> n = detail::count_flag(arg, own->low, own->high);
+    if (!n) {
+      std::cerr << program << ": --" << own->name << " expects a whole number from " << own->low
+                << " to " << own->high << ", as in --" << own->name << "=" << own->high
+                << "; got '" << arg << "'\n";
+      return 1;
+    }
+    *own->value = *n;
+  }
+  for (const std::string& arg : args) {
+    const std::string_view name = detail::flag_name(arg);
+    // --help prints and exits inside Initialize: do it here, before any rank.
+    if (name == "help") {
+      std::cout << program << "'s own flags:\n";
+      for (const OwnFlag& f : flags) {
+        std::cout << "  --" << f.name << "=N  " << f.help << " (default " << *f.value << ")\n";
+      }
+      std::cout << "the other flags are Google Benchmark's:\n";
+      benchmark::Initialize(&argc, argv);
+    }
+    if (name == "benchmark_enable_random_interleaving") {
+      std::cerr << program << ": --benchmark_enable_random_interleaving would shuffle the runs "
+                              "differently on each rank and hang their collectives; run without "
+                              "it\n";
+      return 1;
+    }
+  }
+  TempDir rendezvous("tp-" + program);
+  multiprocessing::SpawnOptions options;
+  options.timeout = std::chrono::minutes(10);  // generous: a loaded machine is slow, not hung
+  const std::vector<std::string> results =
+      multiprocessing::spawn(options, detail::run_rank, static_cast<int>(world_size),
+                             static_cast<int>(world_size), rendezvous.path(), args, register_all);
+  for (const std::string& result : results) {
+    if (!result.empty()) return 1;
+  }
+  return 0;
+}
+
+}  // namespace tp::bench
