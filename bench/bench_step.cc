@@ -18,12 +18,22 @@
 //   BM_StepStage03/cap_kib   stage 03: the hooks launch each bucket's
 //                            all-reduce during backward; backward returns
 //                            with every gradient averaged.
+//   BM_SyncShareStage01/batch:B, BM_SyncShareStage02/cap_kib:0/batch:B
+//                            stages 01 and 02 at B = 1, 16 and 256 rows per
+//                            rank: the share of the step the sync takes
+//                            ("sync_share"), which falls as the batch (the
+//                            compute) grows and the sync stays the same.
+//   BM_SyncShareStage03/cap_kib:0/batch:B
+//                            stage 03 at the same batches: how much of
+//                            stage 02's sync it hides as backward grows.
 // cap_kib 0 stands for the default caps (first bucket 1 MiB, the others 25
 // MiB: two buckets here, the second three times the first); any other value
 // sets both caps to that many KiB (512: 8 buckets, 1024: 4, 2048: 2 equal).
 // Counters, per step: "fwd_ms", "bwd_ms" (loss.backward(), which in stage 03
 // includes the hooks and the end-of-backward wait), "sync_ms"
-// (sync_grads(), stages 01 and 02), "bwd_cpu_ms" and "sync_cpu_ms" (the
+// (sync_grads(), stages 01 and 02), "sync_share" (sync_ms over the step's
+// wall time; stages 01 and 02), "p50_ms" and "p90_ms" (median and 90th
+// percentile of the single steps' wall times), "bwd_cpu_ms" and "sync_cpu_ms" (the
 // process's CPU time during those phases, every thread: main, communication,
 // Gloo's), "allreduces", "buckets", and "cores": the process's CPU time over
 // wall time for the whole loop, i.e. how many cores this rank kept busy (at
@@ -51,7 +61,7 @@
 //
 // Run: ./kit bench, or build/bench/bench_step [--benchmark_filter=Stage0[23]]
 // [--benchmark_repetitions=10 --benchmark_report_aggregates_only=true]
-// [--world-size=N] [--batch=N]. A larger batch lengthens forward and
+// [--world-size=N] [--batch=N] [--smoke=1]. A larger batch lengthens forward and
 // backward but not the sync: more compute for the sync to hide behind.
 // Expect: stage 01 some 25 times slower than no DDP; stage 02 slower than
 // no DDP by its sync; stage 03 shorter than stage 02 by the part of the sync
@@ -108,14 +118,13 @@ constexpr int64_t kDefaultBatch = 64;
 constexpr int64_t kWidth = 128;
 constexpr int64_t kDepth = 64;
 
-// Untimed steps before each benchmark's barrier: the first steps allocate
-// gradients and fault in memory.
-constexpr int kWarmupSteps = 3;
-
 // Fixed iteration counts (the same on every rank). Stage 01 is some 20 times
 // slower than the others: fewer steps keep the run short.
 constexpr int64_t kIterations = 40;
 constexpr int64_t kStage01Iterations = 5;
+
+// Rows per rank of the BM_SyncShare runs.
+constexpr int64_t kShareBatches[] = {1, 16, 256};
 
 // Bucket caps of the stage 02 and 03 runs, in KiB; 0 is the default caps.
 constexpr int64_t kCapsKib[] = {0, 512, 1024, 2048};
@@ -199,14 +208,14 @@ void step(Forward&& forward, Sync&& sync, tp::optim::SGD& optimizer,
 template <typename OneStep>
 void run_steps(benchmark::State& state, dist::ProcessGroup& group, OneStep&& one_step) {
   Phases warmup;
-  for (int i = 0; i < kWarmupSteps; ++i) one_step(warmup);
+  for (int i = 0; i < tp::bench::warmup_iterations(); ++i) one_step(warmup);
   group.barrier()->wait();
 
   Phases phases;
   const uint64_t allreduces_before = group.counters().allreduce;
   const double cpu_before = process_cpu_seconds();
   const auto wall_start = Clock::now();
-  for (auto _ : state) one_step(phases);
+  tp::bench::time_each_iteration(state, "ms", [&] { one_step(phases); });
   const double wall_ms = ms_since(wall_start);
   const double cpu_ms = (process_cpu_seconds() - cpu_before) * 1e3;
 
@@ -220,6 +229,8 @@ void run_steps(benchmark::State& state, dist::ProcessGroup& group, OneStep&& one
       Counter(static_cast<double>(group.counters().allreduce - allreduces_before),
               Counter::kAvgIterations);
   state.counters["cores"] = cpu_ms / wall_ms;
+  // Stage 03 has no sync of its own to time: it runs inside backward.
+  if (phases.sync_ms > 0) state.counters["sync_share"] = phases.sync_ms / wall_ms;
 }
 
 void bm_no_ddp(benchmark::State& state, const Rank& rank) {
@@ -275,7 +286,7 @@ benchmark::internal::Benchmark* register_step(const char* name, StepBenchmark ru
                                               int64_t iterations, const Rank& rank) {
   return benchmark::RegisterBenchmark(name,
                                       [run, rank](benchmark::State& state) { run(state, rank); })
-      ->Iterations(iterations)
+      ->Iterations(tp::bench::iterations(iterations))
       ->ComputeStatistics("p90", tp::bench::p90)
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
@@ -290,6 +301,18 @@ void register_benchmarks(const Rank& rank) {
     register_step("BM_StepStage02", bm_stage02, kIterations, rank)->ArgName("cap_kib")->Arg(cap);
     register_step("BM_StepStage03", bm_stage03, kIterations, rank)->ArgName("cap_kib")->Arg(cap);
   }
+  // How much of a step the sync takes as the batch grows (lesson 01's
+  // measurement exercise): the compute grows with the batch, the sync not.
+  for (int64_t batch : kShareBatches) {
+    const Rank sized{rank.group, batch};
+    register_step("BM_SyncShareStage01", bm_stage01, kStage01Iterations, sized)
+        ->ArgName("batch")->Arg(batch);
+    register_step("BM_SyncShareStage02", bm_stage02, kIterations, sized)
+        ->ArgNames({"cap_kib", "batch"})->Args({0, batch});
+    // Beside stage 02: how much of that sync overlap hides at each batch.
+    register_step("BM_SyncShareStage03", bm_stage03, kIterations, sized)
+        ->ArgNames({"cap_kib", "batch"})->Args({0, batch});
+  }
 }
 
 }  // namespace
@@ -299,7 +322,7 @@ int main(int argc, char** argv) {
   return tp::bench::ranked_benchmark_main(
       argc, argv, "bench_step", kDefaultWorldSize,
       {{"batch", 1, 4096, "gives each rank N rows per step", &batch}},
-      [&batch](const std::shared_ptr<dist::ProcessGroup>& group) {
-        register_benchmarks({group, batch});
+      [&batch](const tp::bench::RankSetup& setup) {
+        register_benchmarks({setup.group, batch});
       });
 }

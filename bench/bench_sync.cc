@@ -18,12 +18,17 @@
 //                           tensor with as many elements as the model has
 //                           parameters: the lower bound that bucketing
 //                           approaches (no copies, no division).
-//   BM_Stage02BucketCap/C   stage 02 at D = 64 with both caps set to C KiB
-//                           (C = 0: one bucket per parameter, still all
-//                           launched before the first wait): the sweep from
-//                           per-parameter to one bucket.
+//   BM_Stage02BucketCap/C   stage 02 at D = 64 with both caps set to C KiB,
+//                           C from 10 KiB (about 0.01 MiB: one bucket per
+//                           parameter, still all launched before the first
+//                           wait) to 100 MiB (one bucket), in steps of about
+//                           3x: the sweep from per-parameter to one bucket.
+//                           bench/report.py draws it beside the alpha-beta
+//                           model's prediction (bench_allreduce.cc) and
+//                           marks the best cap.
 // Counters: "allreduces" is all-reduces per sync, "MB" the payload per sync
-// (10^6 bytes), bytes_per_second the payload rate. Only the sync is timed: no
+// (10^6 bytes), bytes_per_second the payload rate, p50_ms and p90_ms the
+// median and 90th percentile of single syncs. Only the sync is timed: no
 // forward or backward runs inside the loop. Besides Google Benchmark's mean,
 // median, stddev and cv, repeated runs (--benchmark_repetitions=N) report
 // "p90": the 90th percentile of the N repetitions' times.
@@ -47,7 +52,7 @@
 //
 // Run: ./kit bench, or build/bench/bench_sync [--benchmark_filter=/64/]
 // [--benchmark_repetitions=10 --benchmark_report_aggregates_only=true]
-// [--world-size=4].
+// [--world-size=4] [--smoke=1].
 // Expect: at D = 64 the bucketed sync is several times faster than the
 // per-parameter one and takes about 1.5x the flat all-reduce, the rest being
 // its copies in and out and its division (the "CPU" column, the timed
@@ -102,14 +107,15 @@ struct Case {
 constexpr Case kCases[] = {{2, 200, 200}, {8, 100, 100}, {32, 40, 40}, {64, 5, 40}};
 
 // The bucket-cap sweep (BM_Stage02BucketCap): its model's depth, and each cap
-// in KiB with its iteration count; 0 stands for a cap so small that every
-// parameter gets its own bucket.
+// in KiB (0.01 to 100 MiB) with its iteration count: the smallest caps
+// issue as many all-reduces as stage 01 and get fewer iterations.
 constexpr int64_t kSweepDepth = 64;
 struct CapCase {
   int64_t cap_kib;
   int64_t iterations;
 };
-constexpr CapCase kCapCases[] = {{0, 5}, {256, 10}, {1024, 20}, {4096, 40}, {25600, 40}};
+constexpr CapCase kCapCases[] = {{10, 5},    {30, 5},     {100, 10},   {300, 10},    {1024, 20},
+                                 {3072, 40}, {10240, 40}, {30720, 40}, {102400, 40}};
 
 std::shared_ptr<tp::nn::Module> make_model(int64_t depth) {
   tp::manual_seed(0);
@@ -145,9 +151,10 @@ void bm_stage01_sync_grads(benchmark::State& state,
   // (no overflow or denormals slowing the arithmetic) however long it runs.
   for (const tp::Tensor& p : ddp.parameters()) p.set_grad(tp::ones(p.shape(), p.dtype()));
 
+  for (int i = 0; i < tp::bench::warmup_iterations(); ++i) ddp.sync_grads();
   group->barrier()->wait();
   const dist::CollectiveCounters before = group->counters();
-  for (auto _ : state) ddp.sync_grads();
+  tp::bench::time_each_iteration(state, "ms", [&] { ddp.sync_grads(); });
   report(state, *group, before);
 }
 
@@ -159,26 +166,28 @@ void bm_stage02_sync_grads(benchmark::State& state,
   // Ones, as for stage 01: sum W, divide by W, ones again.
   for (const tp::Tensor& p : ddp.parameters()) p.set_grad(tp::ones(p.shape(), p.dtype()));
 
+  for (int i = 0; i < tp::bench::warmup_iterations(); ++i) ddp.sync_grads();
   group->barrier()->wait();
   const dist::CollectiveCounters before = group->counters();
-  for (auto _ : state) ddp.sync_grads();
+  tp::bench::time_each_iteration(state, "ms", [&] { ddp.sync_grads(); });
   report(state, *group, before);
 }
 // [/snippet:stage02-bench]
 
 // Stage 02's sync_grads() on deep_mlp(256, 256, kSweepDepth, 16) with both
-// caps set to range(0) KiB (0: 1e-9 MiB, one bucket per parameter): how the
-// time goes from per-parameter to flat as buckets grow.
+// caps set to range(0) KiB: how the time goes from per-parameter to flat as
+// buckets grow.
 void bm_stage02_bucket_cap(benchmark::State& state,
                            const std::shared_ptr<dist::ProcessGroup>& group) {
-  const double cap_mb = state.range(0) == 0 ? 1e-9 : static_cast<double>(state.range(0)) / 1024.0;
+  const double cap_mb = static_cast<double>(state.range(0)) / 1024.0;
   stage02::DistributedDataParallel ddp(make_model(kSweepDepth), group,
                                        {.bucket_cap_mb = cap_mb, .first_bucket_cap_mb = cap_mb});
   for (const tp::Tensor& p : ddp.parameters()) p.set_grad(tp::ones(p.shape(), p.dtype()));
 
+  for (int i = 0; i < tp::bench::warmup_iterations(); ++i) ddp.sync_grads();
   group->barrier()->wait();
   const dist::CollectiveCounters before = group->counters();
-  for (auto _ : state) ddp.sync_grads();
+  tp::bench::time_each_iteration(state, "ms", [&] { ddp.sync_grads(); });
   report(state, *group, before);
 }
 
@@ -189,9 +198,13 @@ void bm_one_flat_allreduce(benchmark::State& state,
   // Zeros stay zeros under SUM: no overflow however long it runs.
   const tp::Tensor flat = tp::zeros({numel}, tp::kFloat32);
 
+  for (int i = 0; i < tp::bench::warmup_iterations(); ++i) {
+    group->allreduce(flat, dist::ReduceOp::SUM)->wait();
+  }
   group->barrier()->wait();
   const dist::CollectiveCounters before = group->counters();
-  for (auto _ : state) group->allreduce(flat, dist::ReduceOp::SUM)->wait();
+  tp::bench::time_each_iteration(state, "ms",
+                                 [&] { group->allreduce(flat, dist::ReduceOp::SUM)->wait(); });
   report(state, *group, before);
 }
 
@@ -201,12 +214,13 @@ using SyncBenchmark = void (*)(benchmark::State&, const std::shared_ptr<dist::Pr
 void register_sync(const char* name, SyncBenchmark run, int64_t arg, int64_t iterations,
                    const std::shared_ptr<dist::ProcessGroup>& group) {
   benchmark::RegisterBenchmark(name, [run, group](benchmark::State& state) { run(state, group); })
-      ->Arg(arg)->Iterations(iterations)
+      ->Arg(arg)->Iterations(tp::bench::iterations(iterations))
       ->ComputeStatistics("p90", tp::bench::p90)
       ->Unit(benchmark::kMicrosecond)->UseRealTime();
 }
 
-void register_benchmarks(const std::shared_ptr<dist::ProcessGroup>& group) {
+void register_benchmarks(const tp::bench::RankSetup& setup) {
+  const auto& group = setup.group;
   for (const Case& c : kCases) {
     register_sync("BM_Stage01SyncGrads", bm_stage01_sync_grads, c.depth,
                   c.per_parameter_iterations, group);

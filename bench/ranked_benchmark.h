@@ -8,7 +8,14 @@
 //     would make ranks disagree, spawns the ranks (a fresh file://
 //     rendezvous, a 10-minute job deadline), and on each rank initialises
 //     Google Benchmark with the remaining flags, connects a
-//     ProcessGroupGloo, calls register_all(group) and runs the benchmarks.
+//     ProcessGroupGloo, calls register_all(RankSetup{group, rendezvous dir})
+//     and runs the benchmarks.
+//   - --smoke=1 (every program has it) makes iterations(n) return 1 and
+//     warmup_iterations() 0: the tests run every benchmark once that way, so
+//     none rots, in seconds.
+//   - The report's context says how many ranks ran and how many cores they
+//     shared (ranks on one machine compete for its cores: a figure measured
+//     with more ranks than cores includes waiting for a core).
 //   - Every rank must register the same benchmarks with fixed iteration
 //     counts: an adaptive count would differ between ranks, and so would
 //     their collectives, which would hang. Rank 0 reports (and honours
@@ -27,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <string_view>
 #include <vector>
 
@@ -45,16 +53,55 @@ struct OwnFlag {
   long* value;       // written when the flag is given; its default otherwise
 };
 
-using RegisterAll = std::function<void(const std::shared_ptr<distributed::ProcessGroup>&)>;
+// What register_all() gets on each rank.
+struct RankSetup {
+  std::shared_ptr<distributed::ProcessGroup> group;  // connected, shared by the benchmarks
+  std::string rendezvous_dir;  // the group's; a program may connect more (under a prefix)
+};
+using RegisterAll = std::function<void(const RankSetup&)>;
 
-// The 90th percentile of the repetitions' times (nearest rank), reported
-// beside Google Benchmark's mean and median when --benchmark_repetitions > 1:
+namespace detail {
+inline bool smoke = false;  // set by --smoke=1 before the ranks are spawned (they inherit it)
+}  // namespace detail
+
+// A benchmark's fixed iteration count: n, or 1 under --smoke=1.
+inline int64_t iterations(int64_t n) { return detail::smoke ? 1 : n; }
+
+// Untimed iterations before a timed loop (the first ones allocate buffers,
+// fault in memory and fill caches): 2, or 0 under --smoke=1.
+inline int warmup_iterations() { return detail::smoke ? 0 : 2; }
+
+// The q-quantile (0 < q <= 1) of `times`, nearest rank: quantile(t, 0.5)
+// is the median, quantile(t, 0.9) the 90th percentile.
+inline double quantile(std::vector<double> times, double q) {
+  if (times.empty()) return 0.0;
+  std::sort(times.begin(), times.end());
+  const auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(times.size())));
+  return times[std::clamp<size_t>(rank, 1, times.size()) - 1];
+}
+
+// The 90th percentile of the repetitions' times, reported beside Google
+// Benchmark's mean and median when --benchmark_repetitions > 1:
 // ->ComputeStatistics("p90", tp::bench::p90).
-inline double p90(const std::vector<double>& times) {
-  std::vector<double> sorted = times;
-  std::sort(sorted.begin(), sorted.end());
-  const auto rank = static_cast<size_t>(std::ceil(0.9 * static_cast<double>(sorted.size())));
-  return sorted[std::max<size_t>(rank, 1) - 1];
+inline double p90(const std::vector<double>& times) { return quantile(times, 0.9); }
+
+// Runs the benchmark's timed loop, `one()` per iteration, and sets the
+// counters p50_<unit> and p90_<unit>: the median and 90th percentile of the
+// single iterations' wall times (unit "us" or "ms"). Google Benchmark's own
+// time is the mean over the loop, which one stall of loopback TCP drags up.
+template <typename One>
+void time_each_iteration(benchmark::State& state, const std::string& unit, One&& one) {
+  std::vector<double> seconds;
+  seconds.reserve(static_cast<size_t>(state.max_iterations));
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    one();
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  const double scale = unit == "us" ? 1e6 : 1e3;
+  state.counters["p50_" + unit] = quantile(seconds, 0.5) * scale;
+  state.counters["p90_" + unit] = quantile(seconds, 0.9) * scale;
 }
 
 namespace detail {
@@ -118,7 +165,10 @@ inline std::string run_rank(int rank, int world_size, const std::string& rendezv
   }
   auto group = std::make_shared<distributed::ProcessGroupGloo>(
       rendezvous, rank, world_size, distributed::GlooOptions{std::chrono::seconds(60)});
-  register_all(group);
+  benchmark::AddCustomContext("world_size", std::to_string(world_size));
+  benchmark::AddCustomContext("cores", std::to_string(std::thread::hardware_concurrency()));
+  benchmark::AddCustomContext("smoke", detail::smoke ? "1" : "0");
+  register_all({group, rendezvous});
   if (rank == 0) {
     benchmark::RunSpecifiedBenchmarks();
   } else {
@@ -135,7 +185,10 @@ inline int ranked_benchmark_main(int argc, char** argv, const std::string& progr
                                  long default_world_size, std::vector<OwnFlag> flags,
                                  const RegisterAll& register_all) {
   long world_size = default_world_size;
+  long smoke = 0;
   flags.insert(flags.begin(), OwnFlag{"world-size", 1, 16, "runs N ranks", &world_size});
+  flags.push_back(OwnFlag{"smoke", 0, 1, "1: one iteration of each benchmark, no warm-up (tests)",
+                          &smoke});
   std::vector<std::string> args;
   for (int i = 0; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -173,6 +226,15 @@ inline int ranked_benchmark_main(int argc, char** argv, const std::string& progr
       return 1;
     }
   }
+  detail::smoke = smoke != 0;
+  const unsigned cores = std::thread::hardware_concurrency();
+  // On stderr: stdout may be Google Benchmark's JSON (--benchmark_format=json).
+  std::cerr << program << ": " << world_size << " rank(s) on " << cores << " core(s)"
+            << (static_cast<unsigned>(world_size) > cores
+                    ? ": more ranks than cores, so the times include waiting for a core"
+                    : "")
+            << (smoke != 0 ? "; smoke run: one iteration each, the times mean nothing" : "")
+            << std::endl;
   TempDir rendezvous("tp-" + program);
   multiprocessing::SpawnOptions options;
   options.timeout = std::chrono::minutes(10);  // generous: a loaded machine is slow, not hung

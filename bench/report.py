@@ -1,0 +1,635 @@
+#!/usr/bin/env python3
+"""Reads the benchmarks' JSON results, fits, compares, and draws them.
+
+Input: a folder of results as `./kit bench` writes them (bench/results/):
+  bench_allreduce.w<W>.json   bench/bench_allreduce.cc at W ranks
+  bench_sync.w<W>.json        bench/bench_sync.cc at W ranks
+  bench_step.w<W>.json        bench/bench_step.cc at W ranks
+  torch_ddp.w<W>.json         bench/torch_ddp.py (only if PyTorch is installed)
+  round<R>.bench_step.json,   short alternating runs of the kit's stage 03
+  round<R>.torch_ddp.json     and PyTorch's DDP at 2 ranks, default caps
+Any of them may be missing: its part of the report says so.
+
+Output, in --out (the input folder unless given):
+  summary.md         the tables below and the kit's targets, met or not;
+                     also printed
+  allreduce.png      one all-reduce against its size: median with p90, the
+                     fitted alpha-beta line, bus bandwidth
+  sync.png           stage 01 against stage 02 against one flat all-reduce,
+                     and stage 02's bucket-cap sweep beside the alpha-beta
+                     prediction, the best cap marked
+  step.png           a training step without DDP and with stages 01-03 (and
+                     PyTorch's DDP), split into its phases; the share of a
+                     step spent in sync against the batch
+The figures need python3-matplotlib (./kit installs it); --no-plots skips
+them.
+
+The alpha-beta model: one all-reduce of n bytes takes t(n) = alpha + beta*n.
+alpha is read off the small sizes, beta off the large ones (fit_alpha_beta),
+once from the medians (a typical all-reduce) and once from the means. A
+sync that issues k all-reduces of B bytes in all, one after another, takes
+about k*alpha + beta*B with the means' fit (a sum of k all-reduces pays
+their stalls too): the prediction drawn beside the cap sweep.
+
+Run: python3 bench/report.py [RESULTS_DIR] [--out DIR] [--no-plots]
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+# The kit's targets (measured here, never by timed tests).
+TARGET_BUCKETED_SPEEDUP = 5.0     # stage 02 sync vs stage 01 sync, depth 64, 2 ranks
+TARGET_BUCKETED_VS_FLAT = 1.3     # stage 02 sync vs one flat all-reduce, depth 64, 2 ranks
+TARGET_HIDDEN = 0.30              # share of stage 02's sync that stage 03 hides, 2 ranks
+TARGET_VS_TORCH = 1.25            # stage 03 step vs PyTorch DDP step, 2 ranks
+TARGET_KIT_OVERHEAD = 1.1         # kit all-reduce vs raw Gloo, median
+
+
+# ---- reading ---------------------------------------------------------------
+
+def load(folder):
+    """{(program, world_size): {"context": ..., "runs": {name: run}}}."""
+    results = {}
+    if not os.path.isdir(folder):
+        return results
+    for file in sorted(os.listdir(folder)):
+        m = re.fullmatch(r"(bench_allreduce|bench_sync|bench_step|torch_ddp)\.w(\d+)\.json", file)
+        if not m:
+            continue
+        with open(os.path.join(folder, file)) as f:
+            data = json.load(f)
+        runs = {}
+        for run in data.get("benchmarks", []):
+            # Plain iterations only; aggregates (mean, median, p90 of
+            # --benchmark_repetitions) are summaries of the same runs.
+            if run.get("run_type", "iteration") != "iteration":
+                continue
+            runs.setdefault(plain_name(run.get("run_name", run["name"])), run)
+        results[(m.group(1), int(m.group(2)))] = {"context": data.get("context", {}),
+                                                  "runs": runs}
+    return results
+
+
+def plain_name(name):
+    """BM_X/64/iterations:40/real_time -> BM_X/64: the name as registered."""
+    parts = [p for p in name.split("/") if not re.fullmatch(
+        r"iterations:\d+|repeats:\d+|real_time|manual_time|min_time:[\d.]+s?|threads:\d+", p)]
+    return "/".join(parts)
+
+
+def arg(name, key):
+    """The value of `key` in a name such as BM_X/cap_kib:0/batch:16 or BM_X/64."""
+    parts = name.split("/")[1:]
+    for p in parts:
+        if ":" in p and p.split(":")[0] == key:
+            return int(p.split(":")[1])
+    if key is None and parts:
+        return int(parts[0])
+    return None
+
+
+def load_rounds(folder):
+    """[(round, kit bench_step runs, PyTorch runs)] for each complete round."""
+    rounds = []
+    for r in range(1, 100):
+        pair = []
+        for program in ("bench_step", "torch_ddp"):
+            path = os.path.join(folder, f"round{r}.{program}.json")
+            if not os.path.exists(path):
+                return rounds
+            with open(path) as f:
+                pair.append({plain_name(b.get("run_name", b["name"])): b
+                             for b in json.load(f).get("benchmarks", [])
+                             if b.get("run_type", "iteration") == "iteration"})
+        rounds.append((r, pair[0], pair[1]))
+    return rounds
+
+
+def runs_named(result, base):
+    return {n: r for n, r in result["runs"].items() if n.split("/")[0] == base}
+
+
+def ms(run, mean=False):
+    """A run's median in ms (p50 if it has one), or its mean (Google Benchmark's time)."""
+    if "p50_ms" in run and not mean:
+        return run["p50_ms"]
+    if "p50_us" in run and not mean:
+        return run["p50_us"] / 1e3
+    scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[run.get("time_unit", "ns")]
+    return run["real_time"] * scale
+
+
+# ---- the alpha-beta fit ----------------------------------------------------
+
+# Where each term of the model is read off: alpha from the sizes up to 4 KiB
+# (the bytes cost nothing measurable there), beta from 1 MiB up (the bytes
+# dominate). A least-squares fit over all sizes would let the few sizes with
+# an odd cost (Gloo's 4-byte all-reduce skips a round, and is 5x faster than
+# its 16-byte one) pull alpha around.
+LATENCY_BOUND = 4 << 10
+BANDWIDTH_BOUND = 1 << 20
+
+
+def median(values):
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def fit_alpha_beta(sizes, seconds):
+    """(alpha s, beta s/B) of t(n) = alpha + beta*n, or None without data.
+
+    alpha: the median time of the all-reduces of at most LATENCY_BOUND
+    bytes; beta: the median of (t - alpha) / n over those of at least
+    BANDWIDTH_BOUND bytes.
+    """
+    small = [t for n, t in zip(sizes, seconds) if n <= LATENCY_BOUND]
+    large = [(n, t) for n, t in zip(sizes, seconds) if n >= BANDWIDTH_BOUND]
+    if not small or not large:
+        return None
+    alpha = median(small)
+    return alpha, median([(t - alpha) / n for n, t in large])
+
+
+def allreduce_rows(result):
+    """{impl: [(bytes, p50 s, p90 s, busbw GB/s, mean s)]} sorted by size, for
+    impl "Kit" and "Gloo" (measured interleaved, in the same runs)."""
+    rows = {}
+    for name, run in runs_named(result, "BM_Allreduce").items():
+        n = arg(name, None)
+        w = int(result["context"].get("world_size", 2))
+        for impl, key in (("Kit", "kit"), ("Gloo", "gloo")):
+            p50 = run[key + "_p50_us"] * 1e-6
+            busbw = n / p50 / 1e9 * 2 * (w - 1) / w if w > 1 else 0.0
+            rows.setdefault(impl, []).append((n, p50, run[key + "_p90_us"] * 1e-6, busbw,
+                                              run[key + "_mean_us"] * 1e-6))
+    for data in rows.values():
+        data.sort()
+    return rows
+
+
+def human_bytes(n):
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} B"
+
+
+# ---- the report ------------------------------------------------------------
+
+class Report:
+    def __init__(self):
+        self.lines = []
+        self.targets = []  # (what, measured, target, met)
+
+    def add(self, *lines):
+        self.lines.extend(lines)
+
+    def table(self, header, rows):
+        self.add("| " + " | ".join(header) + " |", "|" + "---|" * len(header))
+        for row in rows:
+            self.add("| " + " | ".join(str(c) for c in row) + " |")
+        self.add("")
+
+    def target(self, what, measured, goal, met):
+        self.targets.append((what, measured, goal, "yes" if met else "**no**"))
+
+    def text(self):
+        out = list(self.lines)
+        out += ["## Targets", ""]
+        if self.targets:
+            out += ["| target | measured | goal | met |", "|---|---|---|---|"]
+            out += ["| " + " | ".join(t) + " |" for t in self.targets]
+        else:
+            out.append("No results to check the targets against.")
+        return "\n".join(out) + "\n"
+
+
+def context_line(results):
+    for (program, w), result in sorted(results.items()):
+        c = result["context"]
+        cores = c.get("cores", c.get("num_cpus", "?"))
+        return (f"Measured on {cores} core(s) ({c.get('host_name', 'this machine')}, "
+                f"{c.get('date', '?')}); ranks share the cores.")
+    return "No results found."
+
+
+def report_allreduce(results, report, fits):
+    report.add("## One all-reduce against its size (bench_allreduce)", "")
+    found = False
+    for (program, w), result in sorted(results.items()):
+        if program != "bench_allreduce":
+            continue
+        found = True
+        rows = allreduce_rows(result)
+        for impl, data in rows.items():
+            fits[(impl, w)] = fit_alpha_beta([d[0] for d in data], [d[1] for d in data])
+            fits[(impl, w, "mean")] = fit_alpha_beta([d[0] for d in data], [d[4] for d in data])
+        kit = {d[0]: d for d in rows.get("Kit", [])}
+        gloo = {d[0]: d for d in rows.get("Gloo", [])}
+        torch = {}
+        if ("torch_ddp", w) in results:
+            for name, run in runs_named(results[("torch_ddp", w)], "BM_TorchAllreduce").items():
+                torch[arg(name, None)] = run["p50_us"]
+        report.add(f"### {w} ranks", "")
+        table = []
+        ratios = []
+        for n in sorted(kit):
+            k = kit[n]
+            g = gloo.get(n)
+            ratio = k[1] / g[1] if g else None
+            if ratio:
+                ratios.append((n, ratio))
+            row = [human_bytes(n), f"{k[1] * 1e6:.1f}", f"{k[2] * 1e6:.1f}", f"{k[3]:.3f}",
+                   f"{g[1] * 1e6:.1f}" if g else "-", f"{ratio:.2f}x" if ratio else "-"]
+            if torch:
+                row += [f"{torch[n]:.1f}" if n in torch else "-",
+                        f"{torch[n] / (g[1] * 1e6):.2f}x" if n in torch and g else "-"]
+            table.append(row)
+        report.table(["size", "kit p50 us", "kit p90 us", "kit busbw GB/s", "Gloo p50 us",
+                      "kit/Gloo"] + (["PyTorch p50 us", "PyTorch/Gloo"] if torch else []),
+                     table)
+        for impl in ("Kit", "Gloo"):
+            for key, what in (((impl, w), "medians"), ((impl, w, "mean"), "means")):
+                fit = fits.get(key)
+                if fit:
+                    alpha, beta = fit
+                    report.add(f"- alpha-beta fit to the {what}, {impl.lower()}: alpha = "
+                               f"{alpha * 1e6:.1f} us per all-reduce, beta = {beta * 1e9:.3f} ns "
+                               f"per byte (1/beta = "
+                               f"{1 / beta / 1e9 if beta > 0 else float('inf'):.2f} GB/s)")
+        handoff = result["runs"].get("BM_KitHandoff")
+        if handoff:
+            report.add(f"- the kit's hand-off alone (an empty all-reduce: queued, run on the "
+                       f"communication thread, waited for; no Gloo): p50 "
+                       f"{handoff['p50_us']:.1f} us, p90 {handoff['p90_us']:.1f} us")
+        report.add("- kit and raw Gloo ran interleaved (one of each per iteration), so their "
+                   "ratio is fair even when the machine's load moves; PyTorch ran in its own "
+                   "process at another time.")
+        if ratios:
+            worst = max(ratios, key=lambda r: r[1])
+            med = sorted(r for _, r in ratios)[len(ratios) // 2]
+            report.add(f"- kit over Gloo at the median: {med:.2f}x across sizes, "
+                       f"worst {worst[1]:.2f}x at {human_bytes(worst[0])}", "")
+            if w == 2:
+                report.target("kit all-reduce / raw Gloo, 2 ranks (median over sizes)",
+                              f"{med:.2f}x (worst {worst[1]:.2f}x at {human_bytes(worst[0])})",
+                              f"<= {TARGET_KIT_OVERHEAD}x", med <= TARGET_KIT_OVERHEAD)
+        report.add("")
+    if not found:
+        report.add("Not measured (bench_allreduce.w*.json missing).", "")
+
+
+def cap_sweep(result, fit):
+    """[(cap MiB, measured ms, predicted ms or None, allreduces)]."""
+    rows = []
+    for name, run in runs_named(result, "BM_Stage02BucketCap").items():
+        cap_mib = arg(name, None) / 1024
+        k = run.get("allreduces", 0)
+        predicted = None
+        if fit:
+            predicted = (k * fit[0] + fit[1] * run.get("MB", 0) * 1e6) * 1e3
+        rows.append((cap_mib, ms(run), predicted, k))
+    return sorted(rows)
+
+
+def report_sync(results, report, fits):
+    report.add("## Gradient sync: per parameter, bucketed, flat (bench_sync)", "")
+    found = False
+    for (program, w), result in sorted(results.items()):
+        if program != "bench_sync":
+            continue
+        found = True
+        report.add(f"### {w} ranks", "")
+        by = {}
+        for base in ("BM_Stage01SyncGrads", "BM_Stage02SyncGrads", "BM_OneFlatAllreduce"):
+            for name, run in runs_named(result, base).items():
+                by.setdefault(arg(name, None), {})[base] = run
+        table = []
+        for depth in sorted(by):
+            r = by[depth]
+            s1, s2, fl = (ms(r[b]) if b in r else None for b in
+                          ("BM_Stage01SyncGrads", "BM_Stage02SyncGrads", "BM_OneFlatAllreduce"))
+            tensors = int(r["BM_Stage01SyncGrads"]["allreduces"]) if "BM_Stage01SyncGrads" in r else "-"
+            mb = r["BM_OneFlatAllreduce"]["MB"] if "BM_OneFlatAllreduce" in r else 0
+            table.append([depth, tensors, f"{mb:.2f}", f"{s1:.2f}" if s1 else "-",
+                          f"{s2:.2f}" if s2 else "-", f"{fl:.2f}" if fl else "-",
+                          f"{s1 / s2:.1f}x" if s1 and s2 else "-",
+                          f"{s2 / fl:.2f}x" if s2 and fl else "-"])
+            if depth == 64 and w == 2 and s1 and s2 and fl:
+                report.target("stage 02 sync faster than stage 01, depth 64, 2 ranks",
+                              f"{s1 / s2:.1f}x", f">= {TARGET_BUCKETED_SPEEDUP:g}x",
+                              s1 / s2 >= TARGET_BUCKETED_SPEEDUP)
+                report.target("stage 02 sync / one flat all-reduce, depth 64, 2 ranks",
+                              f"{s2 / fl:.2f}x", f"<= {TARGET_BUCKETED_VS_FLAT}x",
+                              s2 / fl <= TARGET_BUCKETED_VS_FLAT)
+        report.table(["depth", "tensors", "MB", "stage 01 ms", "stage 02 ms", "flat ms",
+                      "01/02", "02/flat"], table)
+        sweep = cap_sweep(result, fits.get(("Kit", w, "mean")))
+        if sweep:
+            best = min(sweep, key=lambda r: r[1])
+            report.add(f"Bucket-cap sweep (stage 02, depth 64), medians; predicted = "
+                       f"all-reduces x alpha + beta x bytes, with the fit to bench_allreduce's "
+                       f"means at {w} ranks (a sum of k all-reduces pays k means, stalls "
+                       f"included, not k medians):", "")
+            report.table(["cap MiB", "all-reduces", "measured ms", "predicted ms"],
+                         [[f"{c:.3g}", int(k), f"{m:.2f}" + (" (best)" if c == best[0] else ""),
+                           f"{p:.2f}" if p is not None else "-"] for c, m, p, k in sweep])
+    if not found:
+        report.add("Not measured (bench_sync.w*.json missing).", "")
+
+
+def report_versus_torch(rounds, report):
+    """The kit's stage 03 against PyTorch's DDP, round by round."""
+    report.add("## The kit's stage 03 beside PyTorch's DDP (alternating rounds)", "")
+    ratios = []
+    table = []
+    for r, kit, torch in rounds:
+        s3, k0 = kit.get("BM_StepStage03/cap_kib:0"), kit.get("BM_StepNoDDP")
+        t, t0 = torch.get("BM_TorchStepDDP/cap_kib:0"), torch.get("BM_TorchStepNoDDP")
+        if not (s3 and t and k0 and t0):
+            continue
+        ratios.append(ms(s3) / ms(t))
+        table.append([r, f"{ms(k0):.2f}", f"{ms(s3):.2f}", f"{ms(t0):.2f}", f"{ms(t):.2f}",
+                      f"{ms(s3) / ms(t):.2f}x"])
+    if not ratios:
+        report.add("Not measured (python3-torch not installed, or no rounds run).", "")
+        report.target("kit stage 03 step / PyTorch DDP step, 2 ranks, default caps",
+                      "not measured (needs python3-torch)", f"<= {TARGET_VS_TORCH}x", False)
+        return
+    report.table(["round", "kit no DDP ms", "kit stage 03 ms", "PyTorch no DDP ms",
+                  "PyTorch DDP ms", "stage 03 / PyTorch DDP"], table)
+    report.add("Step medians; each round runs bench_step (no DDP, stage 03 at the default caps) "
+               "and then bench/torch_ddp.py (the same, PyTorch's), 2 ranks, batch 64.", "")
+    med = median(ratios)
+    report.target("kit stage 03 step / PyTorch DDP step, 2 ranks, default caps",
+                  f"{med:.2f}x (median of {len(ratios)} rounds: "
+                  f"{', '.join(f'{x:.2f}' for x in ratios)})",
+                  f"<= {TARGET_VS_TORCH}x", med <= TARGET_VS_TORCH)
+
+
+def report_step(results, report):
+    report.add("## A training step: overlap, and PyTorch beside the kit (bench_step)", "")
+    found = False
+    for (program, w), result in sorted(results.items()):
+        if program != "bench_step":
+            continue
+        found = True
+        batch = "?"
+        report.add(f"### {w} ranks", "")
+        runs = result["runs"]
+        table = []
+        for name in ("BM_StepNoDDP", "BM_StepStage01"):
+            if name in runs:
+                r = runs[name]
+                table.append([name, "-", f"{ms(r):.2f}", f"{r.get('p90_ms', 0):.2f}",
+                              f"{r.get('sync_ms', 0):.2f}", "-"])
+        caps = sorted({arg(n, "cap_kib") for n in runs if n.startswith("BM_StepStage0")
+                       and arg(n, "cap_kib") is not None})
+        hidden_default = None
+        for cap in caps:
+            s2 = runs.get(f"BM_StepStage02/cap_kib:{cap}")
+            s3 = runs.get(f"BM_StepStage03/cap_kib:{cap}")
+            if not s2 or not s3:
+                continue
+            hidden = (ms(s2) - ms(s3)) / s2["sync_ms"] if s2.get("sync_ms") else None
+            if cap == 0:
+                hidden_default = hidden
+            label = "default" if cap == 0 else f"{cap} KiB"
+            table.append([f"BM_StepStage02 ({label})", int(s2.get("buckets", 0)),
+                          f"{ms(s2):.2f}", f"{s2['p90_ms']:.2f}", f"{s2['sync_ms']:.2f}", "-"])
+            table.append([f"BM_StepStage03 ({label})", int(s3.get("buckets", 0)),
+                          f"{ms(s3):.2f}", f"{s3['p90_ms']:.2f}", "-",
+                          f"{hidden * 100:.0f}%" if hidden is not None else "-"])
+        torch = results.get(("torch_ddp", w))
+        if torch:
+            batch = torch["context"].get("batch", "?")
+            for name, r in sorted(torch["runs"].items()):
+                if name.startswith("BM_TorchStep"):
+                    table.append([name, "-", f"{ms(r):.2f}", f"{r['p90_ms']:.2f}", "-", "-"])
+        report.table(["run", "buckets", "step p50 ms", "step p90 ms", "sync ms",
+                      "sync hidden by 03"], table)
+        report.add("\"sync hidden by 03\" = (stage 02 step - stage 03 step) / stage 02's sync, "
+                   "medians.", "")
+        if w == 2 and hidden_default is not None:
+            best = max((((ms(runs[f"BM_StepStage02/cap_kib:{c}"]) -
+                          ms(runs[f"BM_StepStage03/cap_kib:{c}"])) /
+                         runs[f"BM_StepStage02/cap_kib:{c}"]["sync_ms"], c) for c in caps
+                        if f"BM_StepStage03/cap_kib:{c}" in runs), default=(None, None))
+            report.target("stage 03 hides stage 02's sync, 2 ranks, default caps",
+                          f"{hidden_default * 100:.0f}% (best {best[0] * 100:.0f}% at "
+                          f"{'default caps' if best[1] == 0 else str(best[1]) + ' KiB'})",
+                          f">= {TARGET_HIDDEN * 100:.0f}%", hidden_default >= TARGET_HIDDEN)
+
+        share = []
+        for batch in sorted({arg(n, "batch") for n in runs if n.startswith("BM_SyncShare")}):
+            s1 = runs.get(f"BM_SyncShareStage01/batch:{batch}")
+            s2 = runs.get(f"BM_SyncShareStage02/cap_kib:0/batch:{batch}")
+            s3 = runs.get(f"BM_SyncShareStage03/cap_kib:0/batch:{batch}")
+            hidden = ((ms(s2) - ms(s3)) / s2["sync_ms"]
+                      if s2 and s3 and s2.get("sync_ms") else None)
+            share.append([batch,
+                          f"{s1['sync_share'] * 100:.0f}%" if s1 else "-",
+                          f"{s2['sync_share'] * 100:.0f}%" if s2 else "-",
+                          f"{ms(s2):.2f}" if s2 else "-", f"{s2['sync_ms']:.2f}" if s2 else "-",
+                          f"{ms(s3):.2f}" if s3 else "-",
+                          f"{hidden * 100:.0f}%" if hidden is not None else "-"])
+        if share:
+            report.add("The sync's share of the step against the batch (rows per rank), and "
+                       "what stage 03 hides of stage 02's sync at each (steps: medians; sync "
+                       "and share: means):", "")
+            report.table(["batch", "stage 01 sync share", "stage 02 sync share",
+                          "stage 02 step ms", "stage 02 sync ms", "stage 03 step ms",
+                          "sync hidden by 03"], share)
+    if not found:
+        report.add("Not measured (bench_step.w*.json missing).", "")
+
+
+# ---- the figures -----------------------------------------------------------
+
+def plot(results, fits, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    written = []
+
+    def save(fig, name):
+        path = os.path.join(out, name)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    colours = {2: "tab:blue", 4: "tab:orange"}
+    allreduce = {w: r for (p, w), r in results.items() if p == "bench_allreduce"}
+    if allreduce:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for w, result in sorted(allreduce.items()):
+            rows = allreduce_rows(result)
+            c = colours.get(w)
+            for impl, style in (("Kit", "o-"), ("Gloo", "x--")):
+                data = rows.get(impl, [])
+                if not data:
+                    continue
+                n = [d[0] for d in data]
+                p50 = [d[1] * 1e6 for d in data]
+                p90 = [d[2] * 1e6 for d in data]
+                label = f"{'kit' if impl == 'Kit' else 'raw Gloo'}, {w} ranks"
+                left.plot(n, p50, style, color=c, label=label + " (p50)", markersize=4,
+                          alpha=1.0 if impl == "Kit" else 0.6)
+                if impl == "Kit":
+                    left.fill_between(n, p50, p90, color=c, alpha=0.15)
+                right.plot(n, [d[3] for d in data], style, color=c, label=label, markersize=4,
+                           alpha=1.0 if impl == "Kit" else 0.6)
+            torch = results.get(("torch_ddp", w))
+            if torch:
+                data = sorted((arg(n, None), r["p50_us"]) for n, r in
+                              runs_named(torch, "BM_TorchAllreduce").items())
+                left.plot([d[0] for d in data], [d[1] for d in data], "+:", color=c, alpha=0.6,
+                          label=f"PyTorch, {w} ranks (p50)")
+            fit = fits.get(("Kit", w))
+            if fit:
+                n = [d[0] for d in rows["Kit"]]
+                left.plot(n, [(fit[0] + fit[1] * x) * 1e6 for x in n], ":", color=c)
+                left.annotate(f"{w} ranks: alpha {fit[0] * 1e6:.0f} us, "
+                              f"1/beta {1 / fit[1] / 1e9:.2f} GB/s" if fit[1] > 0 else "",
+                              xy=(0.02, 0.93 - 0.07 * (w // 2 - 1)), xycoords="axes fraction",
+                              fontsize=8, color=c)
+        left.set(xscale="log", yscale="log", xlabel="bytes per rank",
+                 ylabel="one all-reduce, us (band: p50 to p90)",
+                 title="Latency; dotted: fitted alpha + beta*n")
+        right.set(xscale="log", xlabel="bytes per rank", ylabel="bus bandwidth, GB/s",
+                  title="busbw = n/t * 2(W-1)/W")
+        left.legend(fontsize=7, loc="lower right")
+        right.legend(fontsize=7)
+        save(fig, "allreduce.png")
+
+    sync = {w: r for (p, w), r in results.items() if p == "bench_sync"}
+    if sync:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for w, result in sorted(sync.items()):
+            c = colours.get(w)
+            for base, style, label in (("BM_Stage01SyncGrads", "o-", "stage 01 (per parameter)"),
+                                       ("BM_Stage02SyncGrads", "s-", "stage 02 (buckets)"),
+                                       ("BM_OneFlatAllreduce", "^:", "one flat all-reduce")):
+                data = sorted((arg(n, None), ms(r)) for n, r in runs_named(result, base).items())
+                if data:
+                    left.plot([d[0] for d in data], [d[1] for d in data], style, color=c,
+                              label=f"{label}, {w} ranks", markersize=4)
+            sweep = cap_sweep(result, fits.get(("Kit", w, "mean")))
+            if sweep:
+                right.plot([s[0] for s in sweep], [s[1] for s in sweep], "o-", color=c,
+                           label=f"measured, {w} ranks", markersize=4)
+                if all(s[2] is not None for s in sweep):
+                    right.plot([s[0] for s in sweep], [s[2] for s in sweep], "--", color=c,
+                               alpha=0.6, label=f"alpha-beta prediction, {w} ranks")
+                best = min(sweep, key=lambda s: s[1])
+                right.plot([best[0]], [best[1]], "*", color=c, markersize=14)
+                right.annotate(f"best {best[0]:g} MiB", (best[0], best[1]),
+                               textcoords="offset points", xytext=(5, 8), fontsize=8, color=c)
+        depths = sorted({arg(n, None) for r in sync.values()
+                         for n in runs_named(r, "BM_Stage01SyncGrads")})
+        left.set_xticks(depths, [str(d) for d in depths])
+        left.set(xscale="log", yscale="log", xlabel="depth D of deep_mlp (2(D+1) tensors)",
+                 ylabel="sync_grads(), ms (median)", title="Per parameter vs buckets vs flat")
+        right.set(xscale="log", yscale="log", xlabel="bucket cap, MiB",
+                  ylabel="sync_grads(), ms (median)",
+                  title="Stage 02 cap sweep, depth 64 (16.9 MB)")
+        left.legend(fontsize=7)
+        right.legend(fontsize=7)
+        save(fig, "sync.png")
+
+    step = results.get(("bench_step", 2)) or next(
+        (r for (p, w), r in sorted(results.items()) if p == "bench_step"), None)
+    if step:
+        runs = step["runs"]
+        bars = [("no DDP", runs.get("BM_StepNoDDP")), ("stage 01", runs.get("BM_StepStage01")),
+                ("stage 02", runs.get("BM_StepStage02/cap_kib:0")),
+                ("stage 03", runs.get("BM_StepStage03/cap_kib:0"))]
+        w = int(step["context"].get("world_size", 2))
+        torch = results.get(("torch_ddp", w))
+        if torch:
+            bars += [("PyTorch\nno DDP", torch["runs"].get("BM_TorchStepNoDDP")),
+                     ("PyTorch\nDDP", torch["runs"].get("BM_TorchStepDDP/cap_kib:0"))]
+        bars = [(label, r) for label, r in bars if r]
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2),
+                                          gridspec_kw={"width_ratios": [3, 2]})
+        bottoms = [0.0] * len(bars)
+        labels = [b[0] for b in bars]
+        for key, colour, name in (("fwd_ms", "tab:green", "forward"),
+                                  ("bwd_ms", "tab:purple", "backward (stage 03: with its sync)"),
+                                  ("sync_ms", "tab:red", "sync_grads()")):
+            heights = [r.get(key, 0.0) for _, r in bars]
+            left.bar(labels, heights, bottom=bottoms, color=colour, label=name)
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+        rest = [max(0.0, r["real_time"] - b) for (_, r), b in zip(bars, bottoms)]
+        left.bar(labels, rest, bottom=bottoms, color="lightgray", label="rest (zero_grad, step)")
+        # Linear, so that the phases' heights compare; stage 01's bar is cut
+        # (its sync is some ten times the others' whole step) and labelled.
+        others = [r["real_time"] for label, r in bars if label != "stage 01"]
+        top = 1.6 * max(others) if others else None
+        for x, (label, r) in enumerate(bars):
+            if top and r["real_time"] > top:
+                left.annotate(f"{r['real_time']:.0f} ms", (x, top * 0.97), ha="center",
+                              va="top", fontsize=8, color="white", fontweight="bold")
+        left.set(ylabel="one step, ms (means)", ylim=(0, top) if top else None,
+                 title=f"A training step at {w} ranks, default caps")
+        left.set_xticks(range(len(labels)), labels)
+        left.legend(fontsize=7)
+        share = {}
+        for name, r in runs.items():
+            if name.startswith("BM_SyncShareStage0") and "sync_share" in r:
+                share.setdefault(name.split("/")[0].replace("BM_SyncShareStage", "stage "),
+                                 []).append((arg(name, "batch"), r.get("sync_share", 0) * 100))
+        for stage, data in sorted(share.items()):
+            data.sort()
+            right.plot([d[0] for d in data], [d[1] for d in data], "o-",
+                       label=stage.replace("Stage", ""))
+        right.set(xscale="log", xlabel="batch, rows per rank", ylabel="% of the step in sync",
+                  ylim=(0, 100), title="Sync share against batch size")
+        right.legend(fontsize=7)
+        save(fig, "step.png")
+    return written
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="?", default=os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--out", help="where summary.md and the figures go (default: RESULTS)")
+    parser.add_argument("--no-plots", action="store_true", help="the summary only")
+    args = parser.parse_args()
+    out = args.out or args.results
+    os.makedirs(out, exist_ok=True)
+    results = load(args.results)
+    report = Report()
+    report.add("# Benchmark results", "", context_line(results), "")
+    if any(r["context"].get("smoke") == "1" for r in results.values()):
+        report.add("**Smoke run** (one iteration each): the times mean nothing.", "")
+    fits = {}
+    report_allreduce(results, report, fits)
+    report_sync(results, report, fits)
+    report_step(results, report)
+    report_versus_torch(load_rounds(args.results), report)
+    text = report.text()
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(text)
+    print(text)
+    if not args.no_plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("report.py: no figures: python3-matplotlib is not installed "
+                  "(apt-get install python3-matplotlib, or ./kit setup)", file=sys.stderr)
+            return 1
+        for path in plot(results, fits, out):
+            print(f"report.py: wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

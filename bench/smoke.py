@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Smoke test of bench/: every benchmark runs once, and the report reads them.
+
+Usage: smoke.py BUILD_BENCH_DIR REPORT_PY TORCH_DDP_PY
+
+Runs each benchmark program with --smoke=1 (one iteration of every
+benchmark, no warm-up) at the world sizes ./kit bench uses, writing Google
+Benchmark JSON into a temporary folder under the names report.py reads; then
+torch_ddp.py --smoke if PyTorch is importable (optional: skipped otherwise);
+then report.py on that folder. It fails if a program fails, if a program's
+JSON lacks a benchmark the report needs, or if the report cannot make its
+summary and figures. The times mean nothing; that nothing rotted is what it
+tests.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+# (program, world sizes, benchmarks its JSON must contain, by name prefix)
+PROGRAMS = [
+    ("bench_ops", [None], ["BM_"]),
+    ("bench_allreduce", [2, 4], ["BM_KitHandoff", "BM_Allreduce/4",
+                                 "BM_Allreduce/67108864"]),
+    ("bench_sync", [2], ["BM_Stage01SyncGrads/64", "BM_Stage02SyncGrads/64",
+                         "BM_OneFlatAllreduce/64", "BM_Stage02BucketCap/10",
+                         "BM_Stage02BucketCap/102400"]),
+    ("bench_step", [2], ["BM_StepNoDDP", "BM_StepStage01", "BM_StepStage02/cap_kib:0",
+                         "BM_StepStage03/cap_kib:0", "BM_SyncShareStage01/batch:256",
+                         "BM_SyncShareStage02/cap_kib:0/batch:1",
+                         "BM_SyncShareStage03/cap_kib:0/batch:16"]),
+]
+
+
+def python_with(module):
+    """A Python that can import `module`: Debian's (where apt puts packages) or ours."""
+    for candidate in ("/usr/bin/python3", sys.executable):
+        if os.path.exists(candidate) and subprocess.run(
+                [candidate, "-c", f"import {module}"], capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
+def run(cmd):
+    print("$ " + " ".join(cmd), flush=True)
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(done.stdout[-4000:], flush=True)
+    if done.returncode != 0:
+        sys.exit(f"smoke: {os.path.basename(cmd[0] if not cmd[0].endswith('python3') else cmd[1])}"
+                 f" failed with exit code {done.returncode}")
+    return done.stdout
+
+
+def main():
+    bench_dir, report_py, torch_py = sys.argv[1:4]
+    with tempfile.TemporaryDirectory(prefix="tp-bench-smoke-") as out:
+        for program, sizes, needed in PROGRAMS:
+            for w in sizes:
+                name = program + (f".w{w}" if w else "") + ".json"
+                path = os.path.join(out, name)
+                cmd = [os.path.join(bench_dir, program), f"--benchmark_out={path}",
+                       "--benchmark_out_format=json"]
+                if w:
+                    cmd += ["--smoke=1", f"--world-size={w}"]
+                else:
+                    cmd += ["--benchmark_min_time=0"]
+                run(cmd)
+                with open(path) as f:
+                    names = [b["name"] for b in json.load(f)["benchmarks"]]
+                for prefix in needed:
+                    if not any(n == prefix or n.startswith(prefix + "/") or
+                               (prefix.endswith("_") and n.startswith(prefix)) for n in names):
+                        sys.exit(f"smoke: {name} has no benchmark {prefix}; it has {names}")
+        torch_python = python_with("torch")
+        if torch_python:
+            run([torch_python, torch_py, "--smoke", "--world-size=2",
+                 "--out=" + os.path.join(out, "torch_ddp.w2.json")])
+            # One of ./kit bench's alternating rounds.
+            run([os.path.join(bench_dir, "bench_step"), "--smoke=1",
+                 "--benchmark_filter=BM_StepNoDDP|BM_StepStage03/cap_kib:0",
+                 "--benchmark_out=" + os.path.join(out, "round1.bench_step.json"),
+                 "--benchmark_out_format=json"])
+            run([torch_python, torch_py, "--smoke", "--world-size=2", "--only-default-caps",
+                 "--out=" + os.path.join(out, "round1.torch_ddp.json")])
+        else:
+            print("smoke: PyTorch not installed: torch_ddp.py not run (it is optional)")
+        plot_python = python_with("matplotlib")
+        if not plot_python:
+            sys.exit("smoke: no Python here can import matplotlib; ./kit installs "
+                     "python3-matplotlib (apt-get install python3-matplotlib)")
+        text = run([plot_python, report_py, out])
+        if torch_python and "stage 03 / PyTorch DDP" not in text:
+            sys.exit("smoke: the report lacks the rounds of stage 03 against PyTorch's DDP")
+        for section in ("One all-reduce against its size", "alpha-beta fit to the medians, kit", "hand-off alone",
+                        "Bucket-cap sweep", "sync hidden by 03", "share of the step against the batch",
+                        "## Targets", "Smoke run"):
+            if section not in text:
+                sys.exit(f"smoke: the report lacks '{section}'")
+        for figure in ("allreduce.png", "sync.png", "step.png"):
+            path = os.path.join(out, figure)
+            if not os.path.exists(path) or os.path.getsize(path) < 1000:
+                sys.exit(f"smoke: the report did not draw {figure}")
+    print("smoke: every benchmark ran and the report read them")
+
+
+if __name__ == "__main__":
+    main()

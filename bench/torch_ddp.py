@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""PyTorch's own DistributedDataParallel on bench_step.cc's workload.
+
+The same training step as bench/bench_step.cc (zero_grad, forward, MSE loss,
+backward, SGD step) on the same model, deep_mlp(16, 128, 64, 4): 65 Linear
+layers with ReLU between them, 130 parameter tensors, 4.2 MB of float32
+gradients; the same batch (64 rows per rank unless --batch says otherwise),
+the same number of ranks spawned on this machine, Gloo over loopback, one
+compute thread per rank (the kit runs OpenBLAS on one thread per rank), the
+same fixed iteration counts and warm-up, a barrier before each timed loop.
+
+  BM_TorchStepNoDDP             the step without DDP: PyTorch's compute.
+  BM_TorchStepDDP/cap_kib:C     torch.nn.parallel.DistributedDataParallel
+                                over gloo; C = 0 is PyTorch's default caps
+                                (first bucket 1 MiB, bucket_cap_mb 25), any
+                                other C sets bucket_cap_mb to C KiB (the
+                                first bucket stays 1 MiB: PyTorch has no
+                                option for it).
+
+  BM_TorchAllreduce/n           torch.distributed.all_reduce of n bytes of
+                                float32 (4 B to 64 MiB, as bench_allreduce.cc),
+                                waited for: PyTorch's own hand-off (a work
+                                queue and worker threads, as the kit's), to
+                                set beside the kit's and raw Gloo's.
+
+Output: Google Benchmark's JSON layout (--out), so bench/report.py reads it
+beside the kit's results: real_time is the mean step in ms; p50_ms and
+p90_ms the median and 90th percentile of single steps; fwd_ms and bwd_ms the
+mean phases. Rank 0 writes and prints; the data is random (the times do not
+depend on the values).
+
+Optional: needs Debian's python3-torch; the kit never requires it.
+./kit bench runs it when `import torch` works. By hand:
+    python3 bench/torch_ddp.py --out bench/results/torch_ddp.w2.json
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+WIDTH = 128
+DEPTH = 64
+ITERATIONS = 40
+WARMUP = 5  # PyTorch rebuilds its buckets after the first step: keep that out
+CAPS_KIB = (0, 512, 1024, 2048)  # as bench_step.cc's stage 02 and 03 runs
+
+
+def quantile(times, q):
+    """Nearest-rank quantile, as tp::bench::quantile in ranked_benchmark.h."""
+    ordered = sorted(times)
+    rank = max(1, min(len(ordered), math.ceil(q * len(ordered))))
+    return ordered[rank - 1]
+
+
+def deep_mlp(torch):
+    layers = [torch.nn.Linear(16, WIDTH), torch.nn.ReLU()]
+    for _ in range(DEPTH - 1):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    layers.append(torch.nn.Linear(WIDTH, 4))
+    return torch.nn.Sequential(*layers)
+
+
+def run(torch, name, module, batch, iterations, warmup):
+    """Times `iterations` steps of `module` after `warmup` untimed ones."""
+    dist = torch.distributed
+    optimizer = torch.optim.SGD(module.parameters(), lr=1e-3)
+    x, y = batch
+
+    def step(phases):
+        optimizer.zero_grad()
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.mse_loss(module(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        optimizer.step()
+        phases["fwd"] += t1 - t0
+        phases["bwd"] += t2 - t1
+
+    for _ in range(warmup):
+        step({"fwd": 0.0, "bwd": 0.0})
+    dist.barrier()
+    phases = {"fwd": 0.0, "bwd": 0.0}
+    steps = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        step(phases)
+        steps.append(time.perf_counter() - start)
+    ms = [s * 1e3 for s in steps]
+    return {
+        "name": name, "run_name": name, "run_type": "iteration",
+        "iterations": iterations, "time_unit": "ms",
+        "real_time": statistics.fmean(ms), "cpu_time": statistics.fmean(ms),
+        "p50_ms": quantile(ms, 0.5), "p90_ms": quantile(ms, 0.9),
+        "fwd_ms": phases["fwd"] * 1e3 / iterations, "bwd_ms": phases["bwd"] * 1e3 / iterations,
+    }
+
+
+def allreduce_iterations(nbytes):
+    """As bench_allreduce.cc's iterations_for: about a quarter second each."""
+    estimate = 100e-6 + nbytes / 0.5e9
+    return max(5, min(400, int(0.25 / estimate)))
+
+
+def time_allreduce(torch, nbytes, iterations, warmup):
+    dist = torch.distributed
+    t = torch.zeros(nbytes // 4, dtype=torch.float32)
+    for _ in range(warmup):
+        dist.all_reduce(t)
+    dist.barrier()
+    us = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        dist.all_reduce(t)
+        us.append((time.perf_counter() - start) * 1e6)
+    name = f"BM_TorchAllreduce/{nbytes}"
+    return {"name": name, "run_name": name, "run_type": "iteration", "iterations": iterations,
+            "time_unit": "us", "real_time": statistics.fmean(us), "cpu_time": statistics.fmean(us),
+            "p50_us": quantile(us, 0.5), "p90_us": quantile(us, 0.9), "bytes": nbytes}
+
+
+def rank_main(rank, args, init_file):
+    import torch
+    torch.set_num_threads(1)
+    dist = torch.distributed
+    dist.init_process_group("gloo", init_method="file://" + init_file,
+                            rank=rank, world_size=args.world_size)
+    generator = torch.Generator().manual_seed(rank)
+    batch = (torch.randn(args.batch, 16, generator=generator),
+             torch.randn(args.batch, 4, generator=generator))
+    iterations = 1 if args.smoke else ITERATIONS
+    warmup = 0 if args.smoke else WARMUP
+    results = []
+
+    def report(result):
+        results.append(result)
+        if rank == 0:
+            print(f"{result['name']:<32} {result['real_time']:9.2f} ms  "
+                  f"p50 {result['p50_ms']:.2f} ms  p90 {result['p90_ms']:.2f} ms", flush=True)
+
+    torch.manual_seed(0)
+    report(run(torch, "BM_TorchStepNoDDP", deep_mlp(torch), batch, iterations, warmup))
+    for cap in (0,) if args.only_default_caps else CAPS_KIB:
+        torch.manual_seed(0)
+        options = {} if cap == 0 else {"bucket_cap_mb": cap / 1024}
+        ddp = torch.nn.parallel.DistributedDataParallel(deep_mlp(torch), **options)
+        report(run(torch, f"BM_TorchStepDDP/cap_kib:{cap}", ddp, batch, iterations, warmup))
+        del ddp
+    nbytes = 4
+    while nbytes <= 64 << 20 and not args.only_default_caps:
+        result = time_allreduce(torch, nbytes, 1 if args.smoke else allreduce_iterations(nbytes),
+                                warmup)
+        results.append(result)
+        if rank == 0:
+            print(f"{result['name']:<32} p50 {result['p50_us']:9.1f} us  "
+                  f"p90 {result['p90_us']:9.1f} us", flush=True)
+        nbytes *= 4
+    if rank == 0 and args.out:
+        context = {
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "num_cpus": os.cpu_count(),
+            "library": f"torch {torch.__version__}",
+            "world_size": str(args.world_size),
+            "cores": str(os.cpu_count()),
+            "batch": str(args.batch),
+            "smoke": "1" if args.smoke else "0",
+        }
+        with open(args.out, "w") as f:
+            json.dump({"context": context, "benchmarks": results}, f, indent=2)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world-size", type=int, default=2, help="ranks (default 2)")
+    parser.add_argument("--batch", type=int, default=64, help="rows per rank (default 64)")
+    parser.add_argument("--out", help="write the results here (Google Benchmark's JSON layout)")
+    parser.add_argument("--only-default-caps", action="store_true",
+                        help="only BM_TorchStepNoDDP and BM_TorchStepDDP/cap_kib:0 (the rounds "
+                             "./kit bench alternates with bench_step)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one iteration each, no warm-up (tests): the times mean nothing")
+    args = parser.parse_args()
+    if not 1 <= args.world_size <= 16 or args.batch < 1:
+        parser.error("--world-size must be 1 to 16 and --batch at least 1")
+    try:
+        import torch  # noqa: F401
+        import torch.multiprocessing
+    except ImportError:
+        print("torch_ddp.py: PyTorch is not installed (Debian: apt-get install python3-torch); "
+              "nothing to compare with", file=sys.stderr)
+        return 2
+    print(f"torch_ddp.py: {args.world_size} rank(s) on {os.cpu_count()} core(s), torch "
+          f"{torch.__version__}", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="tp-torch-ddp-") as tmp:
+        torch.multiprocessing.spawn(rank_main, args=(args, os.path.join(tmp, "init")),
+                                    nprocs=args.world_size, join=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
