@@ -531,11 +531,12 @@ def plot(results, fits, out):
                 right.plot([best[0]], [best[1]], "*", color=c, markersize=14)
                 right.annotate(f"best {best[0]:g} MiB", (best[0], best[1]),
                                textcoords="offset points", xytext=(5, 8), fontsize=8, color=c)
+        left.set(xscale="log", yscale="log", xlabel="depth D of deep_mlp (2(D+1) tensors)",
+                 ylabel="sync_grads(), ms (median)", title="Per parameter vs buckets vs flat")
         depths = sorted({arg(n, None) for r in sync.values()
                          for n in runs_named(r, "BM_Stage01SyncGrads")})
         left.set_xticks(depths, [str(d) for d in depths])
-        left.set(xscale="log", yscale="log", xlabel="depth D of deep_mlp (2(D+1) tensors)",
-                 ylabel="sync_grads(), ms (median)", title="Per parameter vs buckets vs flat")
+        left.minorticks_off()
         right.set(xscale="log", yscale="log", xlabel="bucket cap, MiB",
                   ylabel="sync_grads(), ms (median)",
                   title="Stage 02 cap sweep, depth 64 (16.9 MB)")
