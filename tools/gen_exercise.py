@@ -28,7 +28,10 @@ import sys
 
 BEGIN = "// BEGIN SOLUTION"
 END = "// END SOLUTION"
-FUNCTION = re.compile(r"^[A-Za-z_].*?([A-Za-z_][\w:~]*)\s*\(")
+# The function's qualified name: at the start of the line (a constructor,
+# "Guard::Guard(") or after the shortest prefix that ends in a space, '*' or
+# '&' (the return type: "Tensor DDP::forward(").
+FUNCTION = re.compile(r"^(?:.*?[\s*&])??([A-Za-z_~][\w:~]*)\s*\(")
 
 
 def enclosing_function(lines, index, path):

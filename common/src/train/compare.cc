@@ -463,6 +463,14 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
       cause = detail::cat("step 0's losses match, but the first update is ",
                           num(ratio), "x the reference's (W = ", w,
                           "): is the sum divided by the world size?");
+    } else if (k_micro > 1 && near(ratio, 1.0 / static_cast<double>(k_micro))) {
+      // With W == K both readings fit the numbers: name both.
+      const bool both = near(static_cast<double>(k_micro), w);
+      cause = detail::cat(
+          "the first update is 1/", k_micro, " of the reference's", both ? " (1/K = 1/W here)" : "",
+          ": is the accumulated gradient divided by the number of micro-batches K = ", k_micro,
+          "? Each micro-batch's loss is already scaled by 1/K, so the sum of the K gradients "
+          "already is their mean", both ? "; or is it divided by the world size twice?" : "");
     } else if (near(ratio, 1.0 / w)) {
       cause = detail::cat("the first update is 1/", w,
                           " of the reference's: is the gradient divided by the world size twice?");

@@ -133,6 +133,7 @@ std::string describe(const RunConfig& config) {
       "W=", config.world_size, schedule, " batch=", config.batch_size,
       config.micro_batches > 1 ? detail::cat(" K=", config.micro_batches) : "",
       " lr=", config.lr, config.momentum > 0 ? detail::cat(" momentum=", config.momentum) : "",
+      config.zero_grad_set_to_none ? "" : " zero-grad-in-place",
       " ", to_string(config.dtype),
       config.model_kind != ModelKind::MiniMLP ? " " + to_string(config.model_kind) : "",
       config.model_kind == ModelKind::Buffered

@@ -352,6 +352,16 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
   const uint64_t step0_allreduces = allreduces_in_step(ranks[0], k, 0);
   std::printf("all-reduces per step on rank 0: %llu for %zu parameter tensors\n",
               static_cast<unsigned long long>(step0_allreduces), ranks[0].final_params.size());
+  if (k > 1) {
+    // Where in the step they happen: with no_sync, all in the last one.
+    std::string per_micro;
+    for (int64_t m = 0; m < k && m < static_cast<int64_t>(ranks[0].allreduces_per_micro.size());
+         ++m) {
+      per_micro += (m ? ", " : "") + std::to_string(ranks[0].allreduces_per_micro[m]);
+    }
+    std::printf("all-reduces in each of step 0's %lld micro-batches on rank 0: %s\n",
+                static_cast<long long>(k), per_micro.c_str());
+  }
   std::vector<Finding> findings = check_results_complete(config, reference, ranks);
   if (findings.empty()) findings = diagnose(config, reference, ranks, tolerance, advice);
   if (findings.empty()) {

@@ -12,6 +12,9 @@
 //     predicates.h), then compares every rank's per-micro-batch losses,
 //     parameters and buffers (compare.h). Findings are reported in that
 //     order: a structural fact names the cause before the numbers it moves.
+//   - Then its scenarios, if any: properties the training plan cannot
+//     express (a no_sync guard that covers only the forward, say), each run
+//     once on its own spawned ranks with a connected group.
 //   - It stops at the first failing case (an exercise stub fails at once),
 //     prints the findings, and returns 1; it returns 0 when all pass.
 //   - A rank that throws or hangs becomes a finding naming the rank and its
@@ -20,7 +23,8 @@
 //   - `--expect-fail FILE` turns it into a planted-bug test: FILE (a mutant,
 //     see tools/mutate.py) has `expect:` lines; the checker must FAIL and its
 //     report must contain every expected phrase, else it returns 1.
-//   - `--list` prints the cases; `--only N` runs case N alone.
+//   - `--list` prints the cases, then the scenarios (numbered on from the
+//     cases); `--only N` runs case or scenario N alone.
 #pragma once
 
 #include <cstdio>
@@ -28,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorplay/distributed/process_group.h"
 #include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/ddp_trainer.h"
@@ -45,6 +50,22 @@ struct CheckCase {
   std::string label;  // may be empty
 };
 
+// A property the training plan cannot express, checked on `world_size`
+// spawned ranks. `run` is one rank's part: it gets the rank and a connected
+// process group, drives the stage itself, and returns "" when the property
+// held on this rank, or the fact that broke it, with numbers ("rank 1: 2
+// all-reduces in a backward whose forward ran under no_sync; expected 0").
+// A rank's exception or hang becomes a finding as in a case.
+struct Scenario {
+  std::string label;
+  int world_size = 2;
+  std::function<std::string(int rank, std::shared_ptr<distributed::ProcessGroup> group)> run;
+  std::string likely_cause;  // in lesson terms, shown when `run` reports a fact
+};
+
+// Runs one scenario; its findings (none when it held on every rank).
+std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scenario);
+
 template <typename Options>
 struct CheckerSpec {
   std::string stage;  // "01"
@@ -54,6 +75,8 @@ struct CheckerSpec {
   // Stage-specific checks on one run (counted collectives, trace order...).
   std::function<std::vector<Finding>(const CheckCase<Options>& c, const CaseRun& run)>
       stage_checks;
+  // Run after the cases, in order.
+  std::vector<Scenario> scenarios;
 };
 
 // The default sweep of plans: world sizes 2, 1, 3 and 4 (the smallest real
@@ -86,24 +109,30 @@ CheckerRun parse_checker_args(int argc, char** argv);
 // Describes an error from a run (a rank's exception or hang, or a plan the
 // stage refused) as a finding, by its kind.
 Finding finding_from_error(const std::string& stage, const std::exception& error);
-// Prints PASS or FAIL for one case.
+// Prints PASS or FAIL for one case or scenario; a passing case also shows
+// its largest differences from the reference (`comparison`; null for a
+// scenario, which has no reference).
 void report_case(CheckerRun& run, const std::string& description,
-                 const std::vector<Finding>& findings, const Comparison& comparison);
+                 const std::vector<Finding>& findings, const Comparison* comparison);
 // Applies --expect-fail and prints the verdict; returns the exit code.
 int finish_checker(CheckerRun& run, const std::string& stage, bool passed);
 
 template <DataParallelModel D>
 int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& spec) {
   CheckerRun run = parse_checker_args(argc, argv);
+  const size_t n_cases = spec.cases.size();
   if (run.list) {
-    for (size_t i = 0; i < spec.cases.size(); ++i) {
+    for (size_t i = 0; i < n_cases; ++i) {
       std::printf("%zu: %s\n", i, describe(spec.cases[i]).c_str());
+    }
+    for (size_t i = 0; i < spec.scenarios.size(); ++i) {
+      std::printf("%zu: scenario: %s\n", n_cases + i, spec.scenarios[i].label.c_str());
     }
     return 0;
   }
-  if (run.only >= static_cast<int>(spec.cases.size())) {
-    std::fprintf(stderr, "checker: --only %d: there are %zu cases (see --list)\n", run.only,
-                 spec.cases.size());
+  if (run.only >= static_cast<int>(n_cases + spec.scenarios.size())) {
+    std::fprintf(stderr, "checker: --only %d: there are %zu cases and scenarios (see --list)\n",
+                 run.only, n_cases + spec.scenarios.size());
     return 2;
   }
   run.print("stage " + spec.stage + " checker (" + spec.title + ")\n");
@@ -132,7 +161,13 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
       findings.push_back(finding_from_error(spec.stage, error));
     }
     passed = findings.empty();
-    report_case(run, describe(c), findings, comparison);
+    report_case(run, describe(c), findings, &comparison);
+  }
+  for (size_t i = 0; i < spec.scenarios.size() && passed; ++i) {
+    if (run.only >= 0 && static_cast<size_t>(run.only) != n_cases + i) continue;
+    const std::vector<Finding> findings = run_scenario(spec.stage, spec.scenarios[i]);
+    passed = findings.empty();
+    report_case(run, "scenario: " + spec.scenarios[i].label, findings, nullptr);
   }
   return finish_checker(run, spec.stage, passed);
 }

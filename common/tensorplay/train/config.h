@@ -80,6 +80,12 @@ struct RunConfig {
   Divisor divisor = Divisor::InitialWorldSize;
   double lr = 0.05;
   double momentum = 0.0;
+  // How the DDP ranks' optimizer clears gradients before each step:
+  // optimizer.zero_grad(set_to_none). true (the default) drops every .grad,
+  // so the first micro-batch's gradient is a fresh tensor; false zeroes them
+  // in place, so a .grad that is a view of a DDP bucket stays that view. The
+  // numbers are the same either way; the reference does not care.
+  bool zero_grad_set_to_none = true;
   Dtype dtype = kFloat32;  // of the model and the data
   ModelKind model_kind = ModelKind::MiniMLP;
   BufferSync buffer_sync = BufferSync::AtConstruction;

@@ -136,7 +136,7 @@ RankResult train_rank(int rank, const RunConfig& config,
   auto train_loop = [&] {
     for (int64_t step = 0; step < steps_of(config, rank); ++step) {
       trace::Span step_span("step", "train", {{"step", step}});
-      optimizer.zero_grad();
+      optimizer.zero_grad(config.zero_grad_set_to_none);
       for (int64_t micro = 0; micro < k_micro; ++micro) {
         const int64_t i = step * k_micro + micro;
         group->reset_counters();

@@ -1,0 +1,254 @@
+// Checker for stage 04 (overlapping DDP with no_sync: gradient accumulation).
+// Compiled once and linked with every ddp.cc: solutions/04-no-sync (must
+// pass), the generated exercise (must fail at once, naming the stub), each
+// planted-bug mutant in tests/mutants/04-no-sync (must fail with the
+// diagnosis the mutant names), and your exercises/04-no-sync
+// (`./kit check 04`).
+// TP_STAGE_HEADER is set only for a planted bug that patches the header.
+#ifdef TP_STAGE_HEADER
+#include TP_STAGE_HEADER
+#else
+#include "ddp.h"
+#endif
+
+#include <memory>
+#include <string>
+
+#include "tensorplay/data.h"
+#include "tensorplay/ops.h"
+#include "tensorplay/random.h"
+#include "tensorplay/train/checker.h"
+
+namespace {
+
+namespace train = tp::train;
+using DDP = stage04::DistributedDataParallel;
+using Options = stage04::Options;
+using Case = train::CheckCase<Options>;
+using Group = std::shared_ptr<tp::distributed::ProcessGroup>;
+
+// Stage 04's words for its own parts (see tp::train::Advice).
+train::Advice advice() {
+  train::Advice a;
+  a.where_sync = "by the gradient hooks of the micro-batch that syncs, bucket by bucket";
+  a.how_sync_runs =
+      "inside the backward of the step's last micro-batch (the one whose forward ran outside "
+      "no_sync), by the hooks and the end-of-backward callback";
+  return a;
+}
+
+// As in stage 03's checker: MiniMLP float32 in reverse registration order is
+// 16, 512 | 128, 4096 | 128, 2048 bytes.
+const Options kOneBucket{};
+const Options kSeveral{.bucket_cap_mb = 2000.0 / (1 << 20), .first_bucket_cap_mb = 500.0 / (1 << 20)};
+const Options kPerParameter{.bucket_cap_mb = 1e-9, .first_bucket_cap_mb = 1e-9};
+
+Options as_view(Options options) {
+  options.gradient_as_bucket_view = true;
+  return options;
+}
+
+train::RunConfig accumulating(train::RunConfig config, int64_t k) {
+  config.micro_batches = k;
+  return config;
+}
+
+std::vector<Case> cases() {
+  // The standard sweep, each step made of 2 micro-batches (the first under
+  // no_sync), then K = 1 (no_sync never used: stage 03's behaviour) and 4.
+  std::vector<Case> out;
+  for (const train::RunConfig& c : train::standard_configs()) {
+    out.push_back({accumulating(c, 2), kSeveral, "3 buckets, K = 2 micro-batches"});
+  }
+  train::RunConfig small;
+  small.world_size = 3;
+  small.steps = 3;
+  small.per_rank_seed = true;
+  out.push_back({accumulating(small, 1), kSeveral, "3 buckets, K = 1 (no accumulation)"});
+  out.push_back({accumulating(small, 4), kOneBucket, "one bucket, K = 4"});
+  out.push_back({accumulating(small, 4), kPerParameter, "one bucket per parameter, K = 4"});
+  train::RunConfig momentum = accumulating(small, 3);
+  momentum.world_size = 2;
+  momentum.momentum = 0.9;
+  out.push_back({momentum, as_view(kSeveral), "3 buckets, gradient_as_bucket_view, K = 3, "
+                                              "momentum"});
+  // zero_grad() in place keeps each .grad a view of its bucket slot, so the
+  // micro-batches under no_sync accumulate into the bucket itself.
+  train::RunConfig in_place = accumulating(small, 2);
+  in_place.zero_grad_set_to_none = false;
+  out.push_back({in_place, as_view(kPerParameter),
+                 "one bucket per parameter, gradient_as_bucket_view, K = 2, zero_grad in place"});
+  train::RunConfig deep = accumulating(small, 2);
+  deep.model_kind = train::ModelKind::Deep;
+  deep.deep_depth = 8;
+  out.push_back({deep, {.bucket_cap_mb = 8.0 / 1024, .first_bucket_cap_mb = 2.0 / 1024},
+                 "deep model, several tensors per bucket, K = 2"});
+  train::RunConfig buffered = accumulating(small, 2);
+  buffered.model_kind = train::ModelKind::Buffered;
+  out.push_back({buffered, kSeveral, "buffered model, 3 buckets, K = 2"});
+  for (Case& c : out) c.config.trace = true;
+  return out;
+}
+
+std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
+  const auto buckets =
+      train::expected_buckets(run, c.options.bucket_cap_mb, c.options.first_bucket_cap_mb);
+  const uint64_t buffers = c.options.broadcast_buffers ? run.num_buffers() : 0;
+  const int64_t k = c.config.micro_batches;
+  std::vector<train::Finding> out = train::check_construction_counts(
+      run, run.num_params() + buffers, 0,
+      "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
+      "once",
+      /*allgathers=*/2);  // the model check: parameter count, then every shape
+  if (out.empty()) {
+    out = train::check_buckets(run, buckets,
+                               "walk the parameters from the last to the first and close a bucket "
+                               "once it holds at least its cap (Note [Bucket assignment])");
+  }
+  if (out.empty()) {
+    out = train::check_quiet_until_last_micro_batch(
+        run, "a micro-batch whose forward ran under no_sync must not communicate: its hooks "
+             "leave the gradient in .grad and return (Note [Decided at forward])");
+  }
+  if (out.empty()) {
+    out = train::check_counts_per_micro(
+        run, train::Collective::AllReduce,
+        [&](int64_t, int64_t micro) { return micro + 1 == k ? buckets.size() : 0; },
+        "one per bucket in the step's last micro-batch, none in the others",
+        "launch each bucket's all-reduce exactly once per synced backward, when its last "
+        "gradient arrives, and none in a backward whose forward ran under no_sync");
+  }
+  if (out.empty()) {
+    out = train::check_launch_order(
+        run, buckets,
+        "launch the buckets strictly in index order (bucket b only after 0 .. b-1), whatever "
+        "order their gradients complete in (Note [Overlap])");
+  }
+  if (out.empty()) {
+    out = train::check_overlap(
+        run, buckets,
+        "launch a bucket's all-reduce from the hook that completes it, while the synced "
+        "backward is still running; the end-of-backward callback only waits (Note [Overlap])",
+        "wait for every bucket in the end-of-backward callback before backward returns");
+  }
+  if (out.empty()) {
+    out = train::check_launched_before_first_wait(
+        run, "never wait inside a hook: launch, return, and wait only in the end-of-backward "
+             "callback");
+  }
+  if (out.empty()) {
+    out = train::check_synced_when_backward_returns(
+        run, "wait for every bucket in the end-of-backward callback, so that .grad is final "
+             "when loss.backward() returns");
+  }
+  if (out.empty()) {
+    out = train::check_grad_storage(
+        run, buckets, c.options.gradient_as_bucket_view,
+        c.options.gradient_as_bucket_view
+            ? "with gradient_as_bucket_view, point each .grad at its bucket slot when its "
+              "gradient arrives in a synced backward (param.set_grad(slot))"
+            : "without gradient_as_bucket_view, .grad stays the parameter's own tensor: copy the "
+              "average back into it, do not point it at the bucket");
+  }
+  return out;
+}
+
+// ---- scenarios: where the guard is, not only what it covers ---------------
+
+// One micro-batch's loss on this rank's rows of the default plan's data.
+tp::Tensor loss_of(DDP& ddp, int rank) {
+  const train::RunConfig plan;
+  const tp::data::Batch batch =
+      tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
+  return tp::mse_loss(ddp(batch.x), batch.y);
+}
+
+std::unique_ptr<DDP> make_ddp(const Group& group) {
+  tp::manual_seed(0);
+  return std::make_unique<DDP>(train::make_model(train::RunConfig{}), group, kSeveral);
+}
+
+// All-reduces issued while `run` runs.
+template <typename Fn>
+uint64_t allreduces_during(const Group& group, Fn&& run) {
+  const uint64_t before = group->counters().allreduce;
+  run();
+  return group->counters().allreduce - before;
+}
+
+std::string expect(int rank, const char* what, uint64_t got, uint64_t expected) {
+  if (got == expected) return "";
+  return tp::detail::cat("rank ", rank, ": ", got, " all-reduces ", what, "; expected ",
+                            expected);
+}
+
+const char* kDecidedAtForward =
+    "record in forward() whether its backward syncs, from the no_sync guards alive at that "
+    "moment, and let the hooks read that record, not whether a guard is alive during backward "
+    "(Note [Decided at forward])";
+
+train::Scenario forward_under_guard_backward_after() {
+  return {"forward under no_sync, backward after the guard is gone: no sync", 2,
+          [](int rank, Group group) {
+            auto ddp = make_ddp(group);
+            tp::Tensor loss;
+            {
+              auto guard = ddp->no_sync();
+              loss = loss_of(*ddp, rank);
+            }
+            const uint64_t n = allreduces_during(group, [&] { loss.backward(); });
+            if (std::string e = expect(rank, "in a backward whose forward ran under no_sync", n, 0);
+                !e.empty()) {
+              return e;
+            }
+            // The next forward outside any guard syncs the sum of both.
+            const uint64_t synced =
+                allreduces_during(group, [&] { loss_of(*ddp, rank).backward(); });
+            return expect(rank, "in the next backward, whose forward ran outside no_sync",
+                          synced, ddp->bucket_assignment().size());
+          },
+          kDecidedAtForward};
+}
+
+train::Scenario forward_outside_backward_under_guard() {
+  return {"forward outside no_sync, backward under a guard taken afterwards: it syncs", 2,
+          [](int rank, Group group) {
+            auto ddp = make_ddp(group);
+            tp::Tensor loss = loss_of(*ddp, rank);
+            auto guard = ddp->no_sync();
+            const uint64_t n = allreduces_during(group, [&] { loss.backward(); });
+            return expect(rank, "in a backward whose forward ran outside no_sync (the guard "
+                                "was taken after the forward)",
+                          n, ddp->bucket_assignment().size());
+          },
+          kDecidedAtForward};
+}
+
+train::Scenario nested_guards() {
+  return {"nested guards: leaving the inner one keeps the outer one's no_sync", 2,
+          [](int rank, Group group) {
+            auto ddp = make_ddp(group);
+            auto outer = ddp->no_sync();
+            { auto inner = ddp->no_sync(); }
+            const uint64_t n = allreduces_during(group, [&] { loss_of(*ddp, rank).backward(); });
+            return expect(rank, "in a micro-batch run under an outer guard after an inner one "
+                                "ended",
+                          n, 0);
+          },
+          "a guard restores, when destroyed, the state it found when it was made (not "
+          "`true`): guards nest"};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  train::CheckerSpec<Options> spec;
+  spec.stage = "04";
+  spec.title = "DDP with no_sync (gradient accumulation)";
+  spec.cases = cases();
+  spec.advice = advice();
+  spec.stage_checks = stage_checks;
+  spec.scenarios = {forward_under_guard_backward_after(), forward_outside_backward_under_guard(),
+                    nested_guards()};
+  return train::run_checker<DDP>(argc, argv, spec);
+}
