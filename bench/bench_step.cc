@@ -23,6 +23,14 @@
 //                            rank: the share of the step the sync takes
 //                            ("sync_share"), which falls as the batch (the
 //                            compute) grows and the sync stays the same.
+//   BM_AccumulateNoDDP/micro:K, BM_AccumulateNoSync/micro:K,
+//   BM_AccumulateSyncEvery/micro:K
+//                            gradient accumulation (lesson 04): a step of K
+//                            = 1, 2, 4, 8 micro-batches of 16 rows, without
+//                            DDP, with stage 04 syncing once per step (the
+//                            first K - 1 under no_sync), and with stage 04
+//                            syncing every micro-batch; "us_per_sample" is
+//                            the step's median over its K * 16 rows.
 //   BM_SyncShareStage03/cap_kib:0/batch:B
 //                            stage 03 at the same batches: how much of
 //                            stage 02's sync it hides as backward grows.
@@ -89,6 +97,7 @@
 #include "01-naive/ddp.h"      // stage01::DistributedDataParallel
 #include "02-bucketing/ddp.h"  // stage02::DistributedDataParallel
 #include "03-overlap/ddp.h"    // stage03::DistributedDataParallel
+#include "04-no-sync/ddp.h"    // stage04::DistributedDataParallel
 #include "tensorplay/data.h"
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/multiprocessing/spawn.h"
@@ -122,6 +131,9 @@ constexpr int64_t kDepth = 64;
 // slower than the others: fewer steps keep the run short.
 constexpr int64_t kIterations = 40;
 constexpr int64_t kStage01Iterations = 5;
+
+// Micro-batches per step of the BM_Accumulate runs.
+constexpr int64_t kAccumulateMicroBatches[] = {1, 2, 4, 8};
 
 // Rows per rank of the BM_SyncShare runs.
 constexpr int64_t kShareBatches[] = {1, 16, 256};
@@ -280,6 +292,53 @@ void bm_stage03(benchmark::State& state, const Rank& rank) {
   state.counters["buckets"] = static_cast<double>(ddp.bucket_assignment().size());
 }
 
+// Gradient accumulation (lesson 04): one optimizer step made of K
+// micro-batches of kAccumulateRows rows each, every micro-batch's loss
+// scaled by 1/K. NoSync runs the first K - 1 under stage 04's no_sync(), so
+// the step syncs once; SyncEvery runs them all outside it, so every
+// micro-batch syncs (what accumulating without no_sync costs); NoDDP does
+// not communicate at all.
+constexpr int64_t kAccumulateRows = 16;
+enum class Accumulate { NoDDP, NoSync, SyncEvery };
+
+template <Accumulate mode>
+void bm_accumulate(benchmark::State& state, const Rank& rank) {
+  const int64_t k = state.range(0);
+  std::shared_ptr<tp::nn::Module> model = make_model();
+  std::unique_ptr<stage04::DistributedDataParallel> ddp;
+  if (mode != Accumulate::NoDDP) {
+    ddp = std::make_unique<stage04::DistributedDataParallel>(model, rank.group);
+  }
+  tp::optim::SGD optimizer(model->parameters(), {.lr = 1e-3});
+  std::vector<tp::data::Batch> micro;  // this rank's K micro-batches
+  for (int64_t i = 0; i < k; ++i) {
+    micro.push_back(tp::data::SyntheticRegression().rows(
+        (rank.group->rank() * k + i) * kAccumulateRows, kAccumulateRows));
+  }
+  run_steps(state, *rank.group, [&](Phases& phases) {
+    optimizer.zero_grad();
+    for (int64_t i = 0; i < k; ++i) {
+      auto forward_backward = [&] {
+        auto t = Clock::now();
+        const tp::Tensor out = ddp ? (*ddp)(micro[i].x) : model->forward(micro[i].x);
+        tp::Tensor loss = tp::mul(tp::mse_loss(out, micro[i].y), 1.0 / static_cast<double>(k));
+        phases.forward_ms += ms_since(t);
+        t = Clock::now();
+        loss.backward();
+        phases.backward_ms += ms_since(t);
+      };
+      if (mode == Accumulate::NoSync && i + 1 < k) {
+        auto no_sync = ddp->no_sync();
+        forward_backward();
+      } else {
+        forward_backward();
+      }
+    }
+    optimizer.step();
+  });
+  state.counters["us_per_sample"] = state.counters["p50_ms"] * 1e3 / static_cast<double>(k * kAccumulateRows);
+}
+
 using StepBenchmark = void (*)(benchmark::State&, const Rank&);
 
 benchmark::internal::Benchmark* register_step(const char* name, StepBenchmark run,
@@ -300,6 +359,16 @@ void register_benchmarks(const Rank& rank) {
   for (int64_t cap : kCapsKib) {
     register_step("BM_StepStage02", bm_stage02, kIterations, rank)->ArgName("cap_kib")->Arg(cap);
     register_step("BM_StepStage03", bm_stage03, kIterations, rank)->ArgName("cap_kib")->Arg(cap);
+  }
+  // Gradient accumulation: K micro-batches per step, three ways.
+  for (int64_t k : kAccumulateMicroBatches) {
+    register_step("BM_AccumulateNoDDP", bm_accumulate<Accumulate::NoDDP>, kIterations / 2, rank)
+        ->ArgName("micro")->Arg(k);
+    register_step("BM_AccumulateNoSync", bm_accumulate<Accumulate::NoSync>, kIterations / 2, rank)
+        ->ArgName("micro")->Arg(k);
+    register_step("BM_AccumulateSyncEvery", bm_accumulate<Accumulate::SyncEvery>,
+                  kIterations / 2, rank)
+        ->ArgName("micro")->Arg(k);
   }
   // How much of a step the sync takes as the batch grows (lesson 01's
   // measurement exercise): the compute grows with the batch, the sync not.

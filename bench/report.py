@@ -438,6 +438,23 @@ def report_step(results, report):
                           f"{ms(s2):.2f}" if s2 else "-", f"{s2['sync_ms']:.2f}" if s2 else "-",
                           f"{ms(s3):.2f}" if s3 else "-",
                           f"{hidden * 100:.0f}%" if hidden is not None else "-"])
+        accumulate = []
+        for k in sorted({arg(n, "micro") for n in runs if n.startswith("BM_Accumulate")}):
+            none, once, every = (runs.get(f"BM_Accumulate{m}/micro:{k}")
+                                 for m in ("NoDDP", "NoSync", "SyncEvery"))
+            if not (none and once and every):
+                continue
+            accumulate.append([k, f"{none['us_per_sample']:.0f}", f"{once['us_per_sample']:.0f}",
+                               f"{every['us_per_sample']:.0f}",
+                               f"{once['us_per_sample'] - none['us_per_sample']:.0f}",
+                               f"{every['us_per_sample'] - none['us_per_sample']:.0f}"])
+        if accumulate:
+            report.add("Gradient accumulation (stage 04): a step of K micro-batches of 16 rows "
+                       "per rank, microseconds per sample (step medians over K x 16 rows); "
+                       "the sync's share per sample is the difference from no DDP:", "")
+            report.table(["K", "no DDP", "no_sync, one sync per step", "sync every micro-batch",
+                          "sync per sample, no_sync", "sync per sample, every micro-batch"],
+                         accumulate)
         if share:
             report.add("The sync's share of the step against the batch (rows per rank), and "
                        "what stage 03 hides of stage 02's sync at each (steps: medians; sync "

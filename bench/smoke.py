@@ -30,7 +30,8 @@ PROGRAMS = [
     ("bench_step", [2], ["BM_StepNoDDP", "BM_StepStage01", "BM_StepStage02/cap_kib:0",
                          "BM_StepStage03/cap_kib:0", "BM_SyncShareStage01/batch:256",
                          "BM_SyncShareStage02/cap_kib:0/batch:1",
-                         "BM_SyncShareStage03/cap_kib:0/batch:16"]),
+                         "BM_SyncShareStage03/cap_kib:0/batch:16",
+                         "BM_AccumulateNoSync/micro:8", "BM_AccumulateSyncEvery/micro:1"]),
 ]
 
 
@@ -95,7 +96,7 @@ def main():
             sys.exit("smoke: the report lacks the rounds of stage 03 against PyTorch's DDP")
         for section in ("One all-reduce against its size", "alpha-beta fit to the medians, kit", "hand-off alone",
                         "Bucket-cap sweep", "sync hidden by 03", "share of the step against the batch",
-                        "## Targets", "Smoke run"):
+                        "Gradient accumulation (stage 04)", "## Targets", "Smoke run"):
             if section not in text:
                 sys.exit(f"smoke: the report lacks '{section}'")
         for figure in ("allreduce.png", "sync.png", "step.png"):
