@@ -19,7 +19,7 @@
 //                            all-reduce during backward; backward returns
 //                            with every gradient averaged.
 //   BM_SyncShareStage01/batch:B, BM_SyncShareStage02/cap_kib:0/batch:B
-//                            stages 01 and 02 at B = 1, 16 and 256 rows per
+//                            stages 01 and 02 at B = 1, 16, 64 and 256 rows per
 //                            rank: the share of the step the sync takes
 //                            ("sync_share"), which falls as the batch (the
 //                            compute) grows and the sync stays the same.
@@ -31,9 +31,11 @@
 //                            first K - 1 under no_sync), and with stage 04
 //                            syncing every micro-batch; "us_per_sample" is
 //                            the step's median over its K * 16 rows.
-//   BM_SyncShareStage03/cap_kib:0/batch:B
-//                            stage 03 at the same batches: how much of
-//                            stage 02's sync it hides as backward grows.
+//   BM_OverlapPair/cap_kib:0/batch:B
+//                            at the same batches, stage 02 and stage 03
+//                            interleaved (one step of each per iteration):
+//                            how much of stage 02's sync stage 03 hides
+//                            ("hidden"), measured a moment apart.
 // cap_kib 0 stands for the default caps (first bucket 1 MiB, the others 25
 // MiB: two buckets here, the second three times the first); any other value
 // sets both caps to that many KiB (512: 8 buckets, 1024: 4, 2048: 2 equal).
@@ -64,7 +66,7 @@
 // --world-size=N; Gloo over loopback, OpenBLAS on one thread per rank), each
 // registers the same benchmarks with fixed iteration counts (the ranks must
 // issue the same collectives in the same order; an adaptive count would
-// differ between ranks and hang), runs kWarmupSteps untimed steps and a
+// differ between ranks and hang), runs tp::bench::warmup_iterations() untimed steps and a
 // barrier before each timed loop, and rank 0 reports. Times are wall-clock.
 //
 // Run: ./kit bench, or build/bench/bench_step [--benchmark_filter=Stage0[23]]
@@ -136,7 +138,7 @@ constexpr int64_t kStage01Iterations = 5;
 constexpr int64_t kAccumulateMicroBatches[] = {1, 2, 4, 8};
 
 // Rows per rank of the BM_SyncShare runs.
-constexpr int64_t kShareBatches[] = {1, 16, 256};
+constexpr int64_t kShareBatches[] = {1, 16, 64, 256};
 
 // Bucket caps of the stage 02 and 03 runs, in KiB; 0 is the default caps.
 constexpr int64_t kCapsKib[] = {0, 512, 1024, 2048};
@@ -216,9 +218,12 @@ void step(Forward&& forward, Sync&& sync, tp::optim::SGD& optimizer,
 }
 
 // Warms up, lines the ranks up, runs the timed loop and reports the
-// counters. `one_step(phases)` is one training step.
+// counters. `one_step(phases)` is one training step; `has_sync_grads`: the
+// step calls a stage's sync_grads() (stages 01 and 02), whose share of the
+// step is then reported.
 template <typename OneStep>
-void run_steps(benchmark::State& state, dist::ProcessGroup& group, OneStep&& one_step) {
+void run_steps(benchmark::State& state, dist::ProcessGroup& group, OneStep&& one_step,
+               bool has_sync_grads = false) {
   Phases warmup;
   for (int i = 0; i < tp::bench::warmup_iterations(); ++i) one_step(warmup);
   group.barrier()->wait();
@@ -242,7 +247,7 @@ void run_steps(benchmark::State& state, dist::ProcessGroup& group, OneStep&& one
               Counter::kAvgIterations);
   state.counters["cores"] = cpu_ms / wall_ms;
   // Stage 03 has no sync of its own to time: it runs inside backward.
-  if (phases.sync_ms > 0) state.counters["sync_share"] = phases.sync_ms / wall_ms;
+  if (has_sync_grads) state.counters["sync_share"] = phases.sync_ms / wall_ms;
 }
 
 void bm_no_ddp(benchmark::State& state, const Rank& rank) {
@@ -261,7 +266,7 @@ void bm_stage01(benchmark::State& state, const Rank& rank) {
   run_steps(state, *rank.group, [&](Phases& phases) {
     step([&](const tp::Tensor& x) { return ddp(x); }, [&] { ddp.sync_grads(); }, optimizer,
          batch, phases);
-  });
+  }, /*has_sync_grads=*/true);
 }
 
 void bm_stage02(benchmark::State& state, const Rank& rank) {
@@ -274,7 +279,7 @@ void bm_stage02(benchmark::State& state, const Rank& rank) {
   run_steps(state, *rank.group, [&](Phases& phases) {
     step([&](const tp::Tensor& x) { return ddp(x); }, [&] { ddp.sync_grads(); }, optimizer,
          batch, phases);
-  });
+  }, /*has_sync_grads=*/true);
   state.counters["buckets"] = static_cast<double>(ddp.bucket_assignment().size());
 }
 
@@ -290,6 +295,66 @@ void bm_stage03(benchmark::State& state, const Rank& rank) {
     step([&](const tp::Tensor& x) { return ddp(x); }, [] {}, optimizer, batch, phases);
   });
   state.counters["buckets"] = static_cast<double>(ddp.bucket_assignment().size());
+}
+
+// Stage 02 and stage 03 side by side, one step of each per iteration, in an
+// order swapped every iteration, on the same batch and caps: both meet the
+// machine at the same moments, so what stage 03 hides is measured against a
+// stage 02 step taken a moment apart, not minutes apart. Counters:
+// "s02_ms", "s03_ms" (step medians), "sync02_ms" (the median of stage 02's
+// sync_grads()), and "hidden": the median over the iterations of (stage 02's
+// step - stage 03's step), over sync02_ms.
+void bm_overlap_pair(benchmark::State& state, const Rank& rank) {
+  const Caps caps = caps_of(state.range(0));
+  stage02::DistributedDataParallel ddp02(
+      make_model(), rank.group,
+      {.bucket_cap_mb = caps.bucket_cap_mb, .first_bucket_cap_mb = caps.first_bucket_cap_mb});
+  stage03::DistributedDataParallel ddp03(
+      make_model(), rank.group,
+      {.bucket_cap_mb = caps.bucket_cap_mb, .first_bucket_cap_mb = caps.first_bucket_cap_mb});
+  tp::optim::SGD sgd02(ddp02.parameters(), {.lr = 1e-3});
+  tp::optim::SGD sgd03(ddp03.parameters(), {.lr = 1e-3});
+  const tp::data::Batch batch = batch_of(rank);
+  std::vector<double> s02, s03, sync02, saved;
+  auto step02 = [&] {
+    Phases phases;
+    const auto start = Clock::now();
+    step([&](const tp::Tensor& x) { return ddp02(x); }, [&] { ddp02.sync_grads(); }, sgd02,
+         batch, phases);
+    s02.push_back(ms_since(start));
+    sync02.push_back(phases.sync_ms);
+  };
+  auto step03 = [&] {
+    Phases phases;
+    const auto start = Clock::now();
+    step([&](const tp::Tensor& x) { return ddp03(x); }, [] {}, sgd03, batch, phases);
+    s03.push_back(ms_since(start));
+  };
+  for (int i = 0; i < tp::bench::warmup_iterations(); ++i) {
+    step02();
+    step03();
+  }
+  s02.clear();
+  s03.clear();
+  sync02.clear();
+  rank.group->barrier()->wait();
+  bool first02 = true;
+  for (auto _ : state) {
+    if (first02) {
+      step02();
+      step03();
+    } else {
+      step03();
+      step02();
+    }
+    first02 = !first02;
+    saved.push_back(s02.back() - s03.back());
+  }
+  using tp::bench::quantile;
+  state.counters["s02_ms"] = quantile(s02, 0.5);
+  state.counters["s03_ms"] = quantile(s03, 0.5);
+  state.counters["sync02_ms"] = quantile(sync02, 0.5);
+  state.counters["hidden"] = quantile(saved, 0.5) / quantile(sync02, 0.5);
 }
 
 // Gradient accumulation (lesson 04): one optimizer step made of K
@@ -378,8 +443,8 @@ void register_benchmarks(const Rank& rank) {
         ->ArgName("batch")->Arg(batch);
     register_step("BM_SyncShareStage02", bm_stage02, kIterations, sized)
         ->ArgNames({"cap_kib", "batch"})->Args({0, batch});
-    // Beside stage 02: how much of that sync overlap hides at each batch.
-    register_step("BM_SyncShareStage03", bm_stage03, kIterations, sized)
+    // Stage 02 and 03 interleaved: how much of that sync overlap hides.
+    register_step("BM_OverlapPair", bm_overlap_pair, kIterations, sized)
         ->ArgNames({"cap_kib", "batch"})->Args({0, batch});
   }
 }

@@ -7,7 +7,9 @@ layers with ReLU between them, 130 parameter tensors, 4.2 MB of float32
 gradients; the same batch (64 rows per rank unless --batch says otherwise),
 the same number of ranks spawned on this machine, Gloo over loopback, one
 compute thread per rank (the kit runs OpenBLAS on one thread per rank), the
-same fixed iteration counts and warm-up, a barrier before each timed loop.
+same fixed iteration counts, a barrier before each timed loop. Warm-up is 5
+steps, not the kit's 2: PyTorch's DDP rebuilds its buckets after its first
+step, and that one-off is not what the comparison is about.
 
   BM_TorchStepNoDDP             the step without DDP: PyTorch's compute.
   BM_TorchStepDDP/cap_kib:C     torch.nn.parallel.DistributedDataParallel

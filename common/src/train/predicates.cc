@@ -259,7 +259,7 @@ std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
 std::vector<Finding> check_overlap(const CaseRun& run,
                                    const std::vector<std::vector<int64_t>>& buckets,
                                    const std::string& launch_cause,
-                                   const std::string& wait_cause) {
+                                   const std::string& wait_cause, size_t trailing) {
   const int64_t k = run.config.micro_batches;
   for (const RankResult& r : run.ranks) {
     std::vector<StepEvents> steps;
@@ -322,8 +322,15 @@ std::vector<Finding> check_overlap(const CaseRun& run,
         const auto p = param_of_id.find(arg_of(*ready[i], "tensor"));
         if (p != param_of_id.end()) ready_at[p->second] = i;
       }
+      // A parameter the syncing micro-batch did not reach gets no mark; a
+      // DDP that finds unused parameters can mark it ready as early as the
+      // first gradient, so that is its deadline's start.
+      const auto last_micro = static_cast<size_t>((s.step + 1) * k - 1);
+      if (last_micro < r.unreached_per_micro.size()) {
+        for (int64_t p : r.unreached_per_micro[last_micro]) ready_at.emplace(p, 0);
+      }
       size_t complete = 0;  // position of the last gradient buckets 0..b need
-      bool known = !buckets.empty() && launched.size() == buckets.size();
+      bool known = !buckets.empty() && launched.size() == buckets.size() + trailing;
       for (size_t b = 0; known && b < buckets.size(); ++b) {
         for (int64_t p : buckets[b]) {
           const auto found = ready_at.find(p);
@@ -386,7 +393,8 @@ std::vector<Finding> check_synced_when_backward_returns(const CaseRun& run,
 
 std::vector<Finding> check_launch_order(const CaseRun& run,
                                         const std::vector<std::vector<int64_t>>& buckets,
-                                        const std::string& cause) {
+                                        const std::string& cause,
+                                        const std::vector<int64_t>& trailing_bytes) {
   std::vector<int64_t> bytes;  // of each bucket, in bucket order
   const size_t element = element_size(run.config.dtype);
   for (const std::vector<int64_t>& bucket : buckets) {
@@ -397,6 +405,7 @@ std::vector<Finding> check_launch_order(const CaseRun& run,
     }
     bytes.push_back(b);
   }
+  bytes.insert(bytes.end(), trailing_bytes.begin(), trailing_bytes.end());
   for (const RankResult& r : run.ranks) {
     std::vector<StepEvents> steps;
     if (std::vector<Finding> missing = traced_steps(run, r, steps); !missing.empty()) return missing;
@@ -406,7 +415,7 @@ std::vector<Finding> check_launch_order(const CaseRun& run,
       if (launched == bytes) continue;
       return {{cat("rank ", r.rank, ", step ", s.step, ": the all-reduces carried ",
                    list(launched), " bytes, in that order; the buckets, in order, hold ",
-                   list(bytes)),
+                   list(bytes), trailing_bytes.empty() ? "" : " (the last: after the buckets)"),
                cause}};
     }
   }
@@ -428,7 +437,10 @@ std::vector<Finding> check_grad_storage(const CaseRun& run,
         for (size_t c = 0; c < buckets.size(); ++c) {
           for (int64_t q : buckets[c]) {
             if (q <= p) continue;
-            const bool shared = storage(p) != 0 && storage(p) == storage(q);
+            // A parameter without a gradient (unused on every rank) has no
+            // storage to compare.
+            if (storage(p) == 0 || storage(q) == 0) continue;
+            const bool shared = storage(p) == storage(q);
             const bool want = as_view && b == c;
             if (shared == want) continue;
             const std::string& name_p = run.reference.final_params[static_cast<size_t>(p)].name;

@@ -5,11 +5,11 @@
 #include <string>
 
 #include "tensorplay/autograd/grad_mode.h"
-#include "tensorplay/autograd/node.h"
 #include "tensorplay/data.h"
 #include "tensorplay/ops.h"
 #include "tensorplay/optim/sgd.h"
 #include "tensorplay/random.h"
+#include "tensorplay/train/unreached.h"
 
 namespace tp::train {
 
@@ -34,33 +34,12 @@ Snapshot snapshot_buffers(const nn::Module& model, const std::vector<Tensor>& va
   return snapshot(named);
 }
 
-// The leaves `loss` reaches: a walk from its grad_fn through next_functions
-// to the AccumulateGrad nodes, the graph backward would run.
-std::set<const TensorImpl*> leaves_reached(const Tensor& loss) {
-  std::set<const TensorImpl*> leaves;
-  std::set<const autograd::Node*> seen;
-  std::vector<const autograd::Node*> stack;
-  if (loss.grad_fn()) stack.push_back(loss.grad_fn().get());
-  while (!stack.empty()) {
-    const autograd::Node* node = stack.back();
-    stack.pop_back();
-    if (!seen.insert(node).second) continue;
-    if (const auto* sink = dynamic_cast<const autograd::AccumulateGrad*>(node)) {
-      leaves.insert(sink->variable().impl());
-    }
-    for (const auto& next : node->next_functions()) {
-      if (next) stack.push_back(next.get());
-    }
-  }
-  return leaves;
-}
-
 // Adds to `unreached` the names of the model's parameters `loss` does not
 // reach (ReferenceResult::unreached_in_step0).
 void note_unreached(const Tensor& loss, const nn::Module& model, std::set<std::string>& unreached) {
-  const std::set<const TensorImpl*> reached = leaves_reached(loss);
-  for (const auto& [name, param] : model.named_parameters()) {
-    if (reached.count(param.impl()) == 0) unreached.insert(name);
+  const std::vector<nn::NamedTensor> params = model.named_parameters();
+  for (int64_t p : unreached_parameters(loss, params)) {
+    unreached.insert(params[static_cast<size_t>(p)].first);
   }
 }
 

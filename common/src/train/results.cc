@@ -138,6 +138,7 @@ std::string serialize(const RankResult& r) {
   for (const std::vector<int64_t>& bucket : r.buckets) put_list(out, "bucket", bucket);
   put_list(out, "param_ids", r.param_ids);
   put_list(out, "grad_storage", r.grad_storage);
+  for (const std::vector<int64_t>& u : r.unreached_per_micro) put_list(out, "unreached", u);
   put_snapshot(out, "initial", r.initial_params);
   put_snapshot(out, "first", r.after_first_step);
   put_snapshot(out, "final", r.final_params);
@@ -182,6 +183,8 @@ RankResult parse_rank_result(const std::string& text) {
       r.param_ids = read_list<int64_t>(in);
     } else if (key == "bucket") {
       r.buckets.push_back(read_list<int64_t>(in));
+    } else if (key == "unreached") {
+      r.unreached_per_micro.push_back(read_list<int64_t>(in));
     } else if (key == "initial_buffer") {
       read_snapshot_line(in, r.initial_buffers);
     } else if (key == "final_buffer") {

@@ -39,6 +39,7 @@
 #include "tensorplay/train/capabilities.h"
 #include "tensorplay/train/config.h"
 #include "tensorplay/train/results.h"
+#include "tensorplay/train/unreached.h"
 #include "tensorplay/util/temp_dir.h"
 
 namespace tp::train {
@@ -129,6 +130,8 @@ RankResult train_rank(int rank, const RunConfig& config,
       loss = mse_loss(ddp(batch.x), batch.y);
     }
     result.losses.push_back(loss.item());
+    // The parameters this micro-batch leaves without a gradient (lesson 05).
+    result.unreached_per_micro.push_back(unreached_parameters(loss, ddp.named_parameters()));
     trace::Span span("backward", "compute", {{"micro", i}});
     // Accumulating K micro-batches averages their losses.
     (k_micro == 1 ? loss : mul(loss, 1.0 / static_cast<double>(k_micro))).backward();

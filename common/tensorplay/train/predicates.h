@@ -86,10 +86,14 @@ std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
 // their step by sequence number, so one that runs after its step ended
 // still counts against it. `launch_cause` and `wait_cause` are the stage's
 // advice for each failure.
+// `trailing`: all-reduces a stage launches after its buckets in the same
+// backward (stage 05's used-map), which must also leave before the graph is
+// done. A parameter the syncing micro-batch did not reach on this rank
+// (RankResult::unreached_per_micro) counts as ready at the first gradient.
 std::vector<Finding> check_overlap(const CaseRun& run,
                                    const std::vector<std::vector<int64_t>>& buckets,
                                    const std::string& launch_cause,
-                                   const std::string& wait_cause);
+                                   const std::string& wait_cause, size_t trailing = 0);
 
 // Stages that sync inside backward: every all-reduce launched during a
 // step's syncing backward has finished before that backward returns (the
@@ -99,11 +103,13 @@ std::vector<Finding> check_synced_when_backward_returns(const CaseRun& run,
                                                         const std::string& cause);
 
 // The all-reduces of every step are launched in bucket order: the k-th
-// carries bucket k's bytes (the "bytes" argument of "allreduce queued"), and
-// there are no others.
+// carries bucket k's bytes (the "bytes" argument of "allreduce queued"), then
+// one of each of `trailing_bytes` (all-reduces after the buckets, such as
+// stage 05's used-map), and there are no others.
 std::vector<Finding> check_launch_order(const CaseRun& run,
                                         const std::vector<std::vector<int64_t>>& buckets,
-                                        const std::string& cause);
+                                        const std::string& cause,
+                                        const std::vector<int64_t>& trailing_bytes = {});
 
 // In every step with two or more all-reduces, all are launched before the
 // first wait() on any of them (Work::wait's "wait" span), so they queue back
@@ -115,7 +121,8 @@ std::vector<Finding> check_launched_before_first_wait(const CaseRun& run,
 // (RankResult::grad_storage), not on what the stage says it did: with
 // `as_view`, the parameters of one bucket have their gradients in one
 // storage and different buckets in different ones; without, no two
-// parameters share a gradient's storage.
+// parameters share a gradient's storage. A parameter without a gradient
+// (unused on every rank) is left out.
 std::vector<Finding> check_grad_storage(const CaseRun& run,
                                         const std::vector<std::vector<int64_t>>& buckets,
                                         bool as_view, const std::string& cause);

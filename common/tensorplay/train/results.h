@@ -61,6 +61,10 @@ struct RankResult {
   // appearance (1, 2, ...; 0: no gradient). Parameters whose gradients are
   // views of one DDP bucket share a number.
   std::vector<int64_t> grad_storage;
+  // [i]: the parameters (indices) micro-batch i's loss did not reach on this
+  // rank, i.e. that got no gradient from its backward (tp::train::
+  // unreached_parameters).
+  std::vector<std::vector<int64_t>> unreached_per_micro;
   std::vector<trace::Event> events;  // when RunConfig::trace is set
 };
 
