@@ -97,7 +97,8 @@ def main():
         # Every target must have been measured (PyTorch's only where it is
         # installed): a renamed counter or benchmark inside report.py shows
         # up here as "not measured".
-        targets = text[text.index("## Targets"):].splitlines()[4:]
+        targets = [line for line in text[text.index("## Targets"):].splitlines()[4:]
+                   if line.startswith("|")]
         unmeasured = [t for t in targets if "not measured" in t and
                       not ("PyTorch" in t and not torch_python)]
         if len(targets) != 5 or unmeasured:

@@ -498,8 +498,70 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
                    cause});
     return out;
   }
-  // 5. Later steps.
+  // 5. Later steps. When every parameter that ends wrong is one some
+  // micro-batch left without a gradient (a branch not taken), the handling
+  // of such parameters is the first suspect.
   Comparison c = compare(reference, ranks, tolerance);
+  std::set<std::string> ungraded;  // parameters some rank's micro-batch did not reach
+  for (const RankResult& r : ranks) {
+    for (const std::vector<int64_t>& micro : r.unreached_per_micro) {
+      for (int64_t p : micro) {
+        if (static_cast<size_t>(p) < rank0.final_params.size()) {
+          ungraded.insert(rank0.final_params[static_cast<size_t>(p)].name);
+        }
+      }
+    }
+  }
+  std::set<std::string> wrong;  // parameters that end wrong on some rank
+  bool ranks_disagree = false;
+  for (const RankResult& r : ranks) {
+    for (const std::string& n : params_differing(r.final_params, reference.final_params, tolerance)) {
+      wrong.insert(n);
+    }
+    ranks_disagree |= !params_differing(r.final_params, rank0.final_params, tolerance).empty();
+  }
+  std::string later_cause =
+      "step 0 is right, so the error is in what carries over between steps: gradients not "
+      "zeroed, state kept from an earlier step, or a sync that runs only on some steps";
+  if (!wrong.empty() && wrong.size() < rank0.final_params.size() &&
+      std::all_of(wrong.begin(), wrong.end(),
+                  [&](const std::string& n) { return ungraded.count(n) != 0; })) {
+    later_cause = detail::cat(
+        "only ", join(std::vector<std::string>(wrong.begin(), wrong.end())), " end wrong",
+        ranks_disagree ? ", and the ranks no longer agree on them" : "",
+        ": parameters that some micro-batch left without a gradient. Is such a parameter "
+        "handled right when it syncs: zeros in its slot where this rank did not use it, the "
+        "average where another rank did, no gradient at all where no rank did, and what it "
+        "accumulated under no_sync kept?");
+  } else if (ranks_disagree) {
+    std::set<std::string> apart;  // parameters some rank ends without rank 0's values
+    for (const RankResult& r : ranks) {
+      for (const std::string& n : params_differing(r.final_params, rank0.final_params, tolerance)) {
+        apart.insert(n);
+      }
+    }
+    later_cause = detail::cat(
+        "step 0 is right, but the ranks end with different values of ",
+        join(std::vector<std::string>(apart.begin(), apart.end())),
+        ": in some later step the ranks did not all get the same averaged gradient for them",
+        ungraded.empty()
+            ? " (is every gradient synced in every step?)"
+            : detail::cat(". Some micro-batches left ",
+                          join(std::vector<std::string>(ungraded.begin(), ungraded.end())),
+                          " without a gradient: does every rank end such a step with the same "
+                          "gradient for them (the average where any rank used them, none where "
+                          "no rank did)?"));
+  } else if (!ungraded.empty() && !wrong.empty()) {
+    // A wrong update spreads to every parameter by the end; which ones it
+    // hit first is not known. The parameters without a gradient are still
+    // the likeliest place in a model that has them.
+    later_cause += detail::cat(
+        ". Some micro-batches left ", join(std::vector<std::string>(ungraded.begin(),
+                                                                    ungraded.end())),
+        " without a gradient: is such a parameter handled right when it syncs (zeros in its "
+        "slot where this rank did not use it, the average where another rank did, no gradient "
+        "where no rank did, what it accumulated under no_sync kept)?");
+  }
   if (c.first_bad_index >= 0) {
     const RankResult& r = ranks[static_cast<size_t>(c.loss_rank)];
     const auto at = static_cast<size_t>(c.loss_index);
@@ -513,9 +575,7 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
                                k_micro > 1 ? detail::cat(" (micro-batch ", c.loss_index, ")") : "",
                                ", rank ", c.loss_rank, ": ", num(r.losses[at]), " vs reference ",
                                num(ref), " (|diff| ", sci(c.max_loss_diff), ")"),
-                   "step 0 is right, so the error is in what carries over between steps: "
-                   "gradients not zeroed, state kept from an earlier step, or a sync that "
-                   "runs only on some steps"});
+                   later_cause});
   }
   if (differs(c.final_params.max_abs, 0.0, tolerance)) {
     const RankResult& r = ranks[static_cast<size_t>(c.final_params.rank)];
@@ -525,7 +585,7 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
                                first_values(find(r.final_params, c.final_params.name)),
                                ", reference ",
                                first_values(find(reference.final_params, c.final_params.name))),
-                   out.empty() ? "step 0 is right, so the error is in a later step" : "see above"});
+                   out.empty() ? later_cause : "see above"});
   }
   if (differs(c.final_buffers.max_abs, 0.0, tolerance)) {
     const auto rank = static_cast<size_t>(c.final_buffers.rank);
