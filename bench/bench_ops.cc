@@ -1,5 +1,6 @@
-// Micro-benchmarks of the kit's compute: GEMM at a few sizes, and one
-// training step (forward, loss, backward, SGD) of MiniMLP and of deep_mlp.
+// Micro-benchmarks of the kit's compute: GEMM at a few sizes, one training
+// step (forward, loss, backward, SGD) of MiniMLP and of deep_mlp, and the
+// graph walk find_unused_parameters adds after every forward (lesson 05).
 //
 // These set the scale for the DDP benchmarks: a step's compute time is what
 // bucketing and overlap try to hide communication behind. Each benchmark is
@@ -10,12 +11,14 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "tensorplay/data.h"
 #include "tensorplay/nn/models.h"
 #include "tensorplay/ops.h"
 #include "tensorplay/optim/sgd.h"
 #include "tensorplay/random.h"
+#include "tensorplay/train/unreached.h"
 
 namespace {
 
@@ -85,6 +88,34 @@ BENCHMARK(BM_deep_mlp_step)
     ->Args({128, 8})
     ->Args({512, 4})
     ->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// What find_unused_parameters costs per step (lesson 05): the walk from a
+// loss through the autograd graph to the parameters' accumulators, on
+// deep_mlp(16, 128, depth, 4) after one forward of 64 rows, beside that
+// model's whole step. The walk is tp::train::unreached_parameters, the same
+// algorithm as stage 05's. Arg: depth (2 * (depth + 1) parameter tensors).
+void BM_graph_walk(benchmark::State& state) {
+  tp::manual_seed(0);
+  auto model = tp::nn::deep_mlp(16, 128, state.range(0), 4);
+  const auto batch = tp::data::SyntheticRegression().rows(0, 64);
+  const tp::Tensor loss = tp::mse_loss((*model)(batch.x), batch.y);
+  const std::vector<tp::nn::NamedTensor> params = model->named_parameters();
+  for (auto _ : state) {
+    std::vector<int64_t> unreached = tp::train::unreached_parameters(loss, params);
+    benchmark::DoNotOptimize(unreached.data());
+  }
+  state.counters["params"] = static_cast<double>(params.size());
+}
+BENCHMARK(BM_graph_walk)->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_deep_mlp_step_128(benchmark::State& state) {
+  tp::manual_seed(0);
+  auto model = tp::nn::deep_mlp(16, 128, state.range(0), 4);
+  tp::optim::SGD opt(model->parameters(), {.lr = 0.001});
+  const auto batch = tp::data::SyntheticRegression().rows(0, 64);
+  for (auto _ : state) train_step(*model, opt, batch);
+}
+BENCHMARK(BM_deep_mlp_step_128)->Arg(64)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 

@@ -203,8 +203,9 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] 
   TP_CHECK(!slot.arrived, "stage04 DDP: parameter ", index, " (",
            params_[static_cast<size_t>(index)].first,
            ") reached its bucket twice before the bucket was reduced: twice in one backward, "
-           "or once from a backward under no_sync (whose hooks must leave .grad alone) and "
-           "again now");
+           "or once from a backward under no_sync (whose hooks must not file gradients), or "
+           "the last synced backward's end-of-backward callback never ran to reset the "
+           "buckets (is it queued in every synced backward?)");
   slot.arrived = true;
   const Tensor grad = param.grad();
   if (!grad.is_alias_of(bucket.flat)) {
@@ -220,6 +221,13 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] 
 }
 
 void DistributedDataParallel::finish_backward() {
+  if (!sync_this_backward_) {
+    TP_THROW(tp::DistributedError, "stage04 DDP: rank ", process_group_->rank(),
+             ": the end-of-backward callback ran in a backward whose forward ran under "
+             "no_sync; the hooks of such a backward must return before queueing or filing "
+             "anything (do they read what forward() recorded, not whether a guard is alive "
+             "now?)");
+  }
   // The hooks launch in bucket order, so every bucket has been launched
   // exactly when next_bucket_ has passed them all.
   if (next_bucket_ < buckets_.size()) throw_unfinished();

@@ -293,6 +293,13 @@ void DistributedDataParallel::file_gradient(int64_t index, const Tensor& grad) {
 }
 
 void DistributedDataParallel::finish_backward() {
+  if (!sync_this_backward_) {
+    TP_THROW(tp::DistributedError, "stage05 DDP: rank ", process_group_->rank(),
+             ": the end-of-backward callback ran in a backward whose forward ran under "
+             "no_sync; the hooks of such a backward must return before queueing or filing "
+             "anything (do they read what forward() recorded, not whether a guard is alive "
+             "now?)");
+  }
   // The hooks launch in bucket order, so every bucket has been launched
   // exactly when next_bucket_ has passed them all.
   if (next_bucket_ < buckets_.size()) throw_unfinished();

@@ -11,12 +11,7 @@
 #include "ddp.h"
 #endif
 
-#include <memory>
-#include <string>
-
-#include "tensorplay/data.h"
-#include "tensorplay/ops.h"
-#include "tensorplay/random.h"
+#include "no_sync_scenarios.h"
 #include "tensorplay/train/checker.h"
 
 namespace {
@@ -25,7 +20,6 @@ namespace train = tp::train;
 using DDP = stage04::DistributedDataParallel;
 using Options = stage04::Options;
 using Case = train::CheckCase<Options>;
-using Group = std::shared_ptr<tp::distributed::ProcessGroup>;
 
 // Stage 04's words for its own parts (see tp::train::Advice).
 train::Advice advice() {
@@ -107,8 +101,9 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
   }
   if (out.empty()) {
     out = train::check_quiet_until_last_micro_batch(
-        run, "a micro-batch whose forward ran under no_sync must not communicate: its hooks "
-             "leave the gradient in .grad and return (Note [Decided at forward])");
+        run, "a micro-batch whose forward ran under no_sync must not communicate, neither in "
+             "its forward nor in its hooks, which leave the gradient in .grad and return (Note "
+             "[Decided at forward])");
   }
   if (out.empty()) {
     out = train::check_counts_per_micro(
@@ -153,92 +148,6 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
   return out;
 }
 
-// ---- scenarios: where the guard is, not only what it covers ---------------
-
-// One micro-batch's loss on this rank's rows of the default plan's data.
-tp::Tensor loss_of(DDP& ddp, int rank) {
-  const train::RunConfig plan;
-  const tp::data::Batch batch =
-      tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
-  return tp::mse_loss(ddp(batch.x), batch.y);
-}
-
-std::unique_ptr<DDP> make_ddp(const Group& group) {
-  tp::manual_seed(0);
-  return std::make_unique<DDP>(train::make_model(train::RunConfig{}), group, kSeveral);
-}
-
-// All-reduces issued while `run` runs.
-template <typename Fn>
-uint64_t allreduces_during(const Group& group, Fn&& run) {
-  const uint64_t before = group->counters().allreduce;
-  run();
-  return group->counters().allreduce - before;
-}
-
-std::string expect(int rank, const char* what, uint64_t got, uint64_t expected) {
-  if (got == expected) return "";
-  return tp::detail::cat("rank ", rank, ": ", got, " all-reduces ", what, "; expected ",
-                            expected);
-}
-
-const char* kDecidedAtForward =
-    "record in forward() whether its backward syncs, from the no_sync guards alive at that "
-    "moment, and let the hooks read that record, not whether a guard is alive during backward "
-    "(Note [Decided at forward])";
-
-train::Scenario forward_under_guard_backward_after() {
-  return {"forward under no_sync, backward after the guard is gone: no sync", 2,
-          [](int rank, Group group) {
-            auto ddp = make_ddp(group);
-            tp::Tensor loss;
-            {
-              auto guard = ddp->no_sync();
-              loss = loss_of(*ddp, rank);
-            }
-            const uint64_t n = allreduces_during(group, [&] { loss.backward(); });
-            if (std::string e = expect(rank, "in a backward whose forward ran under no_sync", n, 0);
-                !e.empty()) {
-              return e;
-            }
-            // The next forward outside any guard syncs the sum of both.
-            const uint64_t synced =
-                allreduces_during(group, [&] { loss_of(*ddp, rank).backward(); });
-            return expect(rank, "in the next backward, whose forward ran outside no_sync",
-                          synced, ddp->bucket_assignment().size());
-          },
-          kDecidedAtForward};
-}
-
-train::Scenario forward_outside_backward_under_guard() {
-  return {"forward outside no_sync, backward under a guard taken afterwards: it syncs", 2,
-          [](int rank, Group group) {
-            auto ddp = make_ddp(group);
-            tp::Tensor loss = loss_of(*ddp, rank);
-            auto guard = ddp->no_sync();
-            const uint64_t n = allreduces_during(group, [&] { loss.backward(); });
-            return expect(rank, "in a backward whose forward ran outside no_sync (the guard "
-                                "was taken after the forward)",
-                          n, ddp->bucket_assignment().size());
-          },
-          kDecidedAtForward};
-}
-
-train::Scenario nested_guards() {
-  return {"nested guards: leaving the inner one keeps the outer one's no_sync", 2,
-          [](int rank, Group group) {
-            auto ddp = make_ddp(group);
-            auto outer = ddp->no_sync();
-            { auto inner = ddp->no_sync(); }
-            const uint64_t n = allreduces_during(group, [&] { loss_of(*ddp, rank).backward(); });
-            return expect(rank, "in a micro-batch run under an outer guard after an inner one "
-                                "ended",
-                          n, 0);
-          },
-          "a guard restores, when destroyed, the state it found when it was made (not "
-          "`true`): guards nest"};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -248,7 +157,6 @@ int main(int argc, char** argv) {
   spec.cases = cases();
   spec.advice = advice();
   spec.stage_checks = stage_checks;
-  spec.scenarios = {forward_under_guard_backward_after(), forward_outside_backward_under_guard(),
-                    nested_guards()};
+  spec.scenarios = no_sync_scenarios::all<DDP>();
   return train::run_checker<DDP>(argc, argv, spec);
 }

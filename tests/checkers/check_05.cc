@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 
+#include "no_sync_scenarios.h"
 #include "tensorplay/data.h"
 #include "tensorplay/error.h"
 #include "tensorplay/ops.h"
@@ -313,6 +314,8 @@ int main(int argc, char** argv) {
   spec.cases = cases();
   spec.advice = advice();
   spec.stage_checks = stage_checks;
-  spec.scenarios = {without_the_option(), note_when_nothing_unused()};
+  spec.scenarios = no_sync_scenarios::all<DDP>();
+  spec.scenarios.push_back(without_the_option());
+  spec.scenarios.push_back(note_when_nothing_unused());
   return train::run_checker<DDP>(argc, argv, spec);
 }

@@ -567,7 +567,7 @@ TEST_CASE("count predicates name the rank, the step and the micro-batch") {
   CHECK(train::check_quiet_until_last_micro_batch(run.view(), "c").empty());
   run.ranks[1].allreduces_per_micro = {6, 6, 0, 6};  // synced inside the accumulation too
   CHECK(joined(train::check_quiet_until_last_micro_batch(run.view(), "no_sync leaked"))
-            .find("rank 1, step 0 (micro-batch 0): counted 6 collectives in a micro-batch that "
+            .find("rank 1, step 0 (micro-batch 0): counted 6 all-reduces and 0 broadcasts in a micro-batch that "
                   "only accumulates") != std::string::npos);
   CHECK(joined(train::check_allreduces_per_step(run.view(), 6, "one per parameter", "c"))
             .find("rank 1, step 0: counted 12 all-reduces; expected 6 (one per parameter)") !=

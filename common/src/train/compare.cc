@@ -463,6 +463,11 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
       cause = detail::cat("step 0's losses match, but the first update is ",
                           num(ratio), "x the reference's (W = ", w,
                           "): is the sum divided by the world size?");
+    } else if (ratio < 1e-6) {
+      cause = "the first update is zero: no averaged gradient reached the optimizer. Was the "
+              "average written where .grad does not point (with gradient_as_bucket_view: a "
+              "bucket slot that .grad is not yet a view of, after the engine made a fresh "
+              ".grad), or was .grad replaced after the sync?";
     } else if (k_micro > 1 && near(ratio, 1.0 / static_cast<double>(k_micro))) {
       // With W == K both readings fit the numbers: name both.
       const bool both = near(static_cast<double>(k_micro), w);

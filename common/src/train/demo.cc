@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -260,6 +261,62 @@ std::vector<StepRow> step_rows(const RunConfig& config, const ReferenceResult& r
 }
 
 // "bucket 0: fc3.bias, fc3.weight (528 B)" for each bucket, when the stage has them.
+// "branch_b, spare" for {branch_b.weight, branch_b.bias, spare.weight,
+// spare.bias}: a module whose parameters are all listed shows as its name.
+std::string compact_names(const std::vector<int64_t>& params, const Snapshot& all) {
+  std::map<std::string, std::pair<size_t, size_t>> modules;  // prefix -> (listed, total)
+  std::vector<std::string> order;
+  auto prefix = [](const std::string& name) { return name.substr(0, name.rfind('.')); };
+  for (const ParamValues& p : all) {
+    if (modules.count(prefix(p.name)) == 0) order.push_back(prefix(p.name));
+    ++modules[prefix(p.name)].second;
+  }
+  for (int64_t p : params) ++modules[prefix(all[static_cast<size_t>(p)].name)].first;
+  std::string out;
+  for (const std::string& m : order) {
+    const auto [listed, total] = modules[m];
+    if (listed == 0) continue;
+    if (listed == total) {
+      out += (out.empty() ? "" : ", ") + m;
+      continue;
+    }
+    for (int64_t p : params) {
+      if (prefix(all[static_cast<size_t>(p)].name) == m) {
+        out += (out.empty() ? "" : ", ") + all[static_cast<size_t>(p)].name;
+      }
+    }
+  }
+  return out.empty() ? "-" : out;
+}
+
+// For a model whose forward leaves parameters unused (lesson 05): which got
+// no gradient on each rank, per step (per micro-batch with accumulation).
+void print_unreached(const RunConfig& config, const std::vector<RankResult>& ranks) {
+  bool any = false;
+  for (const RankResult& r : ranks) {
+    for (const auto& micro : r.unreached_per_micro) any |= !micro.empty();
+  }
+  if (!any) return;
+  const int64_t k = config.micro_batches;
+  std::printf("\nparameters that got no gradient (the forward did not reach them), per rank:\n");
+  const int64_t steps = std::min<int64_t>(total_steps(config), 10);
+  for (int64_t step = 0; step < steps; ++step) {
+    std::string line;
+    for (const RankResult& r : ranks) {
+      std::string cell;
+      for (int64_t i = step * k; i < (step + 1) * k; ++i) {
+        if (static_cast<size_t>(i) >= r.unreached_per_micro.size()) break;
+        const std::string names =
+            compact_names(r.unreached_per_micro[static_cast<size_t>(i)], r.final_params);
+        cell += k == 1 ? names : detail::cat(i > step * k ? "; " : "", "m", i - step * k, " ", names);
+      }
+      line += detail::cat(line.empty() ? "" : " | ", "rank ", r.rank, ": ", cell.empty() ? "-" : cell);
+    }
+    std::printf("  step %lld: %s\n", static_cast<long long>(step), line.c_str());
+  }
+  if (total_steps(config) > steps) std::printf("  ...\n");
+}
+
 void print_buckets(const RunConfig& config, const RankResult& rank0) {
   if (rank0.buckets.empty()) return;
   const size_t element = element_size(config.dtype);
@@ -336,6 +393,7 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
                 row.drift);
   }
   if (uneven(config)) std::printf("(- : the rank had no batch left at that step)\n");
+  print_unreached(config, ranks);
   std::printf("\nfinal parameter norm: reference %.9f, rank 0 %.9f\n", c.reference_norm,
               c.rank0_norm);
   std::printf("largest parameter difference vs the reference: %.2e (%s on rank %d)\n",

@@ -209,11 +209,13 @@ std::vector<Finding> check_quiet_until_last_micro_batch(const CaseRun& run,
       // Buffers synced every step are broadcast in the first micro-batch's
       // forward (BufferSync::EveryStep); nothing else may communicate.
       const bool buffers_due = run.config.buffer_sync == BufferSync::EveryStep && i % k == 0;
-      const uint64_t got = count_of(r, Collective::AllReduce, at) +
-                           (buffers_due ? 0 : count_of(r, Collective::Broadcast, at));
-      if (got == 0) continue;
-      return {{cat(where(run.config, r.rank, i), ": counted ", got,
-                   " collectives in a micro-batch that only accumulates (", k,
+      const uint64_t allreduces = count_of(r, Collective::AllReduce, at);
+      const uint64_t broadcasts = buffers_due ? 0 : count_of(r, Collective::Broadcast, at);
+      if (allreduces + broadcasts == 0) continue;
+      return {{cat(where(run.config, r.rank, i), ": counted ", allreduces, " ",
+                   noun(Collective::AllReduce, allreduces), " and ", broadcasts, " ",
+                   noun(Collective::Broadcast, broadcasts),
+                   " in a micro-batch that only accumulates (", k,
                    " micro-batches per step, only the last one syncs)"),
                cause}};
     }
