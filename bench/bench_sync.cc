@@ -19,10 +19,12 @@
 //                           parameters: the lower bound that bucketing
 //                           approaches (no copies, no division).
 //   BM_Stage02BucketCap/C   stage 02 at D = 64 with both caps set to C KiB,
-//                           C from 10 KiB (about 0.01 MiB: one bucket per
-//                           parameter, still all launched before the first
-//                           wait) to 100 MiB (one bucket), in steps of about
-//                           3x: the sweep from per-parameter to one bucket.
+//                           C from 10 KiB (about 0.01 MiB: 65 buckets, one
+//                           per layer, its 1 KiB bias and then its 256 KiB
+//                           weight, which closes the bucket; all launched
+//                           before the first wait)
+//                           to 100 MiB (one bucket), in steps of about 3x:
+//                           the sweep from a bucket per layer to one bucket.
 //                           bench/report.py draws it beside the alpha-beta
 //                           model's prediction (bench_allreduce.cc) and
 //                           marks the best cap.
