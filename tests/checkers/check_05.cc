@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -22,6 +23,8 @@
 #include "no_sync_scenarios.h"
 #include "tensorplay/data.h"
 #include "tensorplay/error.h"
+#include "tensorplay/nn/linear.h"
+#include "tensorplay/nn/module.h"
 #include "tensorplay/ops.h"
 #include "tensorplay/random.h"
 #include "tensorplay/train/checker.h"
@@ -38,7 +41,9 @@ using tp::detail::cat;
 
 train::Advice advice() {
   train::Advice a;
-  a.where_sync = "by the gradient hooks of the micro-batch that syncs, bucket by bucket";
+  a.where_sync =
+      "by the gradient hooks of the micro-batch that syncs, bucket by bucket, and given back to "
+      ".grad at the end of backward wherever the used-map's count is not 0";
   a.how_sync_runs =
       "inside the backward of the step's last micro-batch (the one whose forward ran outside "
       "no_sync), by the hooks and the end-of-backward callback";
@@ -92,6 +97,11 @@ std::vector<Case> cases() {
   out.push_back({accumulate, kSeveral,
                  "branchy, K = 2: a branch used under no_sync but not in the synced micro-batch "
                  "keeps what it accumulated"});
+  train::RunConfig in_place = accumulate;
+  in_place.zero_grad_set_to_none = false;
+  out.push_back({in_place, as_view(kSeveral),
+                 "branchy, K = 2, gradient_as_bucket_view, zero_grad in place (unused "
+                 "parameters accumulate in their slots)"});
   train::RunConfig plain = small;
   plain.model_kind = train::ModelKind::MiniMLP;
   out.push_back({plain, kSeveral, "MiniMLP with the option on: nothing unused"});
@@ -134,8 +144,9 @@ std::vector<train::Finding> check_no_gradient_where_unused(const train::CaseRun&
                    " has a gradient after the last step, although no rank used it in that "
                    "step"),
                "a parameter unused on every rank keeps no gradient (so the optimizer skips "
-               "it, as in PyTorch): all-reduce the used-map and leave .grad alone where its "
-               "count is 0 (Note [Finding unused parameters])"}};
+               "it, as in PyTorch): all-reduce the used-map, leave .grad alone where its count "
+               "is 0, and reset the map after every sync so that it counts only the "
+               "micro-batches since then (Note [Finding unused parameters])"}};
     }
   }
   return {};
@@ -186,8 +197,9 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
   if (out.empty()) {
     out = train::check_overlap(
         run, buckets,
-        "file the unused parameters at the first hook of the synced backward and launch each "
-        "bucket from the hook that completes it (Note [Finding unused parameters])",
+        "file the unused parameters at the first hook of the synced backward, launch each "
+        "bucket from the hook that completes it, and the used-map from the hook that launches "
+        "the last bucket (Note [Finding unused parameters])",
         "wait for every bucket and the used-map in the end-of-backward callback",
         used_map_bytes.size());
   }
@@ -305,6 +317,176 @@ train::Scenario note_when_nothing_unused() {
           "that the option costs a graph walk per forward"};
 }
 
+// Two heads on one input; `mode` picks a (0), b (1) or both (2). Unlike
+// BranchyMLP it has no parameter that no rank ever uses.
+class Forked : public tp::nn::Module {
+ public:
+  Forked() {
+    a = register_module("a", std::make_shared<tp::nn::Linear>(16, 4));
+    b = register_module("b", std::make_shared<tp::nn::Linear>(16, 4));
+  }
+  tp::Tensor forward(const tp::Tensor& x) override {
+    if (mode == 0) return a->forward(x);
+    if (mode == 1) return b->forward(x);
+    return tp::add(a->forward(x), b->forward(x));
+  }
+  int mode = 2;
+  std::shared_ptr<tp::nn::Linear> a, b;
+};
+
+// h = (h + h) * 0.5, `depth` times: every node reached along two paths, so
+// a walk without a visited set takes 2^depth steps.
+class Diamonds : public tp::nn::Module {
+ public:
+  explicit Diamonds(int depth) : depth_(depth) {
+    fc = register_module("fc", std::make_shared<tp::nn::Linear>(16, 4));
+  }
+  tp::Tensor forward(const tp::Tensor& x) override {
+    tp::Tensor h = fc->forward(x);
+    for (int i = 0; i < depth_; ++i) h = tp::mul(tp::add(h, h), 0.5);
+    return h;
+  }
+
+ private:
+  int depth_;
+  std::shared_ptr<tp::nn::Linear> fc;
+};
+
+tp::data::Batch rows_of(int rank) {
+  const train::RunConfig plan;
+  return tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
+}
+
+size_t notes_in(const std::string& said) {  // lines about the option
+  size_t notes = 0;
+  std::istringstream lines(said);
+  for (std::string line; std::getline(lines, line);) {
+    notes += line.find("find_unused_parameters") != std::string::npos;
+  }
+  return notes;
+}
+
+train::Scenario evaluation_forward() {
+  return {"a forward never followed by a backward (evaluation), then a training step", 2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            DDP ddp(train::make_model(branchy({})), group, kSeveral);
+            const tp::data::Batch batch = rows_of(rank);
+            const uint64_t in_eval =
+                no_sync_scenarios::collectives_during(group, [&] { (void)ddp(batch.x); });
+            if (in_eval != 0) {
+              return cat("rank ", rank, ": ", in_eval, " collectives in a forward never "
+                         "followed by a backward; expected 0");
+            }
+            const uint64_t trained = no_sync_scenarios::collectives_during(
+                group, [&] { tp::mse_loss(ddp(batch.x), batch.y).backward(); });
+            const uint64_t want = ddp.bucket_assignment().size() + 1;  // + the used-map
+            if (trained != want) {
+              return cat("rank ", rank, ": ", trained, " collectives in the training step "
+                         "after an evaluation forward; expected ", want);
+            }
+            return "";
+          },
+          "file the unused parameters at the first hook of backward, not in forward: a "
+          "forward never followed by a backward must leave nothing launched or filed (Note "
+          "[Finding unused parameters])"};
+}
+
+train::Scenario note_with_accumulation() {
+  return {"option on, K = 2, nothing ever unused: rank 0 says so once", 2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            DDP ddp(train::make_model({}), group, kSeveral);
+            const tp::data::Batch batch = rows_of(rank);
+            const std::string said = stderr_of([&] {
+              for (int step = 0; step < 3; ++step) {
+                {
+                  auto guard = ddp.no_sync();
+                  tp::mse_loss(ddp(batch.x), batch.y).backward();
+                }
+                tp::mse_loss(ddp(batch.x), batch.y).backward();
+              }
+            });
+            const size_t notes = notes_in(said);
+            if (rank == 0 && notes != 1) {
+              return cat("rank 0 wrote ", notes, " lines about find_unused_parameters with 2 "
+                         "micro-batches per step and nothing unused; expected one");
+            }
+            return "";
+          },
+          "the used-map holds 1 (not a count of micro-batches) where a rank used a parameter "
+          "since the last sync, so that after the all-reduce every entry is at most the world "
+          "size, and equal to it where every rank used it, with accumulation too"};
+}
+
+train::Scenario no_note_when_used_somewhere() {
+  return {"every parameter used on some rank, none on every rank: no note", 2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            auto model = std::make_shared<Forked>();
+            model->mode = rank == 0 ? 0 : 1;  // rank 0 uses a only, rank 1 b only
+            DDP ddp(model, group, kSeveral);
+            const tp::data::Batch batch = rows_of(rank);
+            const std::string said = stderr_of([&] {
+              for (int step = 0; step < 2; ++step) tp::mse_loss(ddp(batch.x), batch.y).backward();
+            });
+            if (notes_in(said) != 0) {
+              return cat("rank ", rank, " wrote that the option is not needed, although each "
+                         "rank left a parameter unused: '", said, "'");
+            }
+            return "";
+          },
+          "the note is for a run where every parameter got a gradient on every rank: every "
+          "count of the used-map equals the world size, not merely above 0"};
+}
+
+train::Scenario no_late_note() {
+  return {"something unused in the first synced backward, nothing later: no note", 2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            auto model = std::make_shared<Forked>();
+            DDP ddp(model, group, kSeveral);
+            const tp::data::Batch batch = rows_of(rank);
+            const std::string said = stderr_of([&] {
+              model->mode = 0;  // b unused everywhere
+              tp::mse_loss(ddp(batch.x), batch.y).backward();
+              model->mode = 2;  // everything used from now on
+              for (int step = 0; step < 2; ++step) tp::mse_loss(ddp(batch.x), batch.y).backward();
+            });
+            if (notes_in(said) != 0) {
+              return cat("rank ", rank, " wrote a note in a later step although the first "
+                         "synced backward left a parameter unused: '", said, "'");
+            }
+            return "";
+          },
+          "the note is decided once, by the first synced backward, whether it is printed or "
+          "not"};
+}
+
+train::Scenario shared_subgraphs() {
+  return {"26 diamonds (h = (h + h) * 0.5): the walk visits each node once", 2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            DDP ddp(std::make_shared<Diamonds>(26), group, kSeveral);
+            const tp::data::Batch batch = rows_of(rank);
+            const auto start = std::chrono::steady_clock::now();
+            tp::Tensor y = ddp(batch.x);
+            const double seconds =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            tp::mse_loss(y, batch.y).backward();
+            // A walk that visits each of the ~80 nodes once takes microseconds,
+            // even on a loaded machine; one that follows every path takes 2^26
+            // steps, seconds.
+            if (seconds > 0.5) {
+              return cat("rank ", rank, ": the forward of a 26-diamond graph took ", seconds,
+                         " s");
+            }
+            return "";
+          },
+          "a node reached along several paths (a residual connection, a tensor used twice) "
+          "is walked once: keep a set of the nodes already visited"};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -315,7 +497,11 @@ int main(int argc, char** argv) {
   spec.advice = advice();
   spec.stage_checks = stage_checks;
   spec.scenarios = no_sync_scenarios::all<DDP>();
-  spec.scenarios.push_back(without_the_option());
-  spec.scenarios.push_back(note_when_nothing_unused());
+  for (train::Scenario scenario :
+       {without_the_option(), evaluation_forward(), note_when_nothing_unused(),
+        note_with_accumulation(), no_note_when_used_somewhere(), no_late_note(),
+        shared_subgraphs()}) {
+    spec.scenarios.push_back(std::move(scenario));
+  }
   return train::run_checker<DDP>(argc, argv, spec);
 }

@@ -487,9 +487,23 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
     } else if (const std::vector<std::string> wrong =
                    params_differing(rank0.after_first_step, reference.after_first_step, tolerance);
                wrong.size() < rank0.after_first_step.size()) {
-      cause = detail::cat("only ", join(wrong), wrong.size() == 1 ? " was" : " were",
-                          " updated wrongly while the other parameters match the reference: "
-                          "are their gradients ", advice.where_grads_move, "?");
+      const auto& unreached = reference.unreached_in_step0;
+      const bool all_unreached = std::all_of(wrong.begin(), wrong.end(), [&](const std::string& n) {
+        return std::find(unreached.begin(), unreached.end(), n) != unreached.end();
+      });
+      cause = all_unreached
+                  ? detail::cat(
+                        "only ", join(wrong), wrong.size() == 1 ? " was" : " were",
+                        " updated wrongly, parameters that some micro-batch of step 0 did not "
+                        "reach (no gradient there), while the other parameters match the "
+                        "reference: does such a parameter bring to the sync what its .grad "
+                        "holds (what it accumulated under no_sync, zeros where it has "
+                        "nothing), and end with the average, or with no gradient where no "
+                        "rank used it?")
+                  : detail::cat("only ", join(wrong), wrong.size() == 1 ? " was" : " were",
+                                " updated wrongly while the other parameters match the "
+                                "reference: are their gradients ",
+                                advice.where_grads_move, "?");
     } else {
       cause = detail::cat("all ranks agree with each other but not with the reference; the first "
                           "update is ", num(ratio), "x the reference's: the gradients are "

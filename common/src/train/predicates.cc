@@ -307,6 +307,19 @@ std::vector<Finding> check_overlap(const CaseRun& run,
       }
       size_t late = 0;
       for (const AllReduce* a : launched) late += a->queued->begin_order > done->begin_order;
+      // The ones after the buckets (a used-map) are named apart: a late
+      // used-map is a different mistake from a late bucket.
+      size_t late_trailing = 0;
+      for (size_t i = buckets.size(); i < launched.size() && trailing > 0; ++i) {
+        late_trailing += launched[i]->queued->begin_order > done->begin_order;
+      }
+      if (late > 0 && late == late_trailing) {
+        return {{cat(at, ": the ", late, " all-reduce", late == 1 ? "" : "s",
+                     " after the buckets (the used-map) ", late == 1 ? "was" : "were",
+                     " launched after the autograd graph had finished (from an end-of-backward "
+                     "callback), while the buckets left from the hooks"),
+                 launch_cause}};
+      }
       if (late > 0) {
         return {{cat(at, ": ", late, " of ", launched.size(), " all-reduces were launched after "
                      "the autograd graph had finished (from end-of-backward callbacks), so they "
