@@ -12,6 +12,9 @@
 //   - two DDPs in one process: a guard on one leaves the other syncing.
 //
 // Included by check_NN.cc after the stage's ddp.h; DDP is the stage's class.
+// Every synced backward in these scenarios is its DDP's first:
+// `first_sync_extra` is what a stage issues there besides its buckets (stage
+// 06 broadcasts rank 0's ready order to rebuild them).
 #pragma once
 
 #include <memory>
@@ -81,7 +84,7 @@ inline const char* kDecidedAtForward =
     "(Note [Decided at forward])";
 
 template <typename DDP>
-std::vector<tp::train::Scenario> all() {
+std::vector<tp::train::Scenario> all(uint64_t first_sync_extra = 0) {
   std::vector<tp::train::Scenario> out;
   out.push_back(
       {"a micro-batch under a guard issues no collective of any kind, forward included", 2,
@@ -95,9 +98,9 @@ std::vector<tp::train::Scenario> all() {
        "agreement check, no buffer broadcast, no all-reduce"});
   out.push_back(
       {"forward under no_sync, backward after the guard is gone: no sync", 2,
-       [](int rank, Group group) {
+       [first_sync_extra](int rank, Group group) {
          auto ddp = make_ddp<DDP>(group);
-         const uint64_t buckets = ddp->bucket_assignment().size();
+         const uint64_t buckets = ddp->bucket_assignment().size() + first_sync_extra;
          tp::Tensor loss;
          {
            auto guard = ddp->no_sync();
@@ -114,14 +117,15 @@ std::vector<tp::train::Scenario> all() {
        kDecidedAtForward});
   out.push_back(
       {"forward outside no_sync, backward under a guard taken afterwards: it syncs", 2,
-       [](int rank, Group group) {
+       [first_sync_extra](int rank, Group group) {
          auto ddp = make_ddp<DDP>(group);
+         const uint64_t buckets = ddp->bucket_assignment().size() + first_sync_extra;
          tp::Tensor loss = loss_of(*ddp, rank);
          auto guard = ddp->no_sync();
          const uint64_t n = collectives_during(group, [&] { loss.backward(); });
          return expect(rank, "in a backward whose forward ran outside no_sync (the guard was "
                              "taken after the forward)",
-                       n, ddp->bucket_assignment().size());
+                       n, buckets);
        },
        kDecidedAtForward});
   out.push_back(
@@ -157,9 +161,9 @@ std::vector<tp::train::Scenario> all() {
        "the state it found when it was made (not `true`): guards nest"});
   out.push_back(
       {"a guard moved into a std::optional: the moved-from temporary ends nothing", 2,
-       [](int rank, Group group) {
+       [first_sync_extra](int rank, Group group) {
          auto ddp = make_ddp<DDP>(group);
-         const uint64_t buckets = ddp->bucket_assignment().size();
+         const uint64_t buckets = ddp->bucket_assignment().size() + first_sync_extra;
          std::string fact;
          {
            std::optional<decltype(ddp->no_sync())> moved;
@@ -193,13 +197,13 @@ std::vector<tp::train::Scenario> all() {
        "(its DDP pointer null), and the moved-to guard must restore what the original found"});
   out.push_back(
       {"two DDPs in one process: a guard on one leaves the other syncing", 2,
-       [](int rank, Group group) {
+       [first_sync_extra](int rank, Group group) {
          auto a = make_ddp<DDP>(group);
          auto b = make_ddp<DDP>(group);
          auto guard = a->no_sync();
          const uint64_t n = collectives_during(group, [&] { loss_of(*b, rank).backward(); });
          return expect(rank, "in a backward of DDP B while a guard on DDP A was alive", n,
-                       b->bucket_assignment().size());
+                       b->bucket_assignment().size() + first_sync_extra);
        },
        "the no_sync flag belongs to one DDP object (a member, not a static or a global): a "
        "guard on one model must not silence another"});

@@ -317,14 +317,13 @@ void print_unreached(const RunConfig& config, const std::vector<RankResult>& ran
   if (total_steps(config) > steps) std::printf("  ...\n");
 }
 
-void print_buckets(const RunConfig& config, const RankResult& rank0) {
-  if (rank0.buckets.empty()) return;
+void print_bucket_list(const RunConfig& config, const RankResult& rank0,
+                       const std::vector<std::vector<int64_t>>& buckets) {
   const size_t element = element_size(config.dtype);
-  std::printf("buckets on rank 0 (launch order):\n");
-  for (size_t b = 0; b < rank0.buckets.size(); ++b) {
+  for (size_t b = 0; b < buckets.size(); ++b) {
     std::string names;
     size_t bytes = 0;
-    for (int64_t p : rank0.buckets[b]) {
+    for (int64_t p : buckets[b]) {
       if (p < 0 || static_cast<size_t>(p) >= rank0.final_params.size()) continue;
       const ParamValues& param = rank0.final_params[static_cast<size_t>(p)];
       names += (names.empty() ? "" : ", ") + param.name;
@@ -332,6 +331,18 @@ void print_buckets(const RunConfig& config, const RankResult& rank0) {
     }
     std::printf("  bucket %zu: %s (%zu B)\n", b, names.c_str(), bytes);
   }
+}
+
+void print_buckets(const RunConfig& config, const RankResult& rank0) {
+  if (rank0.buckets.empty()) return;
+  if (!rank0.initial_buckets.empty() && rank0.initial_buckets != rank0.buckets) {
+    std::printf("buckets on rank 0 at construction (launch order):\n");
+    print_bucket_list(config, rank0, rank0.initial_buckets);
+    std::printf("rebuilt after the first step (launch order):\n");
+  } else {
+    std::printf("buckets on rank 0 (launch order):\n");
+  }
+  print_bucket_list(config, rank0, rank0.buckets);
   std::printf("\n");
 }
 

@@ -136,6 +136,9 @@ std::string serialize(const RankResult& r) {
   put_list(out, "allreduces", r.allreduces_per_micro);
   put_list(out, "broadcasts", r.broadcasts_per_micro);
   for (const std::vector<int64_t>& bucket : r.buckets) put_list(out, "bucket", bucket);
+  for (const std::vector<int64_t>& bucket : r.initial_buckets) {
+    put_list(out, "initial_bucket", bucket);
+  }
   put_list(out, "param_ids", r.param_ids);
   put_list(out, "grad_storage", r.grad_storage);
   for (const std::vector<int64_t>& u : r.unreached_per_micro) put_list(out, "unreached", u);
@@ -183,6 +186,8 @@ RankResult parse_rank_result(const std::string& text) {
       r.param_ids = read_list<int64_t>(in);
     } else if (key == "bucket") {
       r.buckets.push_back(read_list<int64_t>(in));
+    } else if (key == "initial_bucket") {
+      r.initial_buckets.push_back(read_list<int64_t>(in));
     } else if (key == "unreached") {
       r.unreached_per_micro.push_back(read_list<int64_t>(in));
     } else if (key == "initial_buffer") {

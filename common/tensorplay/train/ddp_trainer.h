@@ -113,6 +113,7 @@ RankResult train_rank(int rank, const RunConfig& config,
   result.construction_broadcasts = group->counters().broadcast;
   result.construction_allgathers = group->counters().allgather;
   result.initial_params = snapshot(ddp.named_parameters());
+  if constexpr (caps.buckets) result.initial_buckets = ddp.bucket_assignment();
   for (const nn::NamedTensor& p : ddp.named_parameters()) {
     result.param_ids.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(p.second.impl())));
   }

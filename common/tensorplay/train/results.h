@@ -54,6 +54,8 @@ struct RankResult {
   // Parameter indices (named_parameters() order) of each bucket, in bucket
   // order, after the last step; empty for stages without buckets.
   std::vector<std::vector<int64_t>> buckets;
+  // The same right after construction (a stage may rebuild them later).
+  std::vector<std::vector<int64_t>> initial_buckets;
   // [p]: the id the autograd engine's "grad ready" trace marks carry for
   // parameter p (its TensorImpl's address in that rank's process).
   std::vector<int64_t> param_ids;
