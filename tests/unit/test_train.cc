@@ -279,6 +279,10 @@ TEST_CASE("a plan that cannot run is refused, naming the field") {
   CHECK_THROWS_WITH_AS(train::validate(c), Contains("batches_per_rank[1] is 3"), tp::Error);
   c.batches_per_rank = {4};
   CHECK_THROWS_WITH_AS(train::validate(c), Contains("one count per rank"), tp::Error);
+  c.batches_per_rank = {0, 0};
+  CHECK_THROWS_WITH_AS(train::validate(c), Contains("at least one rank must train"), tp::Error);
+  c.batches_per_rank = {4, 0};  // a rank with no batch joins at once
+  CHECK_NOTHROW(train::validate(c));
   c.batches_per_rank = {4, 2};
   c.buffer_sync = train::BufferSync::EveryStep;
   CHECK_THROWS_WITH_AS(train::validate(c), Contains("EveryStep with uneven inputs"), tp::Error);

@@ -201,6 +201,8 @@ std::vector<Finding> check_results_complete(const RunConfig& config,
                      "every rank must run each of its micro-batches once"});
     }
     for (const Snapshot* snap : {&r.initial_params, &r.after_first_step, &r.final_params}) {
+      // A rank with no batch at all (uneven inputs) takes no step 0.
+      if (snap == &r.after_first_step && steps_of(config, r.rank) == 0) continue;
       for (Finding& f : check_list(r, "parameter", *snap, reference.final_params,
                                    "parameters()")) {
         out.push_back(std::move(f));
@@ -299,7 +301,9 @@ Comparison compare(const ReferenceResult& reference, const std::vector<RankResul
       }
     }
     worse(c.initial, diff_snapshots(r.initial_params, reference.initial_params, r.rank));
-    worse(c.after_first_step, diff_snapshots(r.after_first_step, reference.after_first_step, r.rank));
+    if (!r.after_first_step.empty()) {  // empty: a rank with no batch took no step 0
+      worse(c.after_first_step, diff_snapshots(r.after_first_step, reference.after_first_step, r.rank));
+    }
     worse(c.final_params, diff_snapshots(r.final_params, reference.final_params, r.rank));
     worse(c.initial_between_ranks, diff_snapshots(r.initial_params, ranks[0].initial_params, r.rank));
     worse(c.final_between_ranks, diff_snapshots(r.final_params, ranks[0].final_params, r.rank));
@@ -319,7 +323,14 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
   if (!out.empty()) return out;
   out = check_finite(config, reference, ranks);
   if (!out.empty()) return out;
-  const RankResult& rank0 = ranks[0];
+  // Step 0 is judged on the ranks that took it: with uneven inputs a rank
+  // may have no batch at all. rank0 is the first of them.
+  std::vector<RankResult> stepped;
+  for (const RankResult& r : ranks) {
+    if (!r.after_first_step.empty()) stepped.push_back(r);
+  }
+  if (stepped.empty()) stepped.push_back(ranks[0]);
+  const RankResult& rank0 = stepped.front();
   const int64_t k_micro = config.micro_batches;
 
   // 1. Do the replicas start equal? (the constructor's broadcast)
@@ -388,14 +399,14 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
   // 4. Step 0's update: the averaged gradient.
   bool ranks_agree_after_step0 = true;
   std::set<std::string> split_params;
-  for (const RankResult& r : ranks) {
+  for (const RankResult& r : stepped) {
     for (const std::string& name : params_differing(r.after_first_step, rank0.after_first_step, tolerance)) {
       ranks_agree_after_step0 = false;
       split_params.insert(name);
     }
   }
-  ParamDiff step0 = diff_snapshots(rank0.after_first_step, reference.after_first_step, 0);
-  for (const RankResult& r : ranks) {
+  ParamDiff step0 = diff_snapshots(rank0.after_first_step, reference.after_first_step, rank0.rank);
+  for (const RankResult& r : stepped) {
     ParamDiff d = diff_snapshots(r.after_first_step, reference.after_first_step, r.rank);
     if (d.max_abs > step0.max_abs) step0 = d;
   }
@@ -413,7 +424,7 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
     // Ranks that stepped with W times the mean: the division ran on some ranks only.
     std::vector<std::string> times_w;
     bool others_right = true;
-    for (const RankResult& r : ranks) {
+    for (const RankResult& r : stepped) {
       const double ratio = update_ratio(r);
       if (near(ratio, w)) {
         times_w.push_back(std::to_string(r.rank));
@@ -446,7 +457,7 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
               "all-reduce finished (are gradients averaged " +
                   advice.how_sync_runs + ", is every gradient all-reduced " + advice.where_sync +
                   ", and is every all-reduce waited for before the optimizer step?)";
-    const RankResult& worst = ranks[static_cast<size_t>(std::max(step0.rank, 0))];
+    const RankResult& worst = ranks[static_cast<size_t>(std::max(step0.rank, 0))];  // by rank number
     out.push_back({detail::cat("after step 0's update, ranks hold different parameters (",
                                join(names), "); worst vs the reference: rank ", step0.rank, ", ",
                                step0.name, " max |diff| ", sci(step0.max_abs), ", DDP ",

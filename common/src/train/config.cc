@@ -37,14 +37,18 @@ void validate(const RunConfig& config) {
              "(which rank's buffers a joined rank would shadow is a Join design choice); use "
              "even inputs or another BufferSync");
   }
+  int64_t most = 0;
   for (size_t r = 0; r < config.batches_per_rank.size(); ++r) {
     const int64_t count = config.batches_per_rank[r];
-    if (count < 1 || count % config.micro_batches != 0) {
+    if (count < 0 || count % config.micro_batches != 0) {
       TP_THROW(Error, who, ": batches_per_rank[", r, "] is ", count, "; each rank needs a "
-               "positive multiple of micro_batches (", config.micro_batches,
-               ") micro-batches, so that it ends on a whole optimizer step");
+               "multiple of micro_batches (", config.micro_batches,
+               ") micro-batches (0 included), so that it ends on a whole optimizer step");
     }
+    most = std::max(most, count);
   }
+  TP_CHECK_GE(most, 1, who, ": batches_per_rank gives no rank a micro-batch; at least one "
+              "rank must train");
 }
 
 int64_t micro_batches_of(const RunConfig& config, int rank) {

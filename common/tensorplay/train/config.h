@@ -15,7 +15,8 @@
 //     (rank, i) sees.
 //   - Uneven inputs (batches_per_rank set): rank r takes part in optimizer
 //     steps 0 .. micro_batches_of(r) / K - 1 and is "joined" after that.
-//     Every count must be a positive multiple of K.
+//     Every count must be a multiple of K; 0 is allowed (a rank with no
+//     batch at all joins at once), as long as some rank trains.
 //   - The averaged gradient of step s is the sum over the ranks taking part
 //     in it of their accumulated micro-batch gradients, divided by
 //     divisor_at(config, s): the initial world size, or the number of ranks
@@ -74,7 +75,7 @@ struct RunConfig {
   int64_t batch_size = 8;  // rows per micro-batch
   int64_t micro_batches = 1;  // K: micro-batches (backward passes) per optimizer step
   // Empty: every rank runs steps * K micro-batches. Otherwise one count per
-  // rank (uneven inputs; each a positive multiple of K), and `steps` is
+  // rank (uneven inputs; each a multiple of K, 0 allowed), and `steps` is
   // ignored: the plan has max(count) / K steps.
   std::vector<int64_t> batches_per_rank;
   Divisor divisor = Divisor::InitialWorldSize;

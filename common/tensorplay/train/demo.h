@@ -63,6 +63,9 @@ struct DemoSpec {
   Options options{};
   std::vector<DemoFlag> flags;  // may write `options` (of this very spec) by reference
   Advice advice;
+  // Makes the options agree with the plan the flags produced (stage 07:
+  // --divide-by-active-ranks sets the plan's divisor and the DDP's option).
+  std::function<void(const RunConfig&, Options&)> adapt;
 };
 
 // Parses the flags above (defaults: 4 ranks, 10 steps) and the stage's own.
@@ -82,7 +85,9 @@ int demo_main(int argc, char** argv, const DemoSpec<typename D::Options>& spec) 
   DemoArgs args = parse_demo_args(argc, argv, spec.stage, spec.flags);
   try {
     ReferenceResult reference = train_reference(args.config);
-    std::vector<RankResult> ranks = run_ddp<D>(args.config, spec.options);
+    typename D::Options options = spec.options;
+    if (spec.adapt) spec.adapt(args.config, options);
+    std::vector<RankResult> ranks = run_ddp<D>(args.config, options);
     report_demo(spec.stage, spec.title, args, reference, ranks, spec.advice);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "demo %s: %s\n", spec.stage.c_str(), error.what());

@@ -1,0 +1,265 @@
+// Copied from solutions/07-join/ddp.h by tools/gen_exercise.py (nothing to fill in here).
+// Stage 07 — DistributedDataParallel with join(): uneven inputs.
+//
+// What it is: stage 06 (buckets all-reduced from hooks while backward runs,
+// rebuilt after the first iteration; no_sync; find_unused_parameters;
+// static_graph), plus join(body) for ranks with different numbers of
+// batches. body is this rank's training loop. When it returns, the rank has
+// run out of inputs but the others may not have: join() then shadows their
+// synced steps (zero-filled bucket all-reduces, and whatever else a step
+// issues) until every rank has joined, and finally makes every replica the
+// last joiner's (Note [Join] in ddp.cc). This is PyTorch's
+// `with Join([ddp]):` (torch.distributed.algorithms.join).
+//
+// Contract:
+//   - Every rank constructs it with the same architecture and options; a
+//     mismatch of the model throws tp::DistributedError on every rank.
+//   - Inside join(), every synced forward all-reduces one number (is this
+//     rank still training?). divide_by_initial_world_size (default true)
+//     divides the summed gradients by the world size; false divides by the
+//     ranks still training in that step. throw_on_early_termination makes
+//     every rank throw tp::DistributedError at the first synced step after
+//     a rank ran out, instead of shadowing.
+//   - Outside join(), every rank must run the same number of synced steps.
+//   - When join() returns on every rank, every rank holds the parameters of
+//     the last rank to join (buffers stay each rank's own).
+//   - Options and behaviour of stage 06 otherwise (no_sync, unused
+//     parameters, static_graph, rebuilt buckets).
+//   - Hooks capture `this`: neither copyable nor movable; the hooks are
+//     removed when it is destroyed (it owns their handles).
+//   - Not thread-safe. Bucket tensors are touched by the communication
+//     thread only between an all-reduce's launch and its wait().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorplay/distributed/process_group.h"
+#include "tensorplay/nn/module.h"
+#include "tensorplay/tensor.h"
+#include "tensorplay/train/capabilities.h"
+
+namespace stage07 {
+
+struct Options {
+  // Also copy rank 0's buffers (running statistics) at construction.
+  bool broadcast_buffers = true;
+  // Cap of every bucket but the first, in MiB (PyTorch's default, 25).
+  double bucket_cap_mb = 25.0;
+  // Cap of the first bucket, the one complete first: small, so that
+  // communication starts early (PyTorch uses 1 MiB).
+  double first_bucket_cap_mb = 1.0;
+  // As in PyTorch: each .grad becomes a view of its bucket slot, so the
+  // average lands in it directly and no copy back is needed.
+  bool gradient_as_bucket_view = false;
+  // Walk the graph after every synced forward and let the parameters it
+  // does not reach complete their buckets (and an all-reduced used-map
+  // decide who keeps a gradient). Off by default, as in PyTorch: the walk
+  // costs time every step.
+  bool find_unused_parameters = false;
+  // The forward uses the same parameters in every iteration: find them once,
+  // in the first synced iteration, and reuse what was found (Note [Static
+  // graph]). Implies the walk of find_unused_parameters in that iteration.
+  bool static_graph = false;
+  // Inside join(): divide the summed gradients by the world size (true, as
+  // PyTorch), or by the ranks still training in that step (false).
+  bool divide_by_initial_world_size = true;
+  // Inside join(): when a rank runs out of inputs, every rank throws at the
+  // next synced step instead of shadowing.
+  bool throw_on_early_termination = false;
+};
+
+class DistributedDataParallel;
+
+// What no_sync() returns: while it lives, forward() records "do not sync".
+// Move-only; destroying it (or the object it was moved into) restores what
+// no_sync() found, so guards nest.
+class [[nodiscard]] NoSyncGuard {
+ public:
+  explicit NoSyncGuard(DistributedDataParallel& ddp);
+  NoSyncGuard(NoSyncGuard&& other) noexcept;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  ~NoSyncGuard();
+
+ private:
+  DistributedDataParallel* ddp_;  // null once moved from
+  bool previous_ = true;          // require_backward_grad_sync_ as found
+};
+
+class DistributedDataParallel {
+ public:
+  using Options = stage07::Options;
+  // For the kit's trainer: gradients are averaged inside backward, by hooks;
+  // no_sync() accumulates; parameters may go unused (with an option);
+  // bucket_assignment() lists the buckets (rebuilt after the first step).
+  static constexpr tp::train::Capabilities capabilities{.syncs_in_backward = true,
+                                                        .no_sync = true,
+                                                        .join = true,
+                                                        .unused_parameters = true,
+                                                        .buckets = true};
+
+  // Verifies that all ranks hold the same parameter shapes, broadcasts rank
+  // 0's parameters (and buffers), assigns the buckets and registers the
+  // hooks. Throws tp::Error for a cap that is not positive.
+  DistributedDataParallel(std::shared_ptr<tp::nn::Module> module,
+                          std::shared_ptr<tp::distributed::ProcessGroup> process_group,
+                          Options options = {});
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Runs the wrapped module, and records whether the backward of this
+  // forward syncs: yes unless a no_sync() guard is alive. When it syncs and
+  // find_unused_parameters is set, also finds the parameters the output does
+  // not depend on. Throws if the previous synced backward left a bucket
+  // unfinished (see the contract).
+  tp::Tensor forward(const tp::Tensor& input);
+  tp::Tensor operator()(const tp::Tensor& input) { return forward(input); }
+
+  std::vector<tp::Tensor> parameters() const { return module_->parameters(); }
+  std::vector<tp::nn::NamedTensor> named_parameters() const {
+    return module_->named_parameters();
+  }
+  tp::nn::Module& module() { return *module_; }
+  // The parameter indices (named_parameters() order) of each bucket, in
+  // bucket order; within a bucket, in the order they were added.
+  std::vector<std::vector<int64_t>> bucket_assignment() const;
+
+  // Forwards run while the returned guard lives do not sync their
+  // backward: gradients accumulate in .grad on this rank only.
+  NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  // How many times forward() walked the autograd graph (for the checker:
+  // with static_graph, once).
+  int64_t graph_walks() const { return graph_walks_; }
+
+  // Runs body (this rank's training loop), then shadows the synced steps of
+  // the ranks still training until every rank has joined, then copies the
+  // last joiner's parameters to every rank (Note [Join]). Throws what body
+  // throws; with throw_on_early_termination, tp::DistributedError as soon
+  // as any rank has run out.
+  void join(const std::function<void()>& body);
+
+ private:
+  // One parameter's place in its bucket (as in stage 02).
+  struct Slot {
+    int64_t param = 0;   // index into params_
+    int64_t offset = 0;  // in elements
+    int64_t length = 0;  // the parameter's numel()
+    tp::Tensor view;     // flat.narrow(0, offset, length).view(shape)
+    bool arrived = false;  // per iteration: its gradient is in (reset by finish_backward)
+  };
+  // [snippet:bucket-state]
+  struct Bucket {
+    std::vector<Slot> slots;  // in the order the parameters were added
+    tp::Tensor flat;          // 1-D, one dtype; what is all-reduced
+    // Per iteration (reset by finish_backward):
+    size_t pending = 0;       // slots whose gradient has not arrived yet
+    std::shared_ptr<tp::distributed::Work> work;  // set when launched
+  };
+  // [/snippet:bucket-state]
+  // Where a parameter lives: buckets_[bucket].slots[slot].
+  struct Location {
+    size_t bucket = 0;
+    size_t slot = 0;
+  };
+
+  void broadcast_from_rank0();
+  // Fills buckets_ and locations_ with the parameters in `order` (Note
+  // [Bucket assignment], as in stage 02).
+  void assign_buckets(const std::vector<int64_t>& order);
+  // After the first synced iteration: rank 0's ready order, broadcast, and
+  // the buckets reassigned in it (Note [Rebuilding the buckets]).
+  void rebuild_buckets();
+  // The hook of parameter `index`: its gradient is final for this backward.
+  void on_gradient_ready(int64_t index, const tp::Tensor& param);
+  // The parameters (indices) that `output` does not depend on: walk_graph,
+  // counted (graph_walks()) and marked on the trace ("graph walk").
+  std::vector<int64_t> unreached_parameters(const tp::Tensor& output);
+  // The walk of stage 05 (Note [Finding unused parameters]).
+  std::vector<int64_t> walk_graph(const tp::Tensor& output) const;
+  // Files parameter `index`'s gradient (`grad`; undefined: zeros) into its
+  // bucket slot, counts it, and launches every bucket now complete, in
+  // order; after the last bucket, the used-map.
+  void file_gradient(int64_t index, const tp::Tensor& grad);
+  // The end-of-backward callback: wait, divide, copy back, reset.
+  void finish_backward();
+  // Note [Join]: the "still training" all-reduce of a synced forward; what
+  // to divide by; one shadowed synced step; the final broadcast; the error
+  // of throw_on_early_termination.
+  void notify_join();
+  double divisor() const;
+  void shadow_synced_step();
+  void sync_final_model(bool last_to_join);
+  [[noreturn]] void throw_early_termination();
+  // Rank 0's once-only note when no rank left any parameter unused.
+  void warn_if_nothing_unused(const float* used) const;
+  // Throws naming the parameters whose gradient never arrived; resets.
+  [[noreturn]] void throw_unfinished();
+  static int64_t cap_bytes(double mb) { return static_cast<int64_t>(mb * 1024.0 * 1024.0); }
+
+  std::shared_ptr<tp::nn::Module> module_;                        // constant after construction
+  std::shared_ptr<tp::distributed::ProcessGroup> process_group_;  // constant after construction
+  Options options_;                                               // constant after construction
+  std::vector<tp::nn::NamedTensor> params_;  // named_parameters(), cached at construction
+  std::vector<Bucket> buckets_;              // the layout is constant after construction
+  std::vector<Location> locations_;          // [param index], constant after construction
+
+  // [snippet:no-sync-state]
+  // Set by NoSyncGuard: false while a guard lives.
+  bool require_backward_grad_sync_ = true;
+  // Recorded by forward() from require_backward_grad_sync_; read by the
+  // hooks of that forward's backward (Note [Decided at forward]).
+  bool sync_this_backward_ = true;
+  // [/snippet:no-sync-state]
+
+  // [snippet:unused-state]
+  // With find_unused_parameters (Note [Finding unused parameters]):
+  // Set by forward() for a synced backward: the parameters its output does
+  // not reach, filed at the first hook.
+  std::vector<int64_t> unused_;
+  // [p] = 1 once parameter p got a gradient in any backward since the last
+  // sync (no_sync ones too); all-reduced (SUM) after the buckets, so that
+  // after the sync [p] counts the ranks that used it. float32: what the
+  // process group reduces.
+  tp::Tensor used_map_;
+  std::shared_ptr<tp::distributed::Work> used_map_work_;
+  bool warned_all_used_ = false;  // the once-only note about the option's cost
+  // [/snippet:unused-state]
+
+  // [snippet:first-iteration-state]
+  // What the first synced iteration records (Notes [Rebuilding the buckets],
+  // [Static graph]).
+  int64_t synced_iterations_ = 0;    // synced backward passes finished
+  std::vector<int64_t> ready_order_;  // parameters in the order they were filed
+  bool rebuilt_ = false;              // the buckets follow rank 0's ready order
+  std::vector<int64_t> first_unused_;  // unused in the first synced forward
+  // With static_graph, what later iterations reuse instead of asking again:
+  std::vector<int64_t> static_unused_;    // unused on this rank
+  std::vector<char> static_unused_here_;  // [p]: 1 if p is in static_unused_
+  std::vector<float> static_used_;        // [p]: ranks that used p (the used-map)
+  int64_t graph_walks_ = 0;               // walks of the graph so far
+  // [/snippet:first-iteration-state]
+
+  // [snippet:join-state]
+  bool joining_ = false;  // inside join(): synced forwards notify
+  int active_ranks_ = 1;  // ranks still training, as the last notify counted
+  // [/snippet:join-state]
+
+  // Per iteration, touched by the hooks and the callback on the thread that
+  // runs backward; reset at the end of every synced backward.
+  size_t next_bucket_ = 0;         // the next bucket to launch, in index order
+  bool callback_queued_ = false;   // finish_backward queued for this backward
+  std::string unfinished_;         // set when a backward ended with a bucket unfinished
+
+  friend class NoSyncGuard;
+
+  // Last, so the hooks are removed before anything they touch is destroyed.
+  std::vector<tp::RemovableHandle> hooks_;
+};
+
+}  // namespace stage07

@@ -1,0 +1,205 @@
+// Checker for stage 07 (DDP with join() for uneven inputs). Compiled once
+// and linked with every ddp.cc: solutions/07-join (must pass), the generated
+// exercise (must fail at once, naming the stub), each planted-bug mutant in
+// tests/mutants/07-join (must fail with the diagnosis the mutant names), and
+// your exercises/07-join (`./kit check 07`).
+// TP_STAGE_HEADER is set only for a planted bug that patches the header.
+#ifdef TP_STAGE_HEADER
+#include TP_STAGE_HEADER
+#else
+#include "ddp.h"
+#endif
+
+#include <memory>
+#include <string>
+
+#include "no_sync_scenarios.h"
+#include "tensorplay/data.h"
+#include "tensorplay/error.h"
+#include "tensorplay/ops.h"
+#include "tensorplay/optim/sgd.h"
+#include "tensorplay/random.h"
+#include "tensorplay/train/checker.h"
+
+namespace {
+
+namespace train = tp::train;
+using DDP = stage07::DistributedDataParallel;
+using Options = stage07::Options;
+using Case = train::CheckCase<Options>;
+using Group = std::shared_ptr<tp::distributed::ProcessGroup>;
+using tp::detail::cat;
+
+train::Advice advice() {
+  train::Advice a;
+  a.where_sync = "by the gradient hooks of the micro-batch that syncs, bucket by bucket";
+  a.how_sync_runs =
+      "inside the backward of the step's last micro-batch, by the hooks and the end-of-backward "
+      "callback";
+  return a;
+}
+
+// MiniMLP float32, reverse registration order: 16, 512 | 128, 4096 | 128,
+// 2048 bytes.
+const Options kSeveral{.bucket_cap_mb = 2000.0 / (1 << 20), .first_bucket_cap_mb = 500.0 / (1 << 20)};
+const Options kPerParameter{.bucket_cap_mb = 1e-9, .first_bucket_cap_mb = 1e-9};
+
+// The plan's divisor and the DDP's option must agree.
+Case uneven_case(train::RunConfig config, std::vector<int64_t> counts, Options options,
+                 bool divide_by_active, const std::string& label) {
+  config.world_size = static_cast<int>(counts.size());
+  config.batches_per_rank = std::move(counts);
+  config.divisor = divide_by_active ? train::Divisor::ActiveRanks : train::Divisor::InitialWorldSize;
+  options.divide_by_initial_world_size = !divide_by_active;
+  return {config, options, label};
+}
+
+std::vector<Case> cases() {
+  train::RunConfig base;
+  base.per_rank_seed = true;
+  std::vector<Case> out;
+  out.push_back(uneven_case(base, {6, 2}, kSeveral, false, "rank 1 joins after 2 steps"));
+  out.push_back(uneven_case(base, {6, 2}, kSeveral, true,
+                            "rank 1 joins after 2 steps, divide by the active ranks"));
+  out.push_back(uneven_case(base, {2, 6, 4}, kSeveral, false, "three counts, rank 0 first"));
+  out.push_back(uneven_case(base, {2, 6, 4}, kSeveral, true,
+                            "three counts, divide by the active ranks"));
+  out.push_back(uneven_case(base, {4, 0, 6, 2}, kSeveral, false,
+                            "four ranks, rank 1 with no batch at all"));
+  out.push_back(uneven_case(base, {0, 4, 2}, kPerParameter, true,
+                            "rank 0 with no batch, a bucket per parameter, divide by active"));
+  train::RunConfig f64 = base;
+  f64.dtype = tp::kFloat64;
+  f64.momentum = 0.9;
+  out.push_back(uneven_case(f64, {3, 5, 5}, kSeveral, false,
+                            "float64, momentum, the last two join together"));
+  out.push_back(uneven_case(base, {4, 4}, kSeveral, false, "even inputs inside join()"));
+  train::RunConfig accumulate = base;
+  accumulate.micro_batches = 2;
+  Options view = kSeveral;
+  view.gradient_as_bucket_view = true;
+  out.push_back(uneven_case(accumulate, {4, 8, 2}, view, true,
+                            "K = 2, gradient_as_bucket_view, divide by the active ranks"));
+  train::RunConfig reordered = base;
+  reordered.model_kind = train::ModelKind::Reordered;
+  Options fixed = kPerParameter;
+  fixed.static_graph = true;
+  out.push_back(uneven_case(reordered, {2, 5, 3}, fixed, false,
+                            "reordered model, static_graph: buckets rebuilt while a rank shadows"));
+  train::RunConfig branchy = base;
+  branchy.model_kind = train::ModelKind::Branchy;
+  Options unused = kSeveral;
+  unused.find_unused_parameters = true;
+  out.push_back(uneven_case(branchy, {5, 2, 4}, unused, false,
+                            "branchy, find_unused_parameters: joined ranks shadow the used-map"));
+  for (Case& c : out) c.config.trace = true;
+  return out;
+}
+
+std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
+  const Options& o = c.options;
+  const auto initial = train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb);
+  const int64_t k = c.config.micro_batches;
+  const uint64_t buffers = o.broadcast_buffers ? run.num_buffers() : 0;
+  std::vector<train::Finding> out = train::check_construction_counts(
+      run, run.num_params() + buffers, 0,
+      "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
+      "once",
+      /*allgathers=*/2);
+  const bool rebuilds = o.static_graph || !o.find_unused_parameters;
+  // Per step of an active rank: one notify all-reduce, the buckets (the
+  // construction's in step 0, the rebuilt ones' count after), the used-map
+  // where the step has one.
+  const size_t final_count = run.ranks[0].buckets.size();
+  if (out.empty()) {
+    out = train::check_counts_per_micro(
+        run, train::Collective::AllReduce,
+        [&](int64_t step, int64_t micro) -> uint64_t {
+          if (micro + 1 != k) return 0;
+          const size_t buckets = step == 0 ? initial.size() : final_count;
+          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+          return 1 + buckets + (used_map ? 1 : 0);
+        },
+        "one to say the rank still trains, then one per bucket (and the used-map), in each "
+        "synced step",
+        "inside join(), every synced forward all-reduces one number first (the ranks still "
+        "training), and the step's buckets follow (Note [Join])");
+  }
+  if (out.empty()) {
+    out = train::check_counts_per_micro(
+        run, train::Collective::Broadcast,
+        [&](int64_t step, int64_t micro) {
+          return rebuilds && step == 0 && micro + 1 == k ? 1 : 0;
+        },
+        rebuilds ? "one (rank 0's ready order) at the end of the first synced step, none after"
+                 : "none after construction",
+        "nothing is broadcast during training but the bucket rebuild's order (stage 06); the "
+        "final model is broadcast after every rank has joined");
+  }
+  if (out.empty()) {
+    for (const train::RankResult& r : run.ranks) {
+      if (r.buckets == run.ranks[0].buckets) continue;
+      out.push_back({cat("rank ", r.rank, "'s buckets differ from rank 0's after training"),
+                     "every rank rebuilds from rank 0's order, a rank that has joined too (it "
+                     "takes part in the broadcast while it shadows the first synced step)"});
+      break;
+    }
+  }
+  if (out.empty()) {
+    out = train::check_synced_when_backward_returns(
+        run, "wait for every bucket in the end-of-backward callback");
+  }
+  return out;
+}
+
+// ---- scenarios --------------------------------------------------------------
+
+train::Scenario early_termination() {
+  return {"throw_on_early_termination, ranks with 3, 1 and 2 steps: every rank throws", 3,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            Options options = kSeveral;
+            options.throw_on_early_termination = true;
+            DDP ddp(train::make_model({}), group, options);
+            tp::optim::SGD sgd(ddp.parameters(), {.lr = 0.05});
+            const train::RunConfig plan;
+            const tp::data::Batch batch =
+                tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
+            const int steps = rank == 0 ? 3 : rank == 1 ? 1 : 2;
+            try {
+              ddp.join([&] {
+                for (int s = 0; s < steps; ++s) {
+                  sgd.zero_grad();
+                  tp::mse_loss(ddp(batch.x), batch.y).backward();
+                  sgd.step();
+                }
+              });
+            } catch (const tp::DistributedError& e) {
+              const std::string what = e.what();
+              if (what.find("throw_on_early_termination") == std::string::npos) {
+                return cat("rank ", rank, ": the error does not name throw_on_early_termination: ",
+                           what);
+              }
+              return "";
+            }
+            return cat("rank ", rank, ": join() returned although rank 1 ran out after one "
+                                      "step and throw_on_early_termination is set");
+          },
+          "with throw_on_early_termination, the first synced step that counts fewer ranks than "
+          "the world size throws on every rank: the active ranks in their notify, the joined "
+          "one in join()'s loop (Note [Join])"};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  train::CheckerSpec<Options> spec;
+  spec.stage = "07";
+  spec.title = "DDP with join() for uneven inputs";
+  spec.cases = cases();
+  spec.advice = advice();
+  spec.stage_checks = stage_checks;
+  spec.scenarios = no_sync_scenarios::all<DDP>(/*first_sync_extra=*/1);  // the rebuild's broadcast
+  spec.scenarios.push_back(early_termination());
+  return train::run_checker<DDP>(argc, argv, spec);
+}
