@@ -52,7 +52,12 @@ def main(demo):
     for rank in range(WORLD):
         if (rank, "main") not in names or (rank, "comm") not in names:
             fail(f"the trace lacks rank {rank}'s main or comm thread: {sorted(names)}")
-        spans = [e for e in trace if e["pid"] == rank and e["ph"] == "X" and e["name"] == "allreduce"]
+        # Only those inside a training step: a stage may communicate after
+        # the loop too (stage 07's join() ends with two all-reduces).
+        steps = [(e["ts"], e["ts"] + e["dur"]) for e in trace
+                 if e["pid"] == rank and e["ph"] == "X" and e["name"] == "step"]
+        spans = [e for e in trace if e["pid"] == rank and e["ph"] == "X" and e["name"] == "allreduce"
+                 and any(begin <= e["ts"] <= end for begin, end in steps)]
         if len(spans) != n * STEPS:
             fail(f"rank {rank}: {len(spans)} allreduce spans in the trace, expected {n * STEPS}")
     if "timeline of step" not in run.stdout:

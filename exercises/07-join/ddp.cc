@@ -165,9 +165,9 @@ Tensor DistributedDataParallel::forward([[maybe_unused]] const Tensor& input) {
              "with find_unused_parameters = true");
   }
   sync_this_backward_ = require_backward_grad_sync_;
-  // EXERCISE: inside join(), a forward whose backward syncs first tells the
-  // ranks that it is still training (Note [Join]).
-  throw tp::NotImplemented("stage 07: DistributedDataParallel::forward is not implemented yet (exercises/07-join/ddp.cc)");
+  // Inside join(), a forward whose backward syncs first tells the ranks that
+  // this one is still training (Note [Join]).
+  if (sync_this_backward_ && joining_) notify_join();
   Tensor output = module_->forward(input);
   // The unused parameters, as stage 06 (with static_graph, once).
   if (sync_this_backward_) {

@@ -563,6 +563,27 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
         "handled right when it syncs: zeros in its slot where this rank did not use it, the "
         "average where another rank did, no gradient at all where no rank did, and what it "
         "accumulated under no_sync kept?");
+  } else if (c.first_bad_index < 0 && !wrong.empty()) {
+    // Every loss right: every step's model was right where it was used.
+    later_cause = uneven(config)
+        ? "every micro-batch's loss matches the reference, so every step trained the right "
+          "model; only the final parameters differ, so they changed after the last step that "
+          "used them. A rank that ran out of inputs stops stepping: is the final model "
+          "broadcast to every rank from the last rank to join (the one that trained longest)?"
+        : "every micro-batch's loss matches the reference, so every step trained the right "
+          "model; only the final parameters differ: what changes them after the last step?";
+  } else if (c.first_bad_index >= 0 && uneven(config) &&
+             active_ranks(config, c.first_bad_index / k_micro - 1) < config.world_size &&
+             active_ranks(config, std::max<int64_t>(c.first_bad_index / k_micro - 2, 0)) ==
+                 config.world_size) {
+    const int64_t s = c.first_bad_index / k_micro - 1;
+    later_cause = detail::cat(
+        "the first wrong update is step ", s, "'s, the first step with fewer ranks training (",
+        active_ranks(config, s), " of ", config.world_size, "): is the summed gradient divided "
+        "by what the plan asks (", config.divisor == Divisor::ActiveRanks
+                                       ? "the ranks still training"
+                                       : "the initial world size",
+        "), and do the ranks that ran out add zeros to every bucket?");
   } else if (ranks_disagree) {
     std::set<std::string> apart;  // parameters some rank ends without rank 0's values
     for (const RankResult& r : ranks) {

@@ -403,7 +403,21 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
                 cell(row.ddp[l], "%.6f").c_str(), cell(row.reference[l], "%.6f").c_str(),
                 row.drift);
   }
-  if (uneven(config)) std::printf("(- : the rank had no batch left at that step)\n");
+  if (uneven(config)) {
+    std::printf("(- : the rank had no batch left at that step)\n");
+    // Which ranks train and which, having run out, shadow the others.
+    std::printf("\nranks per step (uneven inputs):\n");
+    for (int64_t step = 0; step < total_steps(config); ++step) {
+      std::string training, shadowing;
+      for (int r = 0; r < config.world_size; ++r) {
+        std::string& list = step < steps_of(config, r) ? training : shadowing;
+        list += (list.empty() ? "" : ",") + std::to_string(r);
+      }
+      std::printf("  step %lld: training %s; shadowing %s; divided by %d\n",
+                  static_cast<long long>(step), training.c_str(),
+                  shadowing.empty() ? "-" : shadowing.c_str(), divisor_at(config, step));
+    }
+  }
   print_unreached(config, ranks);
   std::printf("\nfinal parameter norm: reference %.9f, rank 0 %.9f\n", c.reference_norm,
               c.rank0_norm);
