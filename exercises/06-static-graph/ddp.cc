@@ -284,7 +284,8 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, const Tensor& par
     TP_THROW(tp::DistributedError, "stage06 DDP: rank ", process_group_->rank(),
              ": static_graph: parameter ", index, " (", params_[static_cast<size_t>(index)].first,
              ") got a gradient, but the first iteration found it unused on this rank: the "
-             "graph changed (Note [Static graph]); with parameters that are used in some "
+             "graph changed, or the record of the first iteration (static_unused_here_) is "
+             "not what it found (Note [Static graph]); with parameters that are used in some "
              "iterations and not in others, pass find_unused_parameters = true instead");
   }
   if (!callback_queued_) {
@@ -475,7 +476,8 @@ void DistributedDataParallel::throw_unfinished() {
     TP_THROW(tp::DistributedError, "stage06 DDP: rank ", process_group_->rank(),
              ": static_graph: backward ended with ", unfinished_,
              ", although the first iteration found every such parameter used on this rank: "
-             "the graph changed (Note [Static graph]); with parameters that are used in some "
+             "the graph changed, or the record of the first iteration (static_unused_) is not "
+             "what it found (Note [Static graph]); with parameters that are used in some "
              "iterations and not in others, pass find_unused_parameters = true instead");
   }
   if (options_.find_unused_parameters || options_.static_graph) {

@@ -22,6 +22,7 @@
 #include "tensorplay/nn/linear.h"
 #include "tensorplay/nn/module.h"
 #include "tensorplay/ops.h"
+#include "tensorplay/optim/sgd.h"
 #include "tensorplay/random.h"
 #include "tensorplay/train/checker.h"
 
@@ -83,6 +84,8 @@ std::vector<Case> cases() {
   deep.deep_depth = 8;
   out.push_back({deep, with({.bucket_cap_mb = 8.0 / 1024, .first_bucket_cap_mb = 2.0 / 1024}, true),
                  "deep model, static_graph"});
+  out.push_back({reordered, with(kSeveral, true, true),
+                 "reordered model, static_graph and find_unused_parameters: rebuilt too"});
   train::RunConfig branchy = small;
   branchy.model_kind = train::ModelKind::Branchy;
   out.push_back({branchy, with(kSeveral, false, true),
@@ -333,17 +336,43 @@ train::Scenario unused_then_used() {
 // ready orders differ (each files its unused head first). Runs 3 steps and
 // returns `check(ddp, model)`'s verdict.
 template <typename Check>
-std::string different_routes(int rank, const Group& group, Check&& check) {
+std::string different_routes(int rank, const Group& group, Check&& check, bool view = false,
+                             bool evaluate_first = false, int steps = 3) {
   tp::manual_seed(0);
   auto model = std::make_shared<Forked>();
   model->mode = rank == 0 ? 0 : 1;
-  DDP ddp(model, group, with(kPerParameter, true));
+  DDP ddp(model, group, with(kPerParameter, true, false, view));
+  tp::optim::SGD sgd(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
   const tp::data::Batch batch = rows_of(rank);
-  for (int step = 0; step < 3; ++step) {
-    for (const tp::Tensor& p : ddp.parameters()) p.set_grad(tp::Tensor());
+  if (evaluate_first) (void)ddp(batch.x);  // a forward never followed by a backward
+  for (int step = 0; step < steps; ++step) {
+    sgd.zero_grad();
     tp::mse_loss(ddp(batch.x), batch.y).backward();
+    sgd.step();
   }
   return check(ddp, *model);
+}
+
+// "" when every parameter equals rank 0's (compared through broadcasts,
+// all issued before any comparison, so that every rank issues the same).
+std::string same_as_rank0(int rank, const Group& group, DDP& ddp) {
+  std::vector<tp::Tensor> rank0;
+  for (const auto& [name, param] : ddp.named_parameters()) {
+    rank0.push_back(param.clone());
+    group->broadcast(rank0.back(), 0)->wait();
+  }
+  const auto named = ddp.named_parameters();
+  for (size_t p = 0; p < named.size(); ++p) {
+    const float* mine = named[p].second.template data_ptr<float>();
+    const float* theirs = rank0[p].template data_ptr<float>();
+    for (int64_t i = 0; i < named[p].second.numel(); ++i) {
+      if (mine[i] != theirs[i]) {
+        return cat("rank ", rank, ": ", named[p].first, " differs from rank 0's after 3 steps "
+                   "(element ", i, ": ", mine[i], " against ", theirs[i], ")");
+      }
+    }
+  }
+  return "";
 }
 
 train::Scenario same_buckets_on_every_rank() {
@@ -366,12 +395,23 @@ train::Scenario same_buckets_on_every_rank() {
                   return cat("rank ", rank, "'s rebuilt buckets differ from rank 0's");
                 }
               }
+              // Rank 0 left b and c (parameters 2 to 5) unused: filed first, in order.
+              const auto buckets = ddp.bucket_assignment();
+              if (rank == 0) {
+                for (int64_t i = 0; i < 4; ++i) {
+                  if (buckets.size() < 4 || buckets[static_cast<size_t>(i)] !=
+                                                std::vector<int64_t>{i + 2}) {
+                    return cat("rank 0's rebuilt buckets do not begin with the parameters its "
+                               "forward left unused (2, 3, 4, 5: b and c)");
+                  }
+                }
+              }
               return "";
             });
           },
           "rebuild from rank 0's ready order, broadcast, not from each rank's own: a rank whose "
-          "forward leaves other parameters unused files them in another order (Note "
-          "[Rebuilding the buckets])"};
+          "forward leaves other parameters unused files them in another order, the unused ones "
+          "first (Note [Rebuilding the buckets])"};
 }
 
 train::Scenario unused_everywhere_keeps_no_gradient() {
@@ -387,6 +427,50 @@ train::Scenario unused_everywhere_keeps_no_gradient() {
           "count is 0 in every later iteration too (Note [Static graph])"};
 }
 
+train::Scenario replicas_stay_identical() {
+  return {"static_graph, rank 0 uses a and rank 1 uses b, momentum: the replicas stay "
+          "identical",
+          2,
+          [](int rank, Group group) {
+            return different_routes(rank, group, [&](DDP& ddp, Forked&) {
+              return same_as_rank0(rank, group, ddp);
+            });
+          },
+          "with static_graph, a parameter used on some ranks only still gets the average on "
+          "every rank in every iteration: keep the first iteration's all-reduced used-map "
+          "(static_used_), not this rank's own view of it (Note [Static graph])"};
+}
+
+train::Scenario no_gradient_with_views() {
+  return {"static_graph, gradient_as_bucket_view, c never used: no gradient after the rebuild",
+          2,
+          [](int rank, Group group) {
+            return different_routes(
+                rank, group,
+                [&](DDP&, Forked& model) -> std::string {
+                  if (!model.c->weight.grad().defined()) return "";
+                  return cat("rank ", rank, ": c.weight, which no rank used, has a gradient "
+                                            "after the first step (the one that rebuilds the "
+                                            "buckets) with gradient_as_bucket_view");
+                },
+                /*view=*/true, /*evaluate_first=*/false, /*steps=*/1);
+          },
+          "with gradient_as_bucket_view too, a parameter no rank used keeps no gradient: do not "
+          "point its .grad at a slot when rebuilding the buckets"};
+}
+
+train::Scenario evaluation_before_training() {
+  return {"static_graph, a forward without backward before the first step: nothing changes", 2,
+          [](int rank, Group group) {
+            return different_routes(
+                rank, group, [&](DDP& ddp, Forked&) { return same_as_rank0(rank, group, ddp); },
+                /*view=*/false, /*evaluate_first=*/true);
+          },
+          "the first synced iteration is the first forward whose backward ran: count synced "
+          "backward passes (synced_iterations_), not forwards or walks, to know when the "
+          "record is complete"};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -398,7 +482,8 @@ int main(int argc, char** argv) {
   spec.stage_checks = stage_checks;
   spec.scenarios = no_sync_scenarios::all<DDP>(/*first_sync_extra=*/1);  // the rebuild's broadcast
   for (train::Scenario s : {used_then_unused(), unused_then_used(), same_buckets_on_every_rank(),
-                            unused_everywhere_keeps_no_gradient()}) {
+                            unused_everywhere_keeps_no_gradient(), replicas_stay_identical(),
+                            no_gradient_with_views(), evaluation_before_training()}) {
     spec.scenarios.push_back(std::move(s));
   }
   return train::run_checker<DDP>(argc, argv, spec);

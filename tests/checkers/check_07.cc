@@ -10,6 +10,7 @@
 #include "ddp.h"
 #endif
 
+#include <cmath>
 #include <memory>
 #include <string>
 
@@ -92,6 +93,10 @@ std::vector<Case> cases() {
   unused.find_unused_parameters = true;
   out.push_back(uneven_case(branchy, {5, 2, 4}, unused, false,
                             "branchy, find_unused_parameters: joined ranks shadow the used-map"));
+  train::RunConfig buffered = base;
+  buffered.model_kind = train::ModelKind::Buffered;
+  out.push_back(uneven_case(buffered, {4, 2, 3}, kSeveral, false,
+                            "buffered model: each rank keeps its own buffers to the end"));
   for (Case& c : out) c.config.trace = true;
   return out;
 }
@@ -190,6 +195,100 @@ train::Scenario early_termination() {
           "one in join()'s loop (Note [Join])"};
 }
 
+// One training step of `ddp` on this rank's rows.
+void train_step(DDP& ddp, tp::optim::SGD& sgd, int rank) {
+  const train::RunConfig plan;
+  const tp::data::Batch batch =
+      tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
+  sgd.zero_grad();
+  tp::mse_loss(ddp(batch.x), batch.y).backward();
+  sgd.step();
+}
+
+train::Scenario even_inputs_do_not_throw() {
+  return {"throw_on_early_termination with even inputs: nobody runs out early, nobody throws", 2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            Options options = kSeveral;
+            options.throw_on_early_termination = true;
+            DDP ddp(train::make_model({}), group, options);
+            tp::optim::SGD sgd(ddp.parameters(), {.lr = 0.05});
+            try {
+              ddp.join([&] {
+                for (int s = 0; s < 2; ++s) train_step(ddp, sgd, rank);
+              });
+            } catch (const tp::DistributedError& e) {
+              return cat("rank ", rank, ": join() threw although every rank trained 2 steps: ",
+                         e.what());
+            }
+            return "";
+          },
+          "every rank runs out at the same step: the round that counts 0 ranks training ends "
+          "join() before throw_on_early_termination is considered (Note [Join])"};
+}
+
+train::Scenario join_twice_then_train() {
+  return {"two join() epochs with uneven inputs, then training outside join(): it all pairs", 2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            Options options = kSeveral;
+            options.divide_by_initial_world_size = false;
+            DDP ddp(train::make_model({}), group, options);
+            tp::optim::SGD sgd(ddp.parameters(), {.lr = 0.05});
+            for (int epoch = 0; epoch < 2; ++epoch) {
+              ddp.join([&] {
+                for (int s = 0; s < (rank == 0 ? 3 : 1); ++s) train_step(ddp, sgd, rank);
+              });
+            }
+            const uint64_t before = group->counters().allreduce;
+            train_step(ddp, sgd, rank);  // outside join(): no notify, the buckets only
+            const uint64_t n = group->counters().allreduce - before;
+            if (n != ddp.bucket_assignment().size()) {
+              return cat("rank ", rank, ": ", n, " all-reduces in a step outside join(); "
+                         "expected ", ddp.bucket_assignment().size(), " (the buckets only)");
+            }
+            for (const tp::Tensor& p : ddp.parameters()) {
+              if (!std::isfinite(p.sum().item())) {
+                return cat("rank ", rank, ": a parameter is not finite after a step outside "
+                                          "join() with divide_by_initial_world_size = false");
+              }
+            }
+            return "";
+          },
+          "join() leaves the DDP as it found it (not joining: no notify in forward) on every "
+          "path out; outside join() every rank trains, so both divisors are the world size"};
+}
+
+train::Scenario divisor_outside_join() {
+  return {"outside join(), divide_by_initial_world_size = false averages over the world size",
+          2,
+          [](int rank, Group group) -> std::string {
+            std::vector<tp::Tensor> grads[2];
+            for (int option = 0; option < 2; ++option) {
+              tp::manual_seed(0);
+              Options options = kSeveral;
+              options.divide_by_initial_world_size = option == 0;
+              DDP ddp(train::make_model({}), group, options);
+              const train::RunConfig plan;
+              const tp::data::Batch batch =
+                  tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
+              tp::mse_loss(ddp(batch.x), batch.y).backward();
+              for (const tp::Tensor& p : ddp.parameters()) grads[option].push_back(p.grad().clone());
+            }
+            for (size_t p = 0; p < grads[0].size(); ++p) {
+              const double d = tp::max_abs_diff(grads[0][p], grads[1][p]);
+              if (!(d <= 1e-6)) {
+                return cat("rank ", rank, ": outside join(), the gradient of parameter ", p,
+                           " differs by ", d, " between the two divide_by_initial_world_size "
+                           "settings");
+              }
+            }
+            return "";
+          },
+          "outside join() every rank trains, so the divisor is the world size whichever the "
+          "option: divisor() may use the count of the last notify only inside join()"};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,6 +299,9 @@ int main(int argc, char** argv) {
   spec.advice = advice();
   spec.stage_checks = stage_checks;
   spec.scenarios = no_sync_scenarios::all<DDP>(/*first_sync_extra=*/1);  // the rebuild's broadcast
-  spec.scenarios.push_back(early_termination());
+  for (train::Scenario scenario : {early_termination(), even_inputs_do_not_throw(),
+                                   divisor_outside_join(), join_twice_then_train()}) {
+    spec.scenarios.push_back(std::move(scenario));
+  }
   return train::run_checker<DDP>(argc, argv, spec);
 }
