@@ -21,6 +21,7 @@
 #include <string>
 
 #include "no_sync_scenarios.h"
+#include "scenario_models.h"
 #include "tensorplay/data.h"
 #include "tensorplay/error.h"
 #include "tensorplay/nn/linear.h"
@@ -227,12 +228,10 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
 
 // ---- scenarios --------------------------------------------------------------
 
-// One micro-batch's loss on BranchyMLP, rows chosen so that rank 0 takes one
-// branch and rank 1 may take the other.
+// One micro-batch's loss on BranchyMLP, on this rank's rows: rank 0 takes
+// one branch and rank 1 may take the other.
 tp::Tensor branchy_loss(DDP& ddp, int rank) {
-  const train::RunConfig plan = branchy({});
-  const tp::data::Batch batch =
-      tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
+  const tp::data::Batch batch = scenario_models::rows_of(rank);
   return tp::mse_loss(ddp(batch.x), batch.y);
 }
 
@@ -291,9 +290,7 @@ train::Scenario note_when_nothing_unused() {
           [](int rank, Group group) -> std::string {
             tp::manual_seed(0);
             DDP ddp(train::make_model({}), group, unused({}));
-            const train::RunConfig plan;
-            const tp::data::Batch batch =
-                tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
+            const tp::data::Batch batch = scenario_models::rows_of(rank);
             const std::string said = stderr_of([&] {
               for (int step = 0; step < 3; ++step) tp::mse_loss(ddp(batch.x), batch.y).backward();
             });
@@ -317,22 +314,8 @@ train::Scenario note_when_nothing_unused() {
           "that the option costs a graph walk per forward"};
 }
 
-// Two heads on one input; `mode` picks a (0), b (1) or both (2). Unlike
-// BranchyMLP it has no parameter that no rank ever uses.
-class Forked : public tp::nn::Module {
- public:
-  Forked() {
-    a = register_module("a", std::make_shared<tp::nn::Linear>(16, 4));
-    b = register_module("b", std::make_shared<tp::nn::Linear>(16, 4));
-  }
-  tp::Tensor forward(const tp::Tensor& x) override {
-    if (mode == 0) return a->forward(x);
-    if (mode == 1) return b->forward(x);
-    return tp::add(a->forward(x), b->forward(x));
-  }
-  int mode = 2;
-  std::shared_ptr<tp::nn::Linear> a, b;
-};
+using scenario_models::Forked;
+using scenario_models::rows_of;
 
 // h = (h + h) * 0.5, `depth` times: every node reached along two paths, so
 // a walk without a visited set takes 2^depth steps.
@@ -351,11 +334,6 @@ class Diamonds : public tp::nn::Module {
   int depth_;
   std::shared_ptr<tp::nn::Linear> fc;
 };
-
-tp::data::Batch rows_of(int rank) {
-  const train::RunConfig plan;
-  return tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
-}
 
 size_t notes_in(const std::string& said) {  // lines about the option
   size_t notes = 0;

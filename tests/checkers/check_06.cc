@@ -17,6 +17,7 @@
 #include <string>
 
 #include "no_sync_scenarios.h"
+#include "scenario_models.h"
 #include "tensorplay/data.h"
 #include "tensorplay/error.h"
 #include "tensorplay/nn/linear.h"
@@ -269,34 +270,14 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
 
 // ---- scenarios --------------------------------------------------------------
 
-// Heads a, b, c on one input. `mode` 0 uses a, 1 uses b, 2 uses a and b; c
-// is never used.
-class Forked : public tp::nn::Module {
- public:
-  Forked() {
-    a = register_module("a", std::make_shared<tp::nn::Linear>(16, 4));
-    b = register_module("b", std::make_shared<tp::nn::Linear>(16, 4));
-    c = register_module("c", std::make_shared<tp::nn::Linear>(16, 4));
-  }
-  tp::Tensor forward(const tp::Tensor& x) override {
-    if (mode == 0) return a->forward(x);
-    if (mode == 1) return b->forward(x);
-    return tp::add(a->forward(x), b->forward(x));
-  }
-  int mode = 2;
-  std::shared_ptr<tp::nn::Linear> a, b, c;
-};
-
-tp::data::Batch rows_of(int rank) {
-  const train::RunConfig plan;
-  return tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
-}
+using scenario_models::Forked;
+using scenario_models::rows_of;
 
 // Steps `model` in mode `first` once, then in mode `then`, with static_graph;
 // the second step must fail on this rank with an error naming the option.
 std::string changed_graph(int rank, const Group& group, int first, int then) {
   tp::manual_seed(0);
-  auto model = std::make_shared<Forked>();
+  auto model = std::make_shared<Forked>(/*spare=*/true);
   DDP ddp(model, group, with(kPerParameter, true));
   const tp::data::Batch batch = rows_of(rank);
   model->mode = first;
@@ -339,7 +320,7 @@ template <typename Check>
 std::string different_routes(int rank, const Group& group, Check&& check, bool view = false,
                              bool evaluate_first = false, int steps = 3) {
   tp::manual_seed(0);
-  auto model = std::make_shared<Forked>();
+  auto model = std::make_shared<Forked>(/*spare=*/true);
   model->mode = rank == 0 ? 0 : 1;
   DDP ddp(model, group, with(kPerParameter, true, false, view));
   tp::optim::SGD sgd(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});

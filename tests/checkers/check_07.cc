@@ -15,6 +15,7 @@
 #include <string>
 
 #include "no_sync_scenarios.h"
+#include "scenario_models.h"
 #include "tensorplay/data.h"
 #include "tensorplay/error.h"
 #include "tensorplay/ops.h"
@@ -167,9 +168,7 @@ train::Scenario early_termination() {
             options.throw_on_early_termination = true;
             DDP ddp(train::make_model({}), group, options);
             tp::optim::SGD sgd(ddp.parameters(), {.lr = 0.05});
-            const train::RunConfig plan;
-            const tp::data::Batch batch =
-                tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
+            const tp::data::Batch batch = scenario_models::rows_of(rank);
             const int steps = rank == 0 ? 3 : rank == 1 ? 1 : 2;
             try {
               ddp.join([&] {
@@ -197,9 +196,7 @@ train::Scenario early_termination() {
 
 // One training step of `ddp` on this rank's rows.
 void train_step(DDP& ddp, tp::optim::SGD& sgd, int rank) {
-  const train::RunConfig plan;
-  const tp::data::Batch batch =
-      tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
+  const tp::data::Batch batch = scenario_models::rows_of(rank);
   sgd.zero_grad();
   tp::mse_loss(ddp(batch.x), batch.y).backward();
   sgd.step();
@@ -269,9 +266,7 @@ train::Scenario divisor_outside_join() {
               Options options = kSeveral;
               options.divide_by_initial_world_size = option == 0;
               DDP ddp(train::make_model({}), group, options);
-              const train::RunConfig plan;
-              const tp::data::Batch batch =
-                  tp::data::SyntheticRegression(train::data_options(plan)).rows(rank * 8, 8);
+              const tp::data::Batch batch = scenario_models::rows_of(rank);
               tp::mse_loss(ddp(batch.x), batch.y).backward();
               for (const tp::Tensor& p : ddp.parameters()) grads[option].push_back(p.grad().clone());
             }

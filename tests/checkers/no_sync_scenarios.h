@@ -26,6 +26,7 @@
 #include "tensorplay/error.h"
 #include "tensorplay/ops.h"
 #include "tensorplay/random.h"
+#include "scenario_models.h"
 #include "tensorplay/train/checker.h"
 
 namespace no_sync_scenarios {
@@ -36,9 +37,7 @@ using tp::detail::cat;
 // One micro-batch's loss on this rank's rows of the default plan's data.
 template <typename DDP>
 tp::Tensor loss_of(DDP& ddp, int rank) {
-  const tp::train::RunConfig plan;
-  const tp::data::Batch batch =
-      tp::data::SyntheticRegression(tp::train::data_options(plan)).rows(rank * 8, 8);
+  const tp::data::Batch batch = scenario_models::rows_of(rank);
   return tp::mse_loss(ddp(batch.x), batch.y);
 }
 
