@@ -127,10 +127,6 @@ class DistributedDataParallel {
   // backward: gradients accumulate in .grad on this rank only.
   NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
-  // How many times forward() walked the autograd graph (for the checker:
-  // with static_graph, once).
-  int64_t graph_walks() const { return graph_walks_; }
-
  private:
   // One parameter's place in its bucket (as in stage 02).
   struct Slot {
@@ -165,7 +161,7 @@ class DistributedDataParallel {
   // The hook of parameter `index`: its gradient is final for this backward.
   void on_gradient_ready(int64_t index, const tp::Tensor& param);
   // The parameters (indices) that `output` does not depend on: walk_graph,
-  // counted (graph_walks()) and marked on the trace ("graph walk").
+  // marked on the trace ("graph walk": the checker counts them).
   std::vector<int64_t> unreached_parameters(const tp::Tensor& output);
   // The walk of stage 05 (Note [Finding unused parameters]).
   std::vector<int64_t> walk_graph(const tp::Tensor& output) const;
@@ -221,7 +217,6 @@ class DistributedDataParallel {
   std::vector<int64_t> static_unused_;    // unused on this rank
   std::vector<char> static_unused_here_;  // [p]: 1 if p is in static_unused_
   std::vector<float> static_used_;        // [p]: ranks that used p (the used-map)
-  int64_t graph_walks_ = 0;               // walks of the graph so far
   // [/snippet:first-iteration-state]
 
   // Per iteration, touched by the hooks and the callback on the thread that

@@ -201,7 +201,6 @@ std::vector<int64_t> DistributedDataParallel::unreached_parameters(const Tensor&
   // Counted on the trace: with static_graph, only the first synced forward
   // walks.
   tp::trace::Span span("graph walk", "ddp");
-  ++graph_walks_;
   return walk_graph(output);
 }
 

@@ -97,14 +97,6 @@ std::vector<Case> cases() {
 
 bool rebuilds(const Options& o) { return o.static_graph || !o.find_unused_parameters; }
 
-// The value of `key` in an event's arguments, or -1.
-int64_t arg_of(const tp::trace::Event& e, const std::string& key) {
-  for (const auto& [name, value] : e.args) {
-    if (name == key) return value;
-  }
-  return -1;
-}
-
 // Rank `r`'s filing order in its first synced backward, read from the trace:
 // the parameters its forward did not reach first (filed at the first hook,
 // ascending), then the engine's "grad ready" marks in order.
@@ -114,7 +106,7 @@ std::vector<int64_t> first_ready_order(const train::CaseRun& run, const train::R
   const tp::trace::Event* backward = nullptr;
   for (const tp::trace::Event& e : r.events) {
     if (e.name != "backward" || e.phase != 'X') continue;
-    if (arg_of(e, "micro") == k - 1) backward = &e;
+    if (train::arg_of(e, "micro") == k - 1) backward = &e;
   }
   std::vector<int64_t> order = r.unreached_per_micro.at(static_cast<size_t>(k - 1));
   if (backward == nullptr) return order;
@@ -125,35 +117,13 @@ std::vector<int64_t> first_ready_order(const train::CaseRun& run, const train::R
         e.begin_order >= backward->end_order) {
       continue;
     }
-    const auto p = param_of_id.find(arg_of(e, "tensor"));
+    const auto p = param_of_id.find(train::arg_of(e, "tensor"));
     if (p != param_of_id.end() &&
         std::find(order.begin(), order.end(), p->second) == order.end()) {
       order.push_back(p->second);
     }
   }
   return order;
-}
-
-// The cap rule of Note [Bucket assignment] over the parameters in `order`.
-std::vector<std::vector<int64_t>> buckets_in_order(const train::CaseRun& run,
-                                                   const std::vector<int64_t>& order,
-                                                   const Options& o) {
-  const size_t element = run.config.dtype == tp::kFloat64 ? 8 : 4;
-  auto cap_bytes = [](double mb) { return static_cast<uint64_t>(mb * 1024.0 * 1024.0); };
-  std::vector<std::vector<int64_t>> buckets;
-  std::vector<int64_t> open;
-  uint64_t bytes = 0;
-  for (int64_t p : order) {
-    open.push_back(p);
-    bytes += run.reference.final_params[static_cast<size_t>(p)].values.size() * element;
-    if (bytes >= cap_bytes(buckets.empty() ? o.first_bucket_cap_mb : o.bucket_cap_mb)) {
-      buckets.push_back(std::move(open));
-      open.clear();
-      bytes = 0;
-    }
-  }
-  if (!open.empty()) buckets.push_back(std::move(open));
-  return buckets;
 }
 
 // "graph walk" spans per step on rank `r`.
@@ -185,7 +155,9 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
       /*allgathers=*/2);
   // The buckets after the last step: rebuilt from rank 0's first ready order.
   const auto final_buckets =
-      rebuilds(o) ? buckets_in_order(run, first_ready_order(run, run.ranks[0]), o) : initial;
+      rebuilds(o) ? train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb,
+                                            first_ready_order(run, run.ranks[0]))
+                  : initial;
   if (out.empty()) {
     out = train::check_buckets(
         run, final_buckets,

@@ -43,13 +43,6 @@ std::string buckets_text(const std::vector<std::vector<int64_t>>& buckets) {
   return out.empty() ? "(none)" : out;
 }
 
-int64_t arg_of(const trace::Event& e, const char* name) {
-  for (const auto& [key, value] : e.args) {
-    if (key == name) return value;
-  }
-  return -1;
-}
-
 int64_t seq_of(const trace::Event& e) { return arg_of(e, "seq"); }
 
 // One all-reduce as the trace shows it: queued on the issuing thread, run on
@@ -137,6 +130,13 @@ std::vector<Finding> traced_steps(const CaseRun& run, const RankResult& r,
 }
 
 }  // namespace
+
+int64_t arg_of(const trace::Event& e, const char* name) {
+  for (const auto& [key, value] : e.args) {
+    if (key == name) return value;
+  }
+  return -1;
+}
 
 std::vector<Finding> check_construction_counts(const CaseRun& run, uint64_t broadcasts,
                                                uint64_t allreduces,
@@ -505,13 +505,18 @@ std::vector<Finding> check_launched_before_first_wait(const CaseRun& run,
 
 std::vector<std::vector<int64_t>> expected_buckets(const Snapshot& params, size_t element_size,
                                                    double bucket_cap_mb,
-                                                   double first_bucket_cap_mb) {
+                                                   double first_bucket_cap_mb,
+                                                   const std::vector<int64_t>& order) {
   // Caps in whole bytes, as PyTorch computes them: int(cap_mb * 1024 * 1024).
   auto cap_bytes = [](double mb) { return static_cast<uint64_t>(mb * 1024.0 * 1024.0); };
+  std::vector<int64_t> in_order = order;
+  if (in_order.empty()) {  // reverse registration order
+    for (auto p = static_cast<int64_t>(params.size()) - 1; p >= 0; --p) in_order.push_back(p);
+  }
   std::vector<std::vector<int64_t>> buckets;
   std::vector<int64_t> open;
   uint64_t bytes = 0;
-  for (auto p = static_cast<int64_t>(params.size()) - 1; p >= 0; --p) {
+  for (int64_t p : in_order) {
     open.push_back(p);
     bytes += params[static_cast<size_t>(p)].values.size() * element_size;
     if (bytes >= cap_bytes(buckets.empty() ? first_bucket_cap_mb : bucket_cap_mb)) {
@@ -525,9 +530,10 @@ std::vector<std::vector<int64_t>> expected_buckets(const Snapshot& params, size_
 }
 
 std::vector<std::vector<int64_t>> expected_buckets(const CaseRun& run, double bucket_cap_mb,
-                                                   double first_bucket_cap_mb) {
+                                                   double first_bucket_cap_mb,
+                                                   const std::vector<int64_t>& order) {
   return expected_buckets(run.reference.final_params, element_size(run.config.dtype),
-                          bucket_cap_mb, first_bucket_cap_mb);
+                          bucket_cap_mb, first_bucket_cap_mb, order);
 }
 
 std::vector<Finding> check_buckets(const CaseRun& run,

@@ -137,13 +137,19 @@ std::vector<Finding> check_grad_storage(const CaseRun& run,
 // is PyTorch's rule once it has rebuilt its buckets in gradient-ready order
 // after the first iteration (its very first assignment fills buckets in
 // registration order and reverses the list, so there the small bucket goes
-// last).
+// last). A non-empty `order` replaces reverse registration order: the
+// parameters in the order a stage rebuilds its buckets in (stage 06).
 std::vector<std::vector<int64_t>> expected_buckets(const Snapshot& params, size_t element_size,
                                                    double bucket_cap_mb,
-                                                   double first_bucket_cap_mb);
+                                                   double first_bucket_cap_mb,
+                                                   const std::vector<int64_t>& order = {});
 // The same for the case's model and dtype.
 std::vector<std::vector<int64_t>> expected_buckets(const CaseRun& run, double bucket_cap_mb,
-                                                   double first_bucket_cap_mb);
+                                                   double first_bucket_cap_mb,
+                                                   const std::vector<int64_t>& order = {});
+
+// The value of argument `name` of a trace event, or -1 when it has none.
+int64_t arg_of(const trace::Event& e, const char* name);
 
 // Every rank reports the same buckets (RankResult::buckets), equal to
 // `expected`.
