@@ -22,7 +22,13 @@ def main(path):
         for line in log:
             if not line.strip():
                 continue
-            test = json.loads(line)
+            try:
+                test = json.loads(line)
+            except json.JSONDecodeError as error:
+                print(f"test_summary: {path} has a line that is not JSON ({error}); was "
+                      "another meson test writing the same log? ./kit runs one at a time "
+                      "per build directory", file=sys.stderr)
+                return 1
             if test.get("result") == "SKIP":
                 skipped += 1
                 continue

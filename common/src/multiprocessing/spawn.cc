@@ -16,6 +16,20 @@
 // The parent polls the pipes and reaps with waitpid(WNOHANG) in one loop,
 // so a rank writing a large payload is always being read (a full pipe would
 // otherwise block it forever) and a crashed rank is noticed within a tick.
+//
+// Note [Interrupted jobs]
+// Ctrl-C sends SIGINT to the whole foreground process group, `kill` sends
+// SIGTERM to one process (./kit's, which is the demo's: ./kit execs it). A
+// parent ended by the signal's default action would leave the job's
+// rendezvous directory behind, and its ranks would die only by their
+// PR_SET_PDEATHSIG. So while spawn runs, the parent catches SIGINT, SIGTERM
+// and SIGHUP (InterruptGuard): the handler only records the signal; the join
+// loop sees it within a tick, kills the ranks and reaps them, removes the
+// process's temporary directories (TempDir::remove_all_live: no destructor
+// runs in a process ended by a signal) and re-raises the signal with the
+// previous disposition, so the process ends as the signal meant (exit status
+// 128 + N to a shell) and a handler installed before spawn (doctest's) still
+// runs. A signal the caller ignores (nohup's SIGHUP) stays ignored.
 #include "tensorplay/multiprocessing/spawn.h"
 
 #include <cblas.h>  // openblas_set_num_threads (OpenBLAS extension)
@@ -30,7 +44,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -41,6 +57,8 @@
 #include <string>
 #include <typeinfo>
 #include <vector>
+
+#include "tensorplay/util/temp_dir.h"
 
 namespace tp::multiprocessing {
 
@@ -58,6 +76,64 @@ constexpr milliseconds kTick{10};
 // Set in a child right after fork; stay null / -1 in the parent.
 char* g_status_board = nullptr;
 int g_current_rank = -1;
+
+// The signal that interrupted the job, 0 if none (Note [Interrupted jobs]).
+volatile std::sig_atomic_t g_interrupt = 0;
+
+extern "C" void record_interrupt(int sig) { g_interrupt = sig; }
+
+// Catches SIGINT, SIGTERM and SIGHUP for the lifetime of one spawn() call
+// and, once the ranks are ended, turns a caught one back into the signal
+// (Note [Interrupted jobs]). Not reentrant, like spawn itself.
+class InterruptGuard {
+ public:
+  InterruptGuard() {
+    g_interrupt = 0;
+    for (std::size_t i = 0; i < kSignals.size(); ++i) {
+      struct sigaction current {};
+      ::sigaction(kSignals[i], nullptr, &current);
+      if (current.sa_handler == SIG_IGN && (current.sa_flags & SA_SIGINFO) == 0) continue;
+      struct sigaction catcher {};
+      catcher.sa_handler = record_interrupt;
+      sigemptyset(&catcher.sa_mask);
+      installed_[i] = ::sigaction(kSignals[i], &catcher, &previous_[i]) == 0;
+    }
+  }
+
+  // A signal that came after the job ended (the ranks are reaped by now)
+  // still ends the process.
+  ~InterruptGuard() {
+    if (g_interrupt != 0) reraise();
+    restore();
+  }
+
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+
+  // Call once no rank is left: removes the temporary directories, restores
+  // the previous dispositions and raises the caught signal. Returns only if
+  // a previous handler returned; the caller then throws.
+  void reraise() {
+    const int sig = g_interrupt;
+    g_interrupt = 0;
+    restore();
+    TempDir::remove_all_live();
+    std::fflush(nullptr);
+    ::raise(sig);
+  }
+
+ private:
+  void restore() {
+    for (std::size_t i = 0; i < kSignals.size(); ++i) {
+      if (installed_[i]) ::sigaction(kSignals[i], &previous_[i], nullptr);
+      installed_[i] = false;
+    }
+  }
+
+  static constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> previous_{};
+  std::array<bool, 3> installed_{};
+};
 
 // Nanoseconds on the steady clock, the clock of tp::Error::time_ns(): on
 // Linux CLOCK_MONOTONIC, one clock for every process on the machine, so times
@@ -242,8 +318,8 @@ Outcome decode(const Child& child) {
 // outlives spawn(), no descriptor or mapping leaks.
 class Job {
  public:
-  Job(int nprocs, const SpawnOptions& options)
-      : options_(options), children_(static_cast<std::size_t>(nprocs)) {
+  Job(int nprocs, const SpawnOptions& options, InterruptGuard& interrupts)
+      : options_(options), interrupts_(interrupts), children_(static_cast<std::size_t>(nprocs)) {
     const std::size_t bytes = kStatusSlotBytes * static_cast<std::size_t>(nprocs);
     void* board = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -288,8 +364,10 @@ class Job {
   void end_all();
   [[noreturn]] void throw_timeout();
   [[noreturn]] void throw_failure();
+  void throw_if_interrupted();
 
   const SpawnOptions options_;
+  InterruptGuard& interrupts_;
   std::vector<Child> children_;
   char* board_ = nullptr;
   std::size_t board_bytes_ = 0;
@@ -495,6 +573,7 @@ bool blamed_before(const Outcome& a, const Outcome& b) {
 void Job::throw_failure() {
   const auto settle = Clock::now() + std::min(options_.kill_grace, milliseconds(500));
   while (any_alive() && Clock::now() < settle) {
+    throw_if_interrupted();
     read_pipes(kTick);
     reap_finished();
   }
@@ -519,9 +598,28 @@ void Job::throw_failure() {
                    blamed_outcome.kind);
 }
 
+// A caught SIGINT/SIGTERM/SIGHUP: kill and reap every rank at once (the job
+// is being abandoned, so there is nothing to wait for), then end this
+// process by the signal (Note [Interrupted jobs]).
+void Job::throw_if_interrupted() {
+  const int sig = g_interrupt;
+  if (sig == 0) return;
+  for (Child& c : children_) {
+    if (c.reaped) continue;
+    ::kill(c.pid, SIGKILL);
+    while (::waitpid(c.pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    c.reaped = true;
+  }
+  interrupts_.reraise();
+  throw SpawnError(-1, detail::cat("tp::multiprocessing::spawn: interrupted by signal ", sig, " (",
+                                   ::strsignal(sig), "); every rank was ended"));
+}
+
 std::vector<std::string> Job::join() {
   const auto deadline = Clock::now() + options_.timeout;
   for (;;) {
+    throw_if_interrupted();
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) throw_timeout();
     read_pipes(std::min(kTick, left));
@@ -568,7 +666,8 @@ std::vector<std::string> spawn_processes(const RankFn& fn, int nprocs,
     TP_THROW(Error, "tp::multiprocessing::spawn: SpawnOptions::blas_threads must be >= 1 (got ",
              options.blas_threads, ")");
   }
-  Job job(nprocs, options);
+  InterruptGuard interrupts;  // before the Job: destroyed after it
+  Job job(nprocs, options, interrupts);
   job.start(fn);
   return job.join();
 }

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <system_error>
 #include <vector>
 
@@ -21,6 +23,18 @@ std::string temp_root() {
   const char* tmpdir = std::getenv("TMPDIR");
   if (tmpdir != nullptr && tmpdir[0] != '\0') return tmpdir;
   return "/tmp";
+}
+
+// The live, not kept TempDirs of this process, for remove_all_live().
+std::mutex g_live_mutex;
+std::set<std::string>& live_paths() {
+  static std::set<std::string> paths;
+  return paths;
+}
+
+void forget(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  live_paths().erase(path);
 }
 
 }  // namespace
@@ -41,10 +55,27 @@ TempDir::TempDir(const std::string& prefix) {
              "); set TMPDIR to a writable directory");
   }
   path_ = buffer.data();
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  live_paths().insert(path_);
+}
+
+void TempDir::keep() {
+  keep_ = true;
+  forget(path_);
+}
+
+void TempDir::remove_all_live() {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  for (const std::string& path : live_paths()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  live_paths().clear();
 }
 
 TempDir::~TempDir() {
   if (keep_ || path_.empty()) return;
+  forget(path_);
   // A destructor must not throw: use the error_code overload and ignore
   // failures (a leftover directory in /tmp is harmless).
   std::error_code ignored;
