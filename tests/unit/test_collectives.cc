@@ -10,6 +10,7 @@
 
 #include "test_util.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -421,26 +422,52 @@ TEST_CASE("a rank that exits or crashes while its peer waits in an allreduce is 
     void (*end)();
     const char* message;
   };
+  // Ten times each, with and without leaving the group first: the race
+  // (whose report spawn reads first) goes either way from run to run.
   for (const Ending& ending : {Ending{"exit", [] { std::exit(3); }, "exited with code 3"},
                                Ending{"abort", [] { std::abort(); },
                                       "killed by signal 6 (Aborted)"}}) {
-    CAPTURE(ending.how);
-    const mp::SpawnError e = spawn_error_of([&] {
-      run_world(2, [&ending](int rank, int) {
-        if (rank == 1) {
-          dist::destroy_process_group();
-          std::this_thread::sleep_for(milliseconds(50));
-          ending.end();
-        }
-        tp::Tensor t = tp::ones({4});
-        dist::all_reduce(t);
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      const bool leave_first = attempt % 2 == 0;
+      CAPTURE(ending.how);
+      CAPTURE(attempt);
+      const mp::SpawnError e = spawn_error_of([&] {
+        run_world(2, [&](int rank, int) {
+          tp::Tensor t = tp::ones({4});
+          if (rank == 1) {
+            if (leave_first) dist::destroy_process_group();
+            std::this_thread::sleep_for(milliseconds(50));
+            ending.end();
+          }
+          dist::all_reduce(t);
+        });
       });
-    });
-    CHECK(e.rank() == 1);
-    CHECK(e.kind() == tp::ErrorKind::Cause);
-    CHECK(std::string(e.what()).find(std::string("rank 1 failed: ") + ending.message) !=
-          std::string::npos);
+      CHECK(e.rank() == 1);
+      CHECK(e.kind() == tp::ErrorKind::Cause);
+      CHECK(std::string(e.what()).find(std::string("rank 1 failed: ") + ending.message) !=
+            std::string::npos);
+    }
   }
+}
+
+TEST_CASE("a collective that times out because a rank is stopped (SIGSTOP) names that rank") {
+  const mp::SpawnError e = spawn_error_of([&] {
+    run_world(
+        2,
+        [](int rank, int) {
+          tp::Tensor t = tp::ones({4});
+          dist::all_reduce(t);  // allreduce #1: both ranks
+          if (rank == 1) ::raise(SIGSTOP);  // as `kill -STOP`, or a debugger
+          dist::all_reduce(t);
+        },
+        kShortTimeout);
+  });
+  const std::string what = e.what();
+  CAPTURE(what);
+  CHECK(e.rank() == 0);
+  CHECK(what.find("tp::TimeoutError: allreduce #2 on rank 0 timed out") != std::string::npos);
+  CHECK(what.find("meanwhile: rank 1 was stopped (SIGSTOP), not in a collective (last: "
+                  "allreduce #1)") != std::string::npos);
 }
 
 TEST_CASE("the rank that threw is blamed, not the peer whose connection it broke") {

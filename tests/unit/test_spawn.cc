@@ -134,7 +134,7 @@ TEST_CASE("current_rank is the rank inside spawn and -1 outside") {
   CHECK(mp::current_rank() == -1);
   const auto payloads = mp::spawn([](int) { return std::to_string(mp::current_rank()); }, 3);
   CHECK(payloads == std::vector<std::string>{"0", "1", "2"});
-  mp::set_rank_status("outside spawn this is a no-op");  // must not crash
+  mp::set_rank_waiting("outside spawn this is a no-op");  // must not crash
 }
 
 TEST_CASE("spawn rethrows an exception from rank 2 of 4 with the rank, the type and the message") {
@@ -310,20 +310,101 @@ TEST_CASE("spawn turns a hang into a SpawnError naming the ranks still running a
         options,
         [](int rank) {
           if (rank == 1) return;  // finishes; ranks 0 and 2 hang
-          if (rank == 0) mp::set_rank_status("waiting in allreduce #3");
+          if (rank == 0) {
+            mp::set_rank_waiting("broadcast #1");
+            mp::set_rank_waiting("");
+            mp::set_rank_waiting("allreduce #3");
+          }
           sleep_forever();
         },
         3);
   });
   CHECK(seconds_since(start) < 20.0);
   const std::string what = e.what();
-  CHECK(what.find("the job timed out after 3000 ms") != std::string::npos);
+  CHECK(what.find("no rank made progress for 3000 ms") != std::string::npos);
   CHECK(e.rank() == -1);
   CHECK(e.kind() == tp::ErrorKind::Timeout);
   CHECK(what.find("still running: rank 0 (waiting in allreduce #3), "
-                  "rank 2 (no collective in progress)") != std::string::npos);
+                  "rank 2 (not in a collective (none finished yet))") != std::string::npos);
   CHECK(what.find("already finished: rank 1") != std::string::npos);
   CHECK(what.find("skipped a collective") != std::string::npos);
+}
+
+TEST_CASE("a job that keeps making progress runs past SpawnOptions::timeout") {
+  // The demo's 20000 steps take minutes: only a job without progress is a
+  // hang. Each rank waits 30 times, 50 ms each: 1.5 s, three times the limit.
+  mp::SpawnOptions options;
+  options.timeout = milliseconds(500);
+  const auto start = std::chrono::steady_clock::now();
+  const auto payloads = mp::spawn(
+      options,
+      [](int rank) {
+        for (int i = 0; i < 30; ++i) {
+          mp::set_rank_waiting("allreduce #" + std::to_string(i));
+          std::this_thread::sleep_for(milliseconds(25));
+          mp::set_rank_waiting("");
+          std::this_thread::sleep_for(milliseconds(25));
+        }
+        return std::to_string(rank);
+      },
+      2);
+  CHECK(payloads == std::vector<std::string>{"0", "1"});
+  CHECK(seconds_since(start) >= 1.5);
+}
+
+TEST_CASE("a job where no rank is in a collective times out saying every rank was computing") {
+  mp::SpawnOptions options;
+  options.timeout = milliseconds(500);
+  const mp::SpawnError e = spawn_error_of([&] { mp::spawn(options, [](int) { sleep_forever(); }, 2); });
+  CHECK(std::string(e.what()).find("No rank was in a collective") != std::string::npos);
+}
+
+TEST_CASE("a collective timeout says where the other ranks were: stopped, or returned") {
+  mp::SpawnOptions options;
+  options.kill_grace = milliseconds(300);
+  SUBCASE("a rank stopped by SIGSTOP") {
+    const mp::SpawnError e = spawn_error_of([&] {
+      mp::spawn(
+          options,
+          [](int rank) {
+            if (rank == 1) {
+              mp::set_rank_waiting("allreduce #1");
+              mp::set_rank_waiting("");
+              ::raise(SIGSTOP);  // as `kill -STOP`, or a debugger's breakpoint
+            }
+            mp::set_rank_waiting("allreduce #2");
+            std::this_thread::sleep_for(milliseconds(500));  // rank 1 stops meanwhile
+            throw tp::TimeoutError("allreduce #2 on rank 0 timed out");
+          },
+          2);
+    });
+    CHECK(e.rank() == 0);
+    CHECK_MESSAGE(std::string(e.what()).find(
+                      "meanwhile: rank 1 was stopped (SIGSTOP), not in a collective "
+                      "(last: allreduce #1)") != std::string::npos,
+                  e.what());
+  }
+  SUBCASE("a rank that returned while the other waited") {
+    const mp::SpawnError e = spawn_error_of([&] {
+      mp::spawn(
+          options,
+          [](int rank) {
+            mp::set_rank_waiting("allreduce #1");
+            mp::set_rank_waiting("");
+            if (rank == 1) return;  // skipped allreduce #2
+            mp::set_rank_waiting("allreduce #2");
+            std::this_thread::sleep_for(milliseconds(300));
+            throw tp::TimeoutError("allreduce #2 on rank 0 timed out");
+          },
+          2);
+    });
+    const std::string what = e.what();
+    CHECK(e.rank() == 0);
+    CHECK_MESSAGE(what.find("meanwhile: rank 1 had returned (last: allreduce #1)") !=
+                      std::string::npos,
+                  what);
+    CHECK(what.find("did it skip some") != std::string::npos);
+  }
 }
 
 TEST_CASE("spawn rejects nprocs below 1 before forking") {

@@ -18,15 +18,16 @@ void Work::wait() {
   if (!done_ && multiprocessing::current_rank() < 0) {
     done_cv_.wait(lock, [this] { return done_; });
   } else if (!done_) {
-    // Shown by spawn's whole-job timeout: "rank 0 (waiting in allreduce #3)"
-    // is the first clue to which collective a rank skipped.
-    std::string status = "waiting in " + collective_ + " #" + std::to_string(seq_);
+    // Shown by spawn when a job hangs or a collective times out: "rank 0
+    // (waiting in allreduce #3)" is the first clue to which collective a rank
+    // skipped.
+    std::string status = collective_ + " #" + std::to_string(seq_);
     if (rank_ != multiprocessing::current_rank()) {
       status += " (group rank " + std::to_string(rank_) + ")";  // a subgroup
     }
-    multiprocessing::set_rank_status(status);
+    multiprocessing::set_rank_waiting(status);
     done_cv_.wait(lock, [this] { return done_; });
-    multiprocessing::set_rank_status("");
+    multiprocessing::set_rank_waiting("");
   }
   if (error_) std::rethrow_exception(error_);
 }

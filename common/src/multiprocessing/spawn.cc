@@ -8,10 +8,13 @@
 //     "error 81234567890 Consequence\ntp::PeerFailedError: allreduce #1 ...".
 //   - waitpid() tells how the process ended: exit code or signal.
 //   - A "status board", one anonymous MAP_SHARED mapping made before the
-//     fork with a fixed slot per rank, holds what each rank is doing now
-//     ("waiting in allreduce #3"). Shared memory, not a pipe, because the
-//     parent needs the latest status only when a job hangs, and a rank must
-//     never block on reporting it.
+//     fork with a fixed slot per rank, holds the collective each rank waits
+//     in now ("allreduce #3"), the last one it finished waiting in, and a
+//     progress counter bumped at every change. Shared memory, not a pipe,
+//     because the parent needs the statuses only when a job hangs or a
+//     collective times out, and a rank must never block on reporting them.
+//     The counters tell a slow job from a stuck one (Note [Progress, not a
+//     deadline]).
 //
 // The parent polls the pipes and reaps with waitpid(WNOHANG) in one loop,
 // so a rank writing a large payload is always being read (a full pipe would
@@ -45,6 +48,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <chrono>
@@ -67,15 +71,42 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// One status slot per rank; the last byte always stays '\0' so a reader
-// never runs off the end, even if it reads while a rank is writing.
-constexpr std::size_t kStatusSlotBytes = 256;
+// One rank's slot on the status board. The strings' last bytes always stay
+// '\0', so a reader never runs off the end, even while the rank writes; a
+// torn read shows a mangled name at worst, in an error message.
+struct StatusSlot {
+  std::atomic<uint64_t> progress;  // bumped at every change below
+  char waiting[120];               // the collective it waits in now, "" if none
+  char last[120];                  // the last collective it finished waiting in
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "the status board is shared between processes: its counter must be lock-free");
 // How often the parent looks at the children when no pipe has data.
 constexpr milliseconds kTick{10};
 
 // Set in a child right after fork; stay null / -1 in the parent.
-char* g_status_board = nullptr;
+StatusSlot* g_status_board = nullptr;
 int g_current_rank = -1;
+
+void copy_into(char (&field)[120], std::string_view text) {
+  const std::size_t n = std::min(text.size(), sizeof field - 1);
+  std::memcpy(field, text.data(), n);
+  field[n] = '\0';
+}
+
+// The state letter of /proc/<pid>/stat: 'T' stopped (SIGSTOP, SIGTSTP), 't'
+// stopped by a debugger, 'R' running, 'S' sleeping...; '?' if unreadable.
+char process_state(pid_t pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return '?';
+  char buffer[512];
+  const std::size_t n = std::fread(buffer, 1, sizeof buffer - 1, f);
+  std::fclose(f);
+  buffer[n] = '\0';
+  // "pid (comm) S ...": comm may contain spaces and parentheses.
+  const char* close = std::strrchr(buffer, ')');
+  return (close != nullptr && close[1] == ' ' && close[2] != '\0') ? close[2] : '?';
+}
 
 // The signal that interrupted the job, 0 if none (Note [Interrupted jobs]).
 volatile std::sig_atomic_t g_interrupt = 0;
@@ -320,7 +351,7 @@ class Job {
  public:
   Job(int nprocs, const SpawnOptions& options, InterruptGuard& interrupts)
       : options_(options), interrupts_(interrupts), children_(static_cast<std::size_t>(nprocs)) {
-    const std::size_t bytes = kStatusSlotBytes * static_cast<std::size_t>(nprocs);
+    const std::size_t bytes = sizeof(StatusSlot) * static_cast<std::size_t>(nprocs);
     void* board = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (board == MAP_FAILED) {
@@ -328,9 +359,9 @@ class Job {
       throw SpawnError(-1, detail::cat("tp::multiprocessing::spawn: cannot map the status board (",
                                        std::strerror(err), ")"));
     }
-    board_ = static_cast<char*>(board);
+    std::memset(board, 0, bytes);  // every status starts empty, every counter at 0
+    board_ = static_cast<StatusSlot*>(board);
     board_bytes_ = bytes;
-    std::memset(board_, 0, bytes);  // every status starts empty
   }
 
   ~Job() {
@@ -354,6 +385,8 @@ class Job {
  private:
   int nprocs() const { return static_cast<int>(children_.size()); }
   std::string status_of(int rank) const;
+  uint64_t progress() const;
+  std::string others_when_failed(int blamed) const;
   void read_pipes(milliseconds wait);
   bool drain(Child& c);
   bool any_alive() const {
@@ -369,7 +402,7 @@ class Job {
   const SpawnOptions options_;
   InterruptGuard& interrupts_;
   std::vector<Child> children_;
-  char* board_ = nullptr;
+  StatusSlot* board_ = nullptr;
   std::size_t board_bytes_ = 0;
 };
 
@@ -421,10 +454,38 @@ void Job::start(const RankFn& fn) {
   }
 }
 
+// What a rank is doing, from the board and the kernel: "waiting in
+// allreduce #3", "not in a collective (last: allreduce #2)", "stopped
+// (SIGSTOP or a debugger) while waiting in broadcast #1"...
 std::string Job::status_of(int rank) const {
-  const char* slot = board_ + kStatusSlotBytes * static_cast<std::size_t>(rank);
-  std::string status(slot, ::strnlen(slot, kStatusSlotBytes - 1));
-  return status.empty() ? "no collective in progress" : status;
+  const StatusSlot& slot = board_[rank];
+  const std::string waiting(slot.waiting, ::strnlen(slot.waiting, sizeof slot.waiting - 1));
+  const std::string last(slot.last, ::strnlen(slot.last, sizeof slot.last - 1));
+  std::string status;
+  if (!waiting.empty()) {
+    status = "waiting in " + waiting;
+  } else {
+    status = "not in a collective";
+    status += last.empty() ? " (none finished yet)" : " (last: " + last + ")";
+  }
+  const Child& c = children_[rank];
+  if (!c.reaped) {
+    const char state = process_state(c.pid);
+    if (state == 'T' || state == 't') {
+      status = std::string("stopped (") + (state == 'T' ? "SIGSTOP" : "a debugger") + "), " + status;
+    }
+  }
+  return status;
+}
+
+// The sum of every rank's progress counter and of the ranks that ended.
+uint64_t Job::progress() const {
+  uint64_t sum = 0;
+  for (int rank = 0; rank < nprocs(); ++rank) {
+    sum += board_[rank].progress.load(std::memory_order_relaxed);
+    if (children_[rank].reaped) ++sum;
+  }
+  return sum;
 }
 
 // Waits up to `wait` for report bytes, then reads whatever is there.
@@ -516,24 +577,55 @@ void Job::end_all() {
   reap_finished();  // drains and closes any pipe still open
 }
 
+// Note [Progress, not a deadline]
+// A job is stuck when no rank makes progress, not when it runs long: a demo
+// of 20000 steps takes minutes and is fine. So SpawnOptions::timeout bounds
+// the time without progress: a rank starting or finishing a wait in a
+// collective (set_rank_waiting) or ending. A hang in a collective ends
+// sooner, by the collective's own timeout; this one catches the rest (every
+// rank computing forever, a rank stopped while no peer waits on it, a
+// collective with no timeout), and says what each rank was doing.
 void Job::throw_timeout() {
   // Read the board before ending the ranks: it says where each one hangs.
   std::string running;
   std::string finished;
+  int waiting = 0;
+  int stopped = 0;
+  int live = 0;
   for (int rank = 0; rank < nprocs(); ++rank) {
-    std::string& list = children_[rank].reaped ? finished : running;
+    const bool done = children_[rank].reaped;
+    std::string& list = done ? finished : running;
     if (!list.empty()) list += ", ";
     list += "rank " + std::to_string(rank);
-    if (!children_[rank].reaped) list += " (" + status_of(rank) + ")";
+    if (done) continue;
+    const std::string status = status_of(rank);
+    list += " (" + status + ")";
+    ++live;
+    if (status.find("waiting in") != std::string::npos) ++waiting;
+    if (status.rfind("stopped", 0) == 0) ++stopped;
   }
   end_all();
-  std::string message = "tp::multiprocessing::spawn: the job timed out after " +
+  std::string message = "tp::multiprocessing::spawn: no rank made progress for " +
                         std::to_string(options_.timeout.count()) +
-                        " ms; still running: " + running;
+                        " ms (SpawnOptions::timeout); still running: " + running;
   if (!finished.empty()) message += "; already finished: " + finished;
-  message +=
-      ". A rank that skipped a collective leaves the others waiting in it; if "
-      "the job is only slow, raise SpawnOptions::timeout.";
+  message += ". ";
+  if (stopped > 0) {
+    message += "A stopped rank never joins a collective: continue it (kill -CONT) or end it.";
+  } else if (waiting == 0) {
+    message +=
+        "No rank was in a collective: every rank was computing without end (a loop that "
+        "never ends?), or waiting on something other than its peers.";
+  } else if (waiting < live || !finished.empty()) {
+    message +=
+        "Ranks waiting in a collective wait for the ranks that are not in it: did those skip "
+        "a collective (a rank that skipped a collective leaves the others waiting in it), or "
+        "are they stuck computing?";
+  } else {
+    message +=
+        "Every rank waited in a collective: if they wait in different ones, a rank skipped "
+        "a collective or issued an extra one.";
+  }
   throw SpawnError(-1, message, ErrorKind::Timeout);
 }
 
@@ -577,6 +669,21 @@ void Job::throw_failure() {
     read_pipes(kTick);
     reap_finished();
   }
+  // Where the others are, read before they are ended: for a collective that
+  // timed out, the rank that was not in it is the one to look at.
+  std::vector<std::string> statuses;
+  for (int rank = 0; rank < nprocs(); ++rank) {
+    const Child& c = children_[rank];
+    if (!c.reaped) {
+      statuses.push_back(status_of(rank));
+    } else if (decode(c).ok) {
+      std::string last = status_of(rank);
+      const std::size_t at = last.find(" (");
+      statuses.push_back("had returned" + (at == std::string::npos ? "" : last.substr(at)));
+    } else {
+      statuses.emplace_back();  // failed: weighed below, not described
+    }
+  }
   end_all();
   int blamed = -1;
   Outcome blamed_outcome;
@@ -592,10 +699,28 @@ void Job::throw_failure() {
   if (blamed < 0) {  // unreachable: the failure that led here was reaped before end_all()
     throw SpawnError(-1, "tp::multiprocessing::spawn: a rank failed but none could be blamed");
   }
-  throw SpawnError(blamed,
-                   "tp::multiprocessing::spawn: rank " + std::to_string(blamed) +
-                       " failed: " + blamed_outcome.message,
-                   blamed_outcome.kind);
+  std::string message = "tp::multiprocessing::spawn: rank " + std::to_string(blamed) +
+                        " failed: " + blamed_outcome.message;
+  if (blamed_outcome.kind == ErrorKind::Timeout) {
+    // Which ranks were not in the collective that timed out.
+    std::string others;
+    bool returned = false;
+    for (int rank = 0; rank < nprocs(); ++rank) {
+      if (rank == blamed || statuses[rank].empty()) continue;
+      others += (others.empty() ? "" : "; ") + ("rank " + std::to_string(rank) + " ") +
+                (statuses[rank].rfind("had returned", 0) == 0 ? "" : "was ") + statuses[rank];
+      returned = returned || statuses[rank].rfind("had returned", 0) == 0;
+    }
+    if (!others.empty()) {
+      message += "\n  meanwhile: " + others;
+      if (returned) {
+        message +=
+            "\n  a rank that returned while another waited in a collective issued fewer "
+            "collectives than it: did it skip some (or did the waiting rank issue extra)?";
+      }
+    }
+  }
+  throw SpawnError(blamed, message, blamed_outcome.kind);
 }
 
 // A caught SIGINT/SIGTERM/SIGHUP: kill and reap every rank at once (the job
@@ -617,9 +742,15 @@ void Job::throw_if_interrupted() {
 }
 
 std::vector<std::string> Job::join() {
-  const auto deadline = Clock::now() + options_.timeout;
+  // Note [Progress, not a deadline]: the deadline moves with every progress.
+  auto deadline = Clock::now() + options_.timeout;
+  uint64_t seen = progress();
   for (;;) {
     throw_if_interrupted();
+    if (const uint64_t now_progress = progress(); now_progress != seen) {
+      seen = now_progress;
+      deadline = Clock::now() + options_.timeout;
+    }
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) throw_timeout();
     read_pipes(std::min(kTick, left));
@@ -672,12 +803,14 @@ std::vector<std::string> spawn_processes(const RankFn& fn, int nprocs,
   return job.join();
 }
 
-void set_rank_status(std::string_view status) {
+void set_rank_waiting(std::string_view collective) {
   if (g_status_board == nullptr || g_current_rank < 0) return;
-  char* slot = g_status_board + kStatusSlotBytes * static_cast<std::size_t>(g_current_rank);
-  const std::size_t n = std::min(status.size(), kStatusSlotBytes - 1);
-  std::memcpy(slot, status.data(), n);
-  slot[n] = '\0';
+  StatusSlot& slot = g_status_board[g_current_rank];
+  if (collective.empty()) {
+    copy_into(slot.last, std::string_view(slot.waiting, ::strnlen(slot.waiting, sizeof slot.waiting - 1)));
+  }
+  copy_into(slot.waiting, collective);
+  slot.progress.fetch_add(1, std::memory_order_relaxed);
 }
 
 int current_rank() { return g_current_rank; }

@@ -20,10 +20,18 @@
 //     #3 on rank 2 timed out ...". The rank to blame is chosen by the failure's
 //     tp::ErrorKind, then by its time, never by message text: see Note [Which
 //     rank failed first] in spawn.cc.
-//   - If the whole job runs past SpawnOptions::timeout, every rank is killed
-//     and SpawnError (rank -1, kind Timeout) says which ranks were still
-//     running and what each was doing (set_rank_status, which the process
-//     group calls around every collective wait).
+//     When the blamed failure is a timeout (a collective that timed out), the
+//     message also says where every other rank was: waiting in which
+//     collective, outside any (and its last), stopped (SIGSTOP), or returned.
+//   - If no rank makes progress for SpawnOptions::timeout (a rank starting or
+//     finishing a wait in a collective, or ending), every rank is killed and
+//     SpawnError (rank -1, kind Timeout) says which ranks were still running
+//     and what each was doing (set_rank_waiting, which the process group calls
+//     around every collective wait). A job that keeps making progress runs as
+//     long as it needs.
+//   - SIGINT, SIGTERM or SIGHUP to the parent while spawn runs (Ctrl-C, kill):
+//     the ranks are killed, the process's TempDirs removed, and the signal
+//     re-raised, so the process ends by it (see Note [Interrupted jobs]).
 //   - Must be called from a process with no other threads running that fork
 //     could break (the test binaries and harnesses only start threads inside
 //     the children). Not reentrant from inside a child.
@@ -46,7 +54,8 @@
 namespace tp::multiprocessing {
 
 struct SpawnOptions {
-  // Whole-job deadline: a hang anywhere becomes a SpawnError after this long.
+  // Longest time without progress (see the contract above): a job where no
+  // rank makes progress for this long is a hang, and becomes a SpawnError.
   std::chrono::milliseconds timeout{120000};
   // OpenBLAS threads per rank.
   int blas_threads = 1;
@@ -77,9 +86,11 @@ using RankFn = std::function<std::string(int rank)>;
 std::vector<std::string> spawn_processes(const RankFn& fn, int nprocs,
                                          const SpawnOptions& options);
 
-// Inside a spawned rank: records what this rank is doing now (for example
-// "waiting in allreduce #7"), shown if the job times out. A no-op outside.
-void set_rank_status(std::string_view status);
+// Inside a spawned rank: this rank now waits in `collective` (for example
+// "allreduce #7"); an empty string: it no longer waits (the collective becomes
+// its last). Shown when a job hangs or a collective times out, and counted as
+// progress. A no-op outside a spawned rank.
+void set_rank_waiting(std::string_view collective);
 // Inside a spawned rank: its rank; -1 outside spawn.
 int current_rank();
 
