@@ -83,6 +83,9 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "the status board is shared between processes: its counter must be lock-free");
 // How often the parent looks at the children when no pipe has data.
 constexpr milliseconds kTick{10};
+// The longest wait for a failure's cause when only consequences have come
+// (Note [Which rank failed first]).
+constexpr milliseconds kCauseWait{5000};
 
 // Set in a child right after fork; stay null / -1 in the parent.
 StatusSlot* g_status_board = nullptr;
@@ -650,11 +653,15 @@ void Job::throw_timeout() {
 // Before deciding, the parent gives the other ranks a settle window
 // (kill_grace, at most 500 ms) to fail on their own and report, since the
 // SIGTERM that ends them would cut a report off; every failure reaped by then,
-// crashes and exits included, is weighed. Ranks that spawn itself ended are
-// weighed only if they managed to report an exception: their signal or exit
-// code is spawn's doing, not theirs. A rank still unwinding when the window
-// closes is ended without its report, so a Cause that takes longer than the
-// window to unwind can lose to its peers' Consequences.
+// crashes and exits included, is weighed. If by then every failure is a
+// Consequence, the rank that caused them is still on its way out (a rank
+// that closed its connections, then exits or crashes; on a loaded machine
+// that can take longer than the window), so the window grows, up to
+// kCauseWait in all, until a failure of another kind arrives or every rank
+// has ended. Ranks that spawn itself ended are weighed only if they managed
+// to report an exception: their signal or exit code is spawn's doing, not
+// theirs. A Cause that takes longer than all that to unwind can still lose to
+// its peers' Consequences; the message then says where the others were.
 bool blamed_before(const Outcome& a, const Outcome& b) {
   const bool a_consequence = a.kind == ErrorKind::Consequence;
   const bool b_consequence = b.kind == ErrorKind::Consequence;
@@ -663,8 +670,19 @@ bool blamed_before(const Outcome& a, const Outcome& b) {
 }
 
 void Job::throw_failure() {
-  const auto settle = Clock::now() + std::min(options_.kill_grace, milliseconds(500));
-  while (any_alive() && Clock::now() < settle) {
+  const auto first = Clock::now();
+  const auto settle = first + std::min(options_.kill_grace, milliseconds(500));
+  const auto only_consequences = [this] {
+    for (const Child& c : children_) {
+      if (!c.reaped) continue;
+      const Outcome o = decode(c);
+      if (!o.ok && o.kind != ErrorKind::Consequence) return false;
+    }
+    return true;
+  };
+  while (any_alive()) {
+    const auto now = Clock::now();
+    if (now >= first + kCauseWait || (now >= settle && !only_consequences())) break;
     throw_if_interrupted();
     read_pipes(kTick);
     reap_finished();
@@ -701,8 +719,10 @@ void Job::throw_failure() {
   }
   std::string message = "tp::multiprocessing::spawn: rank " + std::to_string(blamed) +
                         " failed: " + blamed_outcome.message;
-  if (blamed_outcome.kind == ErrorKind::Timeout) {
-    // Which ranks were not in the collective that timed out.
+  if (blamed_outcome.kind == ErrorKind::Timeout ||
+      blamed_outcome.kind == ErrorKind::Consequence) {
+    // Which ranks were not in the collective that timed out, or where the
+    // rank that broke the connection was.
     std::string others;
     bool returned = false;
     for (int rank = 0; rank < nprocs(); ++rank) {
