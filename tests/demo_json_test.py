@@ -100,6 +100,28 @@ def main(demo):
     print(f"ok: {STEPS} steps x {WORLD} ranks match the reference within {tol}; "
           f"max |param diff| {final['max_param_diff_vs_reference']:.2e}")
     check_accumulation(demo)
+    check_write_errors(demo)
+
+
+def check_write_errors(demo):
+    """An output file that cannot be written is an error naming the path and
+    the reason: a bad path before the run, a full disk (/dev/full) after it."""
+    missing = "/nonexistent-tp-dir/demo.json"
+    run = subprocess.run([demo, "--steps", "2", "--json", missing], capture_output=True, text=True,
+                         timeout=240)
+    if run.returncode == 0 or missing not in run.stderr or "No such file" not in run.stderr:
+        fail(f"--json {missing}: exit {run.returncode}, stderr: {run.stderr!r}")
+    if "verdict" in run.stdout:
+        fail(f"--json {missing}: the demo ran before saying it cannot write the file")
+    if os.path.exists("/dev/full"):
+        for flag in ("--json", "--trace"):
+            run = subprocess.run([demo, "--world-size", "2", "--steps", "2", flag, "/dev/full"],
+                                 capture_output=True, text=True, timeout=240)
+            if run.returncode == 0 or "/dev/full" not in run.stderr or "No space" not in run.stderr:
+                fail(f"{flag} /dev/full: exit {run.returncode}, stderr: {run.stderr!r}")
+            if run.stderr.count("demo ") > 1:
+                fail(f"{flag} /dev/full: the message repeats its prefix: {run.stderr!r}")
+    print("ok: an unwritable --json/--trace path is named with the reason, a bad path before the run")
 
 
 def check_accumulation(demo, k=3, steps=2):

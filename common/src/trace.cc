@@ -26,13 +26,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
 
 #include "tensorplay/error.h"
+#include "tensorplay/util/file.h"
 
 namespace tp::trace {
 
@@ -286,18 +286,10 @@ std::string to_chrome_json(const std::vector<Event>& events) {
 }
 
 void write_chrome_json(const std::string& path) {
-  const std::string json = to_chrome_json(events());
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  if (!file) {
-    TP_THROW(Error, "tp::trace::write_chrome_json: cannot open '", path,
-             "' for writing (", std::strerror(errno),
-             "); check that the directory exists and is writable");
-  }
-  file << json;
-  file.flush();
-  if (!file) {
-    TP_THROW(Error, "tp::trace::write_chrome_json: writing '", path,
-             "' failed (", std::strerror(errno), "); is the disk full?");
+  try {
+    write_file(path, to_chrome_json(events()), "the trace file");
+  } catch (const Error& e) {
+    TP_THROW(Error, "tp::trace::write_chrome_json: ", e.what());
   }
 }
 

@@ -4,12 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
 
 #include "tensorplay/trace.h"
+#include "tensorplay/util/file.h"
 #include "tensorplay/train/compare.h"
 
 namespace tp::train {
@@ -100,9 +100,7 @@ void report_trace(const DemoArgs& args, const std::vector<RankResult>& ranks) {
       last_step.push_back(std::move(e));
     }
   }
-  std::ofstream out(args.trace_path);
-  if (!out) TP_THROW(Error, "demo: cannot write --trace file '", args.trace_path, "'");
-  out << trace::to_chrome_json(all);
+  write_file(args.trace_path, trace::to_chrome_json(all), "the --trace file");
   std::printf("\ntimeline of step %lld, each rank from its own step start (all steps: open %s in "
               "ui.perfetto.dev):\n%s",
               static_cast<long long>(last), args.trace_path.c_str(),
@@ -203,6 +201,10 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
   }
   try {
     validate(args.config);
+    // Before the run, not after it: a run of minutes must not end in "cannot
+    // write". A full disk can still show only when the file is written.
+    if (!args.json_path.empty()) check_writable(args.json_path, "the --json file");
+    if (!args.trace_path.empty()) check_writable(args.trace_path, "the --trace file");
   } catch (const Error& e) {
     usage(stage, 2, e.what());
   }
@@ -500,9 +502,7 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
     << ", \"allreduces_per_step\": "
     << json_list(allreduces, [](uint64_t v) { return std::to_string(v); })
     << ", \"matches_reference\": " << (findings.empty() ? "true" : "false") << "}\n}\n";
-  std::ofstream out(args.json_path);
-  if (!out) TP_THROW(Error, "demo ", stage, ": cannot write --json file '", args.json_path, "'");
-  out << j.str();
+  write_file(args.json_path, j.str(), "the --json file");
 }
 
 }  // namespace tp::train
