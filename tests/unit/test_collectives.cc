@@ -597,6 +597,29 @@ TEST_CASE("a rank whose peers never arrive fails at rendezvous saying who is mis
       Contains("arrived: rank 0; missing: ranks 1, 2"), tp::DistributedError);
 }
 
+TEST_CASE("ranks started with different world sizes are told so at rendezvous, with both sizes") {
+  // Without the world size in the markers, Gloo fails inside its own
+  // rendezvous with "136 vs 68" under a hint about ranks that exited.
+  tp::TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  const mp::SpawnError e = spawn_error_of([&] {
+    mp::spawn(
+        [&](int rank) {
+          const int world = rank == 0 ? 2 : 3;  // rank 1 was given another size
+          dist::init_process_group("gloo", rank, world, dir.file_init_method(), kShortTimeout);
+        },
+        2);
+  });
+  const std::string what = e.what();
+  CAPTURE(what);
+  const bool names_sizes = what.find("with world size 2 but rank") != std::string::npos ||
+                           what.find("with world size 3 but rank") != std::string::npos;
+  CHECK(names_sizes);
+  CHECK(what.find("every rank of a job must be given the same world size") != std::string::npos);
+  CHECK(what.find("did a rank exit") == std::string::npos);
+  CHECK(seconds_since(start) < 3.0);  // told at once, not after the 4 s rendezvous timeout
+}
+
 TEST_CASE("the free functions need an initialized default group") {
   CHECK_FALSE(dist::is_initialized());
   CHECK_THROWS_WITH_AS(dist::default_group(), Contains("no default process group"),

@@ -84,6 +84,9 @@ constexpr const char* kWho = "tp::distributed::ProcessGroupGloo";
 // and who did not, and the Gloo step only connects processes known to be
 // alive. A marker that already exists means the directory is being reused;
 // Gloo would then read an earlier job's addresses, so that is an error too.
+// Each marker holds its rank's world size (written to a temporary name, then
+// renamed, so a marker is never seen half-written): ranks that disagree on it
+// learn so at once, with both sizes, instead of Gloo's "136 vs 68".
 // connectFullMesh can return on one rank while another is still connecting
 // (its last pair's handshake in flight), and a rank that left at that moment
 // would fail its peer inside the rendezvous. So the constructor ends with one
@@ -101,29 +104,78 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out;
 }
 
-void wait_for_all_ranks(const std::string& dir, int rank, int size, milliseconds timeout) {
-  const std::string mine = marker_path(dir, rank);
-  const int fd = ::open(mine.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == EEXIST) {
-      TP_THROW(DistributedError, kWho, ": rank ", rank, " of ", size,
-               ": the rendezvous directory '", dir, "' already holds a marker for rank ",
-               rank, ", left by an earlier job or by another process given the same rank; "
-               "use a fresh directory for every job (tp::TempDir) and a distinct rank "
-               "per process");
-    }
-    TP_THROW(DistributedError, kWho, ": rank ", rank, ": cannot write '", mine, "' (",
-             std::strerror(err), "); pass file://DIR with a directory every rank can write");
-  }
-  ::close(fd);
+[[noreturn]] void marker_write_failed(const std::string& path, int rank, int err) {
+  TP_THROW(DistributedError, kWho, ": rank ", rank, ": cannot write '", path, "' (",
+           std::strerror(err), ")",
+           err == ENOSPC ? ": the disk holding the rendezvous directory is full; free space "
+                           "or set TMPDIR to another disk"
+                         : "; pass file://DIR with a directory every rank can write");
+}
 
+// Drops this rank's marker, holding its world size.
+void write_marker(const std::string& dir, int rank, int size) {
+  const std::string mine = marker_path(dir, rank);
+  if (::access(mine.c_str(), F_OK) == 0) {
+    TP_THROW(DistributedError, kWho, ": rank ", rank, " of ", size,
+             ": the rendezvous directory '", dir, "' already holds a marker for rank ",
+             rank, ", left by an earlier job or by another process given the same rank; "
+             "use a fresh directory for every job (tp::TempDir) and a distinct rank "
+             "per process");
+  }
+  const std::string temporary = mine + ".writing-" + std::to_string(::getpid());
+  const int fd = ::open(temporary.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0) marker_write_failed(temporary, rank, errno);
+  const std::string text = std::to_string(size) + "\n";
+  const ssize_t n = ::write(fd, text.data(), text.size());
+  const int write_err = n < 0 ? errno : (n != static_cast<ssize_t>(text.size()) ? ENOSPC : 0);
+  if (::close(fd) != 0 && write_err == 0) marker_write_failed(temporary, rank, errno);
+  if (write_err != 0) {
+    ::unlink(temporary.c_str());
+    marker_write_failed(temporary, rank, write_err);
+  }
+  // link(), not rename(): it fails if the marker exists, so two processes
+  // given the same rank cannot both get through.
+  const int linked = ::link(temporary.c_str(), mine.c_str());
+  const int link_err = errno;
+  ::unlink(temporary.c_str());
+  if (linked != 0 && link_err == EEXIST) {
+    TP_THROW(DistributedError, kWho, ": rank ", rank, " of ", size, ": another process given "
+             "rank ", rank, " arrived at the same moment in '", dir, "'; give every process "
+             "a distinct rank");
+  }
+  if (linked != 0) marker_write_failed(mine, rank, link_err);
+}
+
+// The world size in rank r's marker; 0 if the marker is not there (yet).
+int marker_world_size(const std::string& dir, int r) {
+  const int fd = ::open(marker_path(dir, r).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char text[32] = {};
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  return n > 0 ? std::atoi(text) : 0;
+}
+
+void wait_for_all_ranks(const std::string& dir, int rank, int size, milliseconds timeout) {
+  write_marker(dir, rank, size);
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     std::vector<int> arrived;
     std::vector<int> missing;
     for (int r = 0; r < size; ++r) {
-      (::access(marker_path(dir, r).c_str(), F_OK) == 0 ? arrived : missing).push_back(r);
+      const int theirs = marker_world_size(dir, r);
+      (theirs > 0 ? arrived : missing).push_back(r);
+      if (theirs > 0 && theirs != size) {
+        TP_THROW(DistributedError, kWho, ": rank ", rank, " was started with world size ",
+                 size, " but rank ", r, " with world size ", theirs,
+                 "; every rank of a job must be given the same world size");
+      }
+    }
+    // A rank beyond this rank's world size that arrived says the same.
+    if (const int theirs = marker_world_size(dir, size); theirs > 0) {
+      TP_THROW(DistributedError, kWho, ": rank ", rank, " was started with world size ",
+               size, " but rank ", size, " (outside it) arrived with world size ", theirs,
+               "; every rank of a job must be given the same world size");
     }
     if (missing.empty()) return;
     if (std::chrono::steady_clock::now() - start >= timeout) {
@@ -398,20 +450,34 @@ ProcessGroupGloo::ProcessGroupGloo(const std::string& rendezvous_dir, int rank, 
   detail::prepare_rendezvous_dir(rendezvous_dir, rank, kWho);
   wait_for_all_ranks(rendezvous_dir, rank, size, options_.timeout);
 
-  // Why a rank cannot join the group; the type says whom to blame (a broken
-  // connection means another rank left first).
-  const auto connect_failed = [&](const std::exception& e) {
-    return cat(kWho, ": rank ", rank, " of ", size,
-               ": connecting to the other ranks through Gloo failed (", e.what(),
-               "); did a rank exit during rendezvous, or is the directory '", rendezvous_dir,
-               "' shared with another job?");
-  };
+  // Loopback only: every rank of a job runs on this machine (spawn forks
+  // them). Several machines need env:// or redis://, which come later.
   try {
-    // Loopback only: every rank of a job runs on this machine (spawn forks
-    // them). Several machines need env:// or redis://, which come later.
     gloo::transport::tcp::attr attr;
     attr.hostname = "127.0.0.1";
     impl_->device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    TP_THROW(DistributedError, kWho, ": rank ", rank, ": cannot open a TCP endpoint on the "
+             "loopback address 127.0.0.1 (", e.what(), "); is the loopback interface up "
+             "(ip link set lo up)? Every rank of a file:// job talks over it");
+  }
+  // Why a rank cannot join the group; the type says whom to blame (a broken
+  // connection means another rank left first). Gloo's own words come first;
+  // a guess is added only where it is the likely story.
+  const auto connect_failed = [&](const std::exception& e) {
+    const std::string gloo = e.what();
+    std::string hint;
+    if (gloo.find("No space left") != std::string::npos) {
+      hint = "; the disk holding the rendezvous directory is full: free space or set TMPDIR "
+             "to another disk";
+    } else if (dynamic_cast<const gloo::IoException*>(&e) != nullptr) {
+      hint = cat("; did a rank exit during rendezvous, or is the directory '", rendezvous_dir,
+                 "' shared with another job?");
+    }
+    return cat(kWho, ": rank ", rank, " of ", size,
+               ": connecting to the other ranks through Gloo failed (", gloo, ")", hint);
+  };
+  try {
     gloo::rendezvous::FileStore store(rendezvous_dir);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(options_.timeout);
