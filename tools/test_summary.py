@@ -5,7 +5,8 @@ Reads Meson's testlog.json. A doctest executable reports its own test cases
 ("[doctest] test cases: 12 | 11 passed | 1 failed"); any other test (a checker
 run, a script) counts as one test case. A test that crashed or timed out after
 its test cases passed still counts one failure, so a crash is never green.
-A skipped test (exit code 77) is counted as skipped, never as passed.
+A skipped test (exit code 77) is counted as skipped, never as passed, and
+listed with its reason (the line it printed that starts with "SKIP:").
 Exit status: 0 when nothing failed, 1 otherwise.
 """
 import json
@@ -18,6 +19,7 @@ DOCTEST = re.compile(r"\[doctest\] test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\
 def main(path):
     passed = failed = skipped = 0
     failing = []
+    skips = []
     with open(path) as log:
         for line in log:
             if not line.strip():
@@ -31,6 +33,9 @@ def main(path):
                 return 1
             if test.get("result") == "SKIP":
                 skipped += 1
+                reason = next((l[5:].strip() for l in (test.get("stdout") or "").splitlines()
+                               if l.startswith("SKIP:")), "no reason given")
+                skips.append(f"  {test.get('name')}: {reason}")
                 continue
             ok = test.get("result") in ("OK", "EXPECTEDFAIL")
             m = DOCTEST.search(test.get("stdout") or "")
@@ -44,6 +49,8 @@ def main(path):
             failed += f
             if not ok:
                 failing.append(f"{test.get('name')} ({test.get('result')})")
+    if skips:
+        print("skipped:\n" + "\n".join(skips))
     if failing:
         print("failing: " + ", ".join(failing))
     print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
