@@ -101,6 +101,20 @@ def main(demo):
           f"max |param diff| {final['max_param_diff_vs_reference']:.2e}")
     check_accumulation(demo)
     check_write_errors(demo)
+    check_diverging_reference(demo)
+
+
+def check_diverging_reference(demo):
+    """A learning rate so large that the single-process reference itself
+    overflows: the demo must say so, and not blame DDP."""
+    run = subprocess.run([demo, "--momentum", "100", "--lr", "10", "--steps", "5"],
+                         capture_output=True, text=True, timeout=240)
+    out = run.stdout
+    if "the reference itself diverged" not in out or "learning rate is too large" not in out:
+        fail(f"a diverging reference is not named as such:\n{out[-1500:]}")
+    if "DIFFERS" in out or "later step" in out:
+        fail(f"a diverging reference is blamed on DDP:\n{out[-1500:]}")
+    print("ok: a reference that diverges (lr 10, momentum 100) is named, DDP not blamed")
 
 
 def check_write_errors(demo):

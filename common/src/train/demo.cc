@@ -222,10 +222,12 @@ std::optional<double> step_loss(const std::vector<double>& losses, int64_t k, in
   return sum / static_cast<double>(k);
 }
 
-std::string cell(std::optional<double> v, const char* format) {
+// A loss as the table shows it: six decimals, or, for a run that blows up,
+// an exponent (a 34-digit number would break the columns); "-" for none.
+std::string cell(std::optional<double> v) {
   if (!v) return "-";
   char buf[40];
-  std::snprintf(buf, sizeof buf, format, *v);
+  std::snprintf(buf, sizeof buf, std::fabs(*v) < 1e6 || !std::isfinite(*v) ? "%.6f" : "%.4e", *v);
   return buf;
 }
 
@@ -400,10 +402,9 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
   for (size_t s = 0; s < rows.size(); ++s) {
     const StepRow& row = rows[s];
     const auto l = static_cast<size_t>(last);
-    std::printf("%4zu  %10.6f  %11s %11s  %11s %11s  %15.2e\n", s, row.reference_loss,
-                cell(row.ddp[0], "%.6f").c_str(), cell(row.reference[0], "%.6f").c_str(),
-                cell(row.ddp[l], "%.6f").c_str(), cell(row.reference[l], "%.6f").c_str(),
-                row.drift);
+    std::printf("%4zu  %10s  %11s %11s  %11s %11s  %15.2e\n", s, cell(row.reference_loss).c_str(),
+                cell(row.ddp[0]).c_str(), cell(row.reference[0]).c_str(), cell(row.ddp[l]).c_str(),
+                cell(row.reference[l]).c_str(), row.drift);
   }
   if (uneven(config)) {
     std::printf("(- : the rank had no batch left at that step)\n");
@@ -449,8 +450,16 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
   }
   std::vector<Finding> findings = check_results_complete(config, reference, ranks);
   if (findings.empty()) findings = diagnose(config, reference, ranks, tolerance, advice);
+  const bool reference_diverged = std::any_of(
+      reference.losses.begin(), reference.losses.end(), [](const std::vector<double>& losses) {
+        return std::any_of(losses.begin(), losses.end(), [](double v) { return !std::isfinite(v); });
+      });
   if (findings.empty()) {
     std::printf("verdict: matches the reference within %.0e x max(1, |value|)\n", tolerance);
+  } else if (reference_diverged) {
+    // Nothing to compare DDP with: the single-process run itself overflowed.
+    std::printf("verdict: no verdict on DDP: the reference itself diverged\n%s",
+                format_findings(findings).c_str());
   } else {
     std::printf("verdict: DIFFERS from the reference\n%s", format_findings(findings).c_str());
   }
