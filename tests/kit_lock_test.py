@@ -4,7 +4,7 @@ second waits for the first's lock, and says so, before it configures or
 builds anything.
 
 The test plays the first kit itself (it holds the lock, flock(2) on
-BUILD.lock, as ./kit does) and starts `./kit build` on a fresh build
+BUILD/.kit-lock, as ./kit does) and starts `./kit build` on a fresh build
 directory: the kit must print that it is waiting and must not start Meson;
 once the lock is released it must go on (it prints "configuring"), and is
 then stopped.
@@ -42,7 +42,8 @@ def main():
         build = os.path.join(work, "build")
         env = dict(os.environ, TP_BUILD_DIR=build)
         env.pop("TP_KIT_LOCKED", None)  # as a second kit in another terminal
-        with open(build + ".lock", "w") as lock:
+        os.makedirs(build)
+        with open(os.path.join(build, ".kit-lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             proc = subprocess.Popen([kit, "build"], env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True)
