@@ -19,8 +19,10 @@ using tp::Tensor;
 using tp::train::RunConfig;
 using tp::train::WorkerResult;
 
-WorkerResult train_worker(int rank, const RunConfig& config, const std::string& init_method,
-                          const Options& options) {
+// (The parameters are [[maybe_unused]] only for the exercise's stub.)
+WorkerResult train_worker([[maybe_unused]] int rank, [[maybe_unused]] const RunConfig& config,
+                          [[maybe_unused]] const std::string& init_method,
+                          [[maybe_unused]] const Options& options) {
   // EXERCISE: be one rank of the job (worker.h is the contract). Join the
   // process group; seed, then build the plan's model; wrap it in your DDP;
   // train config.steps steps on this rank's own micro-batches, averaging

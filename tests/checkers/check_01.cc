@@ -143,28 +143,32 @@ std::vector<train::Scenario> scenarios() {
   return out;
 }
 
-// The rank's worker (worker.cc), run as a whole job: per-rank seeds (only
-// DDP's broadcast makes the ranks agree), and per-rank buffers that only the
-// plan's seed for each rank reproduces (broadcast_buffers off), and on.
+// The rank's worker (worker.cc), run as whole jobs. Per-rank seeds: only
+// DDP's broadcast makes the ranks agree. Buffers (BufferedMLP) that DDP
+// leaves alone: only the plan's seed for each rank reproduces them, shared
+// or per rank. And buffers DDP broadcasts from rank 0.
 std::vector<Case> worker_cases() {
   std::vector<Case> out;
   train::RunConfig seeds;
   seeds.world_size = 2;
   seeds.steps = 4;
   seeds.per_rank_seed = true;
-  out.push_back({seeds, {}, "per-rank seeds"});
-  train::RunConfig own_buffers;
-  own_buffers.world_size = 3;
-  own_buffers.steps = 4;
-  own_buffers.momentum = 0.9;
-  own_buffers.model_kind = train::ModelKind::Buffered;
-  own_buffers.buffer_sync = train::BufferSync::None;
-  out.push_back({own_buffers, {.broadcast_buffers = false}, "broadcast_buffers off"});
-  train::RunConfig rank0_buffers = own_buffers;
-  rank0_buffers.dtype = tp::kFloat64;
-  rank0_buffers.per_rank_seed = true;
-  rank0_buffers.buffer_sync = train::BufferSync::AtConstruction;
-  out.push_back({rank0_buffers, {.broadcast_buffers = true}, "broadcast_buffers on"});
+  out.push_back({seeds, {}, "only the broadcast makes the ranks agree"});
+  train::RunConfig buffered;
+  buffered.world_size = 3;
+  buffered.steps = 4;
+  buffered.momentum = 0.9;
+  buffered.model_kind = train::ModelKind::Buffered;
+  buffered.buffer_sync = train::BufferSync::None;
+  out.push_back({buffered, {.broadcast_buffers = false}, "each rank's own buffers, shared seed"});
+  buffered.world_size = 2;
+  buffered.dtype = tp::kFloat64;
+  buffered.per_rank_seed = true;
+  out.push_back({buffered, {.broadcast_buffers = false}, "each rank's own buffers, per-rank seeds"});
+  buffered.world_size = 3;
+  buffered.dtype = tp::kFloat32;
+  buffered.buffer_sync = train::BufferSync::AtConstruction;
+  out.push_back({buffered, {.broadcast_buffers = true}, "rank 0's buffers everywhere"});
   return out;
 }
 
