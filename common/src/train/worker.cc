@@ -9,10 +9,6 @@
 
 namespace tp::train {
 
-namespace {
-
-// A worker's result in the form compare() reads: only the losses and the
-// final snapshots are known (a worker counts no collectives).
 RankResult as_rank_result(int rank, const WorkerResult& w) {
   RankResult r;
   r.rank = rank;
@@ -21,6 +17,8 @@ RankResult as_rank_result(int rank, const WorkerResult& w) {
   r.final_buffers = w.buffers;
   return r;
 }
+
+namespace {
 
 std::string value(double v) {
   char buf[32];

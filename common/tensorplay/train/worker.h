@@ -52,6 +52,11 @@ using Worker = std::function<WorkerResult(int rank, const std::string& init_meth
 // Runs config.world_size ranks of `worker`; results in rank order.
 std::vector<WorkerResult> run_workers(const RunConfig& config, const Worker& worker);
 
+// A worker's result as the RankResult that compare() and the demo's table
+// read: rank, losses, final parameters and buffers; everything a worker does
+// not record (snapshots before the end, collective counts) stays empty.
+RankResult as_rank_result(int rank, const WorkerResult& result);
+
 // No finding when every rank matches `reference`; else the first difference.
 std::vector<Finding> check_workers(const RunConfig& config, const ReferenceResult& reference,
                                    const std::vector<WorkerResult>& ranks, double tolerance);
