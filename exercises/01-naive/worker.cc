@@ -2,7 +2,7 @@
 // Fill in each EXERCISE, then run ./kit check 01. ./kit reset 01 restores this file.
 // Stage 01's rank worker: one process of a data-parallel job, from joining
 // the group to leaving it. See worker.h for the contract and
-// lessons/01-naive/README.md ("The rank's worker") for the why.
+// lessons/01-naive/README.md ("What to build") for the why.
 #include "worker.h"
 
 #include "tensorplay/data.h"

@@ -1,6 +1,6 @@
 // Stage 01's rank worker: one process of a data-parallel job, from joining
 // the group to leaving it. See worker.h for the contract and
-// lessons/01-naive/README.md ("The rank's worker") for the why.
+// lessons/01-naive/README.md ("What to build") for the why.
 #include "worker.h"
 
 #include "tensorplay/data.h"
