@@ -35,8 +35,10 @@ std::vector<train::WorkerResult> perfect(const train::RunConfig& c,
   return out;
 }
 
-// The one finding check_workers returned, as "what | likely cause".
-std::string only_finding(const std::vector<train::Finding>& findings) {
+// check_workers' one finding on these results, as "what | likely cause".
+std::string verdict(const train::RunConfig& c, const train::ReferenceResult& ref,
+                    const std::vector<train::WorkerResult>& ranks) {
+  const std::vector<train::Finding> findings = train::check_workers(c, ref, ranks, 1e-5);
   REQUIRE(findings.size() == 1);
   return findings[0].what + " | " + findings[0].likely_cause;
 }
@@ -60,7 +62,7 @@ TEST_CASE("check_workers names a rank that reported too few losses") {
   const train::ReferenceResult ref = train::train_reference(c);
   auto ranks = perfect(c, ref);
   ranks[1].losses.pop_back();
-  CHECK(says(only_finding(train::check_workers(c, ref, ranks, 1e-5)),
+  CHECK(says(verdict(c, ref, ranks),
              "rank 1's worker reported 2 losses; the plan has 3 steps"));
 }
 
@@ -70,32 +72,32 @@ TEST_CASE("check_workers names the first (step, rank) whose loss differs, with a
   SUBCASE("rank 0 at step 0: the model or the rows of rank 0") {
     auto ranks = perfect(c, ref);
     ranks[0].losses[0] += 1e-3;
-    CHECK(says(only_finding(train::check_workers(c, ref, ranks, 1e-5)),
+    CHECK(says(verdict(c, ref, ranks),
                "at step 0 (rank 0): rank 0"));
-    CHECK(says(only_finding(train::check_workers(c, ref, ranks, 1e-5)),
+    CHECK(says(verdict(c, ref, ranks),
                "rank 0 does not start from the plan's model"));
   }
   SUBCASE("rank 1 at step 0 while rank 0 matches: wrapping, rows or seeds of that rank") {
     auto ranks = perfect(c, ref);
     ranks[1].losses[0] += 1e-3;
-    CHECK(says(only_finding(train::check_workers(c, ref, ranks, 1e-5)),
+    CHECK(says(verdict(c, ref, ranks),
                "at step 0 (rank 1): rank 1"));
-    CHECK(says(only_finding(train::check_workers(c, ref, ranks, 1e-5)), "rank 0's matches"));
+    CHECK(says(verdict(c, ref, ranks), "rank 0's matches"));
   }
   SUBCASE("a later step, ranks that end apart: no averaged gradient") {
     auto ranks = perfect(c, ref);
     ranks[0].losses[2] += 1e-3;
     ranks[1].losses[2] += 1e-3;
     ranks[1].parameters[0].values[0] += 1e-2;
-    CHECK(says(only_finding(train::check_workers(c, ref, ranks, 1e-5)),
+    CHECK(says(verdict(c, ref, ranks),
                "at step 2 (ranks 0, 1)"));
-    CHECK(says(only_finding(train::check_workers(c, ref, ranks, 1e-5)),
+    CHECK(says(verdict(c, ref, ranks),
                "the ranks stepped with their own gradients"));
   }
   SUBCASE("a later step, ranks that agree: the same wrong update everywhere") {
     auto ranks = perfect(c, ref);
     ranks[1].losses[1] += 1e-3;
-    CHECK(says(only_finding(train::check_workers(c, ref, ranks, 1e-5)),
+    CHECK(says(verdict(c, ref, ranks),
                "every rank made the same wrong update"));
   }
 }
@@ -105,10 +107,10 @@ TEST_CASE("check_workers names final parameters, then final buffers, when every 
   const train::ReferenceResult ref = train::train_reference(c);
   auto ranks = perfect(c, ref);
   ranks[1].buffers[0].values[0] += 1e-3;
-  CHECK(says(only_finding(train::check_workers(c, ref, ranks, 1e-5)),
+  CHECK(says(verdict(c, ref, ranks),
              "rank 1's final buffers differ from the reference's (norm.running_mean by 0.001"));
   ranks[0].parameters[1].values[0] -= 1e-3;
-  CHECK(says(only_finding(train::check_workers(c, ref, ranks, 1e-5)),
+  CHECK(says(verdict(c, ref, ranks),
              "rank 0's final parameters differ from the reference's (fc1.bias by 0.001"));
 }
 
