@@ -29,6 +29,8 @@ WorkerResult train_worker([[maybe_unused]] int rank, [[maybe_unused]] const RunC
   // the gradients between backward and the optimizer step; record every
   // step's loss and, at the end, the parameters and buffers; leave the
   // group. Every rank runs this same code: only `rank` tells them apart.
+  // The calls you need are declared in the headers included above; the
+  // kit's README shows most of them in its API tour (one step, one model).
   throw tp::NotImplemented("stage 01: train_worker is not implemented yet (exercises/01-naive/worker.cc)");
 }
 

@@ -27,6 +27,8 @@ WorkerResult train_worker([[maybe_unused]] int rank, [[maybe_unused]] const RunC
   // the gradients between backward and the optimizer step; record every
   // step's loss and, at the end, the parameters and buffers; leave the
   // group. Every rank runs this same code: only `rank` tells them apart.
+  // The calls you need are declared in the headers included above; the
+  // kit's README shows most of them in its API tour (one step, one model).
   // BEGIN SOLUTION
   dist::init_process_group("gloo", rank, config.world_size, init_method,
                            config.collective_timeout);
