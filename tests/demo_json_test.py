@@ -7,7 +7,9 @@ The JSON must list every rank at every step, agree with the printed table,
 and show DDP matching the reference within the tolerance it states. A second
 run with gradient accumulation and the buffered model checks the
 per-micro-batch record: K losses per step on every rank, and all-reduces only
-on the micro-batch that syncs.
+on the micro-batch that syncs. The header names the seed mode of each run.
+A demo that offers --worker (lesson 01: the lesson's own rank worker) must
+give, through the worker, the same losses as through the kit's trainer.
 """
 import json
 import os
@@ -35,6 +37,9 @@ def main(demo):
             fail(f"the demo exited with {run.returncode}")
         data = json.load(open(path))
         trace = json.load(open(trace_path))["traceEvents"]
+    header = run.stdout.splitlines()[0] if run.stdout else ""
+    if not header.endswith(", shared seed"):
+        fail(f"the header does not name the seed mode (shared seed): {header!r}")
 
     # All-reduces per step: the same on every rank in every step, at least
     # one and at most one per parameter (stage 01: one per parameter; a
@@ -100,8 +105,37 @@ def main(demo):
     print(f"ok: {STEPS} steps x {WORLD} ranks match the reference within {tol}; "
           f"max |param diff| {final['max_param_diff_vs_reference']:.2e}")
     check_accumulation(demo)
+    check_worker(demo, data)
     check_write_errors(demo)
     check_diverging_reference(demo)
+
+
+def check_worker(demo, trainer_data):
+    """The lesson's worker trains exactly what the kit's trainer does: same
+    losses on every rank at every step, bit for bit (same operations, same
+    order), and no collective counts (a worker records none)."""
+    usage = subprocess.run([demo, "--help"], capture_output=True, text=True, timeout=60).stdout
+    if "--worker" not in usage:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "demo.json")
+        run = subprocess.run([demo, "--world-size", str(WORLD), "--steps", str(STEPS), "--json", path,
+                              "--worker"], capture_output=True, text=True, timeout=240)
+        print(run.stdout, run.stderr)
+        if run.returncode != 0:
+            fail(f"the demo with --worker exited with {run.returncode}")
+        data = json.load(open(path))
+    if "the lesson's worker" not in run.stdout.splitlines()[0]:
+        fail("with --worker the header does not say the lesson's worker ran")
+    if "all-reduces per step" in run.stdout:
+        fail("with --worker the demo shows collective counts, which a worker does not record")
+    mine = [r["micro_batch_losses"] for r in data["ranks"]]
+    trainer = [r["micro_batch_losses"] for r in trainer_data["ranks"]]
+    if mine != trainer:
+        fail(f"the worker's losses differ from the trainer's: {mine} vs {trainer}")
+    if not data["final"]["matches_reference"]:
+        fail("with --worker the demo says the run does not match the reference")
+    print(f"ok: --worker gives the trainer's losses on {WORLD} ranks, bit for bit")
 
 
 def check_diverging_reference(demo):
@@ -153,6 +187,9 @@ def check_accumulation(demo, k=3, steps=2):
         if run.returncode != 0:
             fail(f"the demo with --micro-batches {k} exited with {run.returncode}")
         data = json.load(open(path))
+    header = run.stdout.splitlines()[0] if run.stdout else ""
+    if not header.endswith(", per-rank seeds"):
+        fail(f"with --per-rank-seed the header does not say per-rank seeds: {header!r}")
     if data["config"]["micro_batches"] != k or data["config"]["model"] != "BufferedMLP":
         fail(f"config does not echo the knobs: {data['config']}")
     for rank in data["ranks"]:

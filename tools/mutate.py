@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Applies a planted-bug mutant to a stage's solution.
 
-    mutate.py MUTANT SOLUTION_DIR OUT_CC OUT_H
+    mutate.py MUTANT SOLUTION_DIR OUT_CC OUT_H [OUT_WORKER_CC]
 
 A mutant file (tests/mutants/NN-topic/*.mutant) reads:
 
@@ -14,7 +14,9 @@ A mutant file (tests/mutants/NN-topic/*.mutant) reads:
     >>>>>>> mutant
 
 There may be several blocks. `<<<<<<< solution ddp.h` patches the header
-instead, so a mutant may patch both files. Each solution text must occur
+instead, so a mutant may patch both files; `<<<<<<< solution worker.cc`
+patches the rank's worker of a stage that has one (stage 01), which is then
+written to OUT_WORKER_CC (given exactly when the stage has worker.cc). Each solution text must occur
 exactly once in its file; when the solution changes so that it no longer
 does, this fails with a message naming the mutant, so mutants cannot
 silently stop applying.
@@ -27,6 +29,9 @@ import os
 import sys
 
 FILES = ("ddp.cc", "ddp.h")
+WORKER = "worker.cc"  # only some stages have one
+OPENINGS = {"<<<<<<< solution": "ddp.cc", "<<<<<<< solution ddp.h": "ddp.h",
+            "<<<<<<< solution worker.cc": WORKER}
 
 
 def parse(path):
@@ -34,12 +39,12 @@ def parse(path):
     for line in open(path).read().splitlines(True):
         tag = line.rstrip("\n")
         if tag.startswith("<<<<<<<"):
-            # Exactly these two spellings: Meson looks for the second one to
+            # Exactly these spellings: Meson looks for the ddp.h one to
             # decide whether the checker must be compiled against the mutant.
-            if tag not in ("<<<<<<< solution", "<<<<<<< solution ddp.h"):
-                sys.exit(f"mutate: {path}: '{tag}': a block opens with '<<<<<<< solution' (ddp.cc) "
-                         f"or '<<<<<<< solution ddp.h'")
-            target = "ddp.h" if tag.endswith("ddp.h") else "ddp.cc"
+            if tag not in OPENINGS:
+                sys.exit(f"mutate: {path}: '{tag}': a block opens with '<<<<<<< solution' (ddp.cc), "
+                         f"'<<<<<<< solution ddp.h' or '<<<<<<< solution worker.cc'")
+            target = OPENINGS[tag]
             mode, find, repl = "find", [], []
         elif tag == "=======" and mode == "find":
             mode = "repl"
@@ -57,28 +62,42 @@ def parse(path):
     return blocks
 
 
-def main(mutant, solution_dir, out_cc, out_h):
-    texts = {name: open(os.path.join(solution_dir, name)).read() for name in FILES}
+def main(mutant, solution_dir, out_cc, out_h, out_worker=None):
+    outs = {"ddp.cc": out_cc, "ddp.h": out_h}
+    has_worker = os.path.exists(os.path.join(solution_dir, WORKER))
+    if has_worker != (out_worker is not None):
+        sys.exit(f"mutate: {solution_dir} {'has' if has_worker else 'has no'} {WORKER}: give "
+                 f"OUT_WORKER_CC exactly when it does")
+    if has_worker:
+        outs[WORKER] = out_worker
+    texts = {name: open(os.path.join(solution_dir, name)).read() for name in outs}
     patched = set()
     for target, find, repl in parse(mutant):
+        if target not in texts:
+            sys.exit(f"mutate: {mutant} patches {target}, which {solution_dir} does not have")
         count = texts[target].count(find)
         if count != 1:
             sys.exit(f"mutate: {mutant} no longer applies to {solution_dir}/{target}: its solution "
                      f"text occurs {count} times (expected once); update the mutant:\n{find}")
         texts[target] = texts[target].replace(find, repl)
         patched.add(target)
+    if "ddp.h" in patched and has_worker:
+        # worker.h includes the solution's ddp.h, and the checker includes
+        # worker.h: a patched header would meet the original in one program.
+        sys.exit(f"mutate: {mutant} patches ddp.h of a stage with {WORKER}; plant the bug in "
+                 f"ddp.cc or {WORKER} instead")
     if "ddp.h" in patched:
         include = '#include "ddp.h"'
         if texts["ddp.cc"].count(include) != 1:
             sys.exit(f"mutate: {solution_dir}/ddp.cc must include \"ddp.h\" once for a header mutant")
         texts["ddp.cc"] = texts["ddp.cc"].replace(include, f'#include "{os.path.basename(out_h)}"')
     banner = f"// PLANTED BUG from {mutant}: do not copy.\n"
-    for name, out in (("ddp.cc", out_cc), ("ddp.h", out_h)):
+    for name, out in outs.items():
         with open(out, "w") as f:
             f.write(banner + texts[name])
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 5:
+    if len(sys.argv) not in (5, 6):
         sys.exit(__doc__)
     main(*sys.argv[1:])

@@ -97,8 +97,9 @@ class DistributedError : public Error {
 };
 
 // A collective ran past its deadline. The message names the collective, its
-// sequence number and the rank that was waiting. Kind Timeout. (A whole job
-// past its deadline is a SpawnError whose kind() is Timeout.)
+// sequence number and the rank that was waiting. Kind Timeout. (A spawned
+// job in which no rank makes progress for too long is a SpawnError whose
+// kind() is Timeout.)
 class TimeoutError : public DistributedError {
  public:
   explicit TimeoutError(const std::string& message)

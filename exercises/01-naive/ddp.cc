@@ -18,6 +18,8 @@ using tp::distributed::ReduceOp;
 
 namespace {
 
+// Given, for the construction check below.
+//
 // A parameter's shape and dtype travel as a fixed-width row of numbers so
 // that all ranks can compare their models with one all-gather:
 // [ndim, size_0 .. size_3 (zero-padded), element size in bytes]. Four
@@ -27,12 +29,13 @@ namespace {
 constexpr int64_t kMaxDims = 4;
 constexpr int64_t kRowWidth = 1 + kMaxDims + 1;
 
-const double* row_of(const std::vector<double>& rows, int64_t param) {
+// Parameter `param`'s row in a table of rows laid end to end.
+[[maybe_unused]] const double* row_of(const std::vector<double>& rows, int64_t param) {
   return rows.data() + param * kRowWidth;
 }
 
 // "(32, 16) float32", from a row of the gathered table.
-std::string describe_row(const double* row) {
+[[maybe_unused]] std::string describe_row(const double* row) {
   const auto ndim = static_cast<int64_t>(row[0]);
   tp::Shape shape;
   for (int64_t d = 0; d < std::min(ndim, kMaxDims); ++d) {
@@ -58,70 +61,28 @@ DistributedDataParallel::DistributedDataParallel(
 }
 
 void DistributedDataParallel::verify_same_model_on_all_ranks() {
-  const int world_size = process_group_->size();
-  const int rank = process_group_->rank();
-  auto gather = [&](const Tensor& mine) {
-    std::vector<Tensor> all;
-    for (int r = 0; r < world_size; ++r) all.push_back(tp::zeros_like(mine));
-    process_group_->allgather(all, mine)->wait();
-    return all;
-  };
-
-  // First the parameter count, so that the shape rows below have one length
-  // on every rank (an all-gather of unequal sizes would fail or hang).
-  const auto count = static_cast<int64_t>(params_.size());
-  std::vector<Tensor> counts = gather(tp::full({1}, static_cast<double>(count), tp::kFloat64));
-  for (int r = 1; r < world_size; ++r) {
-    const auto theirs = static_cast<int64_t>(counts[static_cast<size_t>(r)].item());
-    const auto rank0s = static_cast<int64_t>(counts[0].item());
-    if (theirs != rank0s) {
-      TP_THROW(tp::DistributedError, "stage01 DDP (rank ", rank, "): rank ", r, " wraps ", theirs,
-               " parameters but rank 0 wraps ", rank0s,
-               "; every rank must build the same model before wrapping it in DDP");
-    }
-  }
-
-  // Then every parameter's shape and dtype.
-  if (count == 0) return;
-  std::vector<double> mine(static_cast<size_t>(count * kRowWidth), 0.0);
-  for (int64_t i = 0; i < count; ++i) {
-    const Tensor& param = params_[static_cast<size_t>(i)].second;
-    double* row = mine.data() + i * kRowWidth;
-    row[0] = static_cast<double>(param.dim());
-    for (int64_t d = 0; d < std::min(param.dim(), kMaxDims); ++d) {
-      row[1 + d] = static_cast<double>(param.size(d));
-    }
-    row[kRowWidth - 1] = static_cast<double>(param.element_size());
-  }
-  std::vector<Tensor> rows = gather(tp::tensor(mine, {count, kRowWidth}, tp::kFloat64));
-  const std::vector<double> rank0_rows = rows[0].to_vector();
-  for (int r = 0; r < world_size; ++r) {
-    const std::vector<double> their_rows = rows[static_cast<size_t>(r)].to_vector();
-    for (int64_t i = 0; i < count; ++i) {
-      const double* theirs = row_of(their_rows, i);
-      const double* rank0s = row_of(rank0_rows, i);
-      const std::string name = params_[static_cast<size_t>(i)].first;
-      if (theirs[0] > static_cast<double>(kMaxDims)) {
-        TP_THROW(tp::DistributedError, "stage01 DDP (rank ", rank, "): parameter ", i, " (",
-                 name, " here) has ", theirs[0], " dimensions on rank ", r, "; this DDP "
-                 "compares models of up to ", kMaxDims, " dimensions per parameter");
-      }
-      if (!std::equal(theirs, theirs + kRowWidth, rank0s)) {
-        TP_THROW(tp::DistributedError, "stage01 DDP (rank ", rank, "): parameter ", i, " (",
-                 name, " here) is ", describe_row(rank0s), " on rank 0 but ",
-                 describe_row(theirs), " on rank ", r,
-                 "; every rank must build the same model before wrapping it in DDP");
-      }
-    }
-  }
+  // EXERCISE: refuse, on every rank, to wrap models that differ between
+  // ranks (ddp.h's contract: same number of parameters, same shapes, same
+  // dtypes). Two all-gathers through process_group_, each waited for: first
+  // every rank's parameter count, then every rank's table of rows (one row
+  // of kRowWidth numbers per parameter, laid out as described above). An
+  // all-gather needs the same size on every rank, hence the count first.
+  // Then every rank holds the same gathered data, so every rank can compare
+  // every rank's rows with rank 0's and throw the same tp::DistributedError,
+  // naming the first differing parameter (index and name), what it is on
+  // rank 0 and on the other rank (describe_row), and the fix. A check that
+  // only one rank can fail leaves the others waiting in the broadcast.
+  throw tp::NotImplemented("stage 01: DistributedDataParallel::verify_same_model_on_all_ranks is not implemented yet (exercises/01-naive/ddp.cc)");
 }
 
 void DistributedDataParallel::broadcast_from_rank0() {
   // The broadcast writes into the parameters: no autograd history for that.
   tp::NoGradGuard no_grad;
-  // EXERCISE: make every replica a copy of rank 0's model. Broadcast each
-  // parameter from rank 0 (and, when options_.broadcast_buffers is set, each
-  // buffer of module_) through process_group_, waiting for each to finish.
+  // EXERCISE: make every replica a copy of rank 0's model: when this
+  // returns, every rank holds rank 0's values of every parameter, and of
+  // every buffer of module_ when options_.broadcast_buffers is set (when it
+  // is not, each rank keeps its own buffers). One collective per tensor,
+  // finished before this returns.
   throw tp::NotImplemented("stage 01: DistributedDataParallel::broadcast_from_rank0 is not implemented yet (exercises/01-naive/ddp.cc)");
 }
 
@@ -142,10 +103,12 @@ Tensor DistributedDataParallel::grad_for_sync(size_t index) const {
 }
 
 void DistributedDataParallel::sync_grads() {
-  // EXERCISE: average every parameter's gradient over all ranks. For each
-  // parameter i, take grad_for_sync(i), all-reduce it with ReduceOp::SUM
-  // (one collective per parameter, waiting for it), then divide it by the
-  // world size in place.
+  // EXERCISE: when this returns, every parameter's .grad holds, on every
+  // rank, the mean over the ranks of that parameter's gradient: the tensor
+  // the optimizer will read, not a copy of it. One collective per
+  // parameter, each finished before this returns, issued in the same order
+  // on every rank. grad_for_sync(i) is parameter i's gradient (or a clear
+  // error when backward has not produced one).
   throw tp::NotImplemented("stage 01: DistributedDataParallel::sync_grads is not implemented yet (exercises/01-naive/ddp.cc)");
   ++sync_count_;
 }

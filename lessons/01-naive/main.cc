@@ -1,9 +1,11 @@
 // Lesson 01's demo: naive DDP next to the reference trainer.
 //   ./kit demo 01 [--world-size 4] [--steps 10] [--batch 8] [--lr 0.05] [--json FILE]
-//                 (--help lists every flag)
+//                 [--worker] (--help lists every flag)
 // Built twice: demo_01 with solutions/01-naive, demo_01_mine with your
-// exercises/01-naive (`./kit demo 01 --mine`).
+// exercises/01-naive (`./kit demo 01 --mine`). The ranks run the kit's
+// trainer; with --worker they run the lesson's rank worker (worker.cc).
 #include "ddp.h"
+#include "worker.h"
 
 #include "tensorplay/train/demo.h"
 
@@ -20,5 +22,6 @@ int main(int argc, char** argv) {
                           config.buffer_sync = tp::train::BufferSync::None;
                           return std::string();
                         }});
+  spec.worker = stage01::train_worker;
   return tp::train::demo_main<stage01::DistributedDataParallel>(argc, argv, spec);
 }

@@ -16,6 +16,8 @@ using tp::distributed::ReduceOp;
 
 namespace {
 
+// Given, for the construction check below.
+//
 // A parameter's shape and dtype travel as a fixed-width row of numbers so
 // that all ranks can compare their models with one all-gather:
 // [ndim, size_0 .. size_3 (zero-padded), element size in bytes]. Four
@@ -25,12 +27,13 @@ namespace {
 constexpr int64_t kMaxDims = 4;
 constexpr int64_t kRowWidth = 1 + kMaxDims + 1;
 
-const double* row_of(const std::vector<double>& rows, int64_t param) {
+// Parameter `param`'s row in a table of rows laid end to end.
+[[maybe_unused]] const double* row_of(const std::vector<double>& rows, int64_t param) {
   return rows.data() + param * kRowWidth;
 }
 
 // "(32, 16) float32", from a row of the gathered table.
-std::string describe_row(const double* row) {
+[[maybe_unused]] std::string describe_row(const double* row) {
   const auto ndim = static_cast<int64_t>(row[0]);
   tp::Shape shape;
   for (int64_t d = 0; d < std::min(ndim, kMaxDims); ++d) {
@@ -56,6 +59,18 @@ DistributedDataParallel::DistributedDataParallel(
 }
 
 void DistributedDataParallel::verify_same_model_on_all_ranks() {
+  // EXERCISE: refuse, on every rank, to wrap models that differ between
+  // ranks (ddp.h's contract: same number of parameters, same shapes, same
+  // dtypes). Two all-gathers through process_group_, each waited for: first
+  // every rank's parameter count, then every rank's table of rows (one row
+  // of kRowWidth numbers per parameter, laid out as described above). An
+  // all-gather needs the same size on every rank, hence the count first.
+  // Then every rank holds the same gathered data, so every rank can compare
+  // every rank's rows with rank 0's and throw the same tp::DistributedError,
+  // naming the first differing parameter (index and name), what it is on
+  // rank 0 and on the other rank (describe_row), and the fix. A check that
+  // only one rank can fail leaves the others waiting in the broadcast.
+  // BEGIN SOLUTION
   const int world_size = process_group_->size();
   const int rank = process_group_->rank();
   auto gather = [&](const Tensor& mine) {
@@ -112,14 +127,17 @@ void DistributedDataParallel::verify_same_model_on_all_ranks() {
       }
     }
   }
+  // END SOLUTION
 }
 
 void DistributedDataParallel::broadcast_from_rank0() {
   // The broadcast writes into the parameters: no autograd history for that.
   tp::NoGradGuard no_grad;
-  // EXERCISE: make every replica a copy of rank 0's model. Broadcast each
-  // parameter from rank 0 (and, when options_.broadcast_buffers is set, each
-  // buffer of module_) through process_group_, waiting for each to finish.
+  // EXERCISE: make every replica a copy of rank 0's model: when this
+  // returns, every rank holds rank 0's values of every parameter, and of
+  // every buffer of module_ when options_.broadcast_buffers is set (when it
+  // is not, each rank keeps its own buffers). One collective per tensor,
+  // finished before this returns.
   // BEGIN SOLUTION
   for (auto& [name, param] : params_) {
     process_group_->broadcast(param, /*root=*/0)->wait();
@@ -149,10 +167,12 @@ Tensor DistributedDataParallel::grad_for_sync(size_t index) const {
 }
 
 void DistributedDataParallel::sync_grads() {
-  // EXERCISE: average every parameter's gradient over all ranks. For each
-  // parameter i, take grad_for_sync(i), all-reduce it with ReduceOp::SUM
-  // (one collective per parameter, waiting for it), then divide it by the
-  // world size in place.
+  // EXERCISE: when this returns, every parameter's .grad holds, on every
+  // rank, the mean over the ranks of that parameter's gradient: the tensor
+  // the optimizer will read, not a copy of it. One collective per
+  // parameter, each finished before this returns, issued in the same order
+  // on every rank. grad_for_sync(i) is parameter i's gradient (or a clear
+  // error when backward has not produced one).
   // BEGIN SOLUTION
   const int world_size = process_group_->size();
   for (size_t i = 0; i < params_.size(); ++i) {

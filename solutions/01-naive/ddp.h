@@ -19,6 +19,10 @@
 //     parameter and the ranks (never a hang).
 //   - REQUIRES for sync_grads(): called after loss.backward(), on every rank,
 //     the same number of times; every parameter has a gradient.
+//   - Collectives, which the checker counts: construction issues exactly two
+//     all-gathers (every rank's parameter count, then every rank's shape
+//     rows) and one broadcast per parameter, plus one per buffer with
+//     broadcast_buffers; sync_grads() one all-reduce per parameter.
 //   - Not thread-safe; the process group's communication thread only touches
 //     the gradient it is all-reducing.
 //   - Neither copyable nor movable: it stands for one replica in one process

@@ -387,6 +387,10 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
     }
   }
   if (config.model_kind != ModelKind::MiniMLP) extra += ", " + to_string(config.model_kind);
+  // The seed mode (--per-rank-seed) changes no number in the table when the
+  // broadcast works, so the header is where it shows.
+  extra += config.per_rank_seed ? ", per-rank seeds" : ", shared seed";
+  if (args.worker) extra += ", the lesson's worker";
   std::printf("stage %s: %s. %d rank%s, %lld steps, batch %lld per rank, lr %g%s, %s%s\n\n",
               stage.c_str(), title.c_str(), config.world_size, config.world_size == 1 ? "" : "s",
               static_cast<long long>(total_steps(config)), static_cast<long long>(config.batch_size),
@@ -436,8 +440,10 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
               c.max_loss_diff, static_cast<long long>(c.loss_index < 0 ? -1 : c.loss_index / k),
               c.loss_rank);
   const uint64_t step0_allreduces = allreduces_in_step(ranks[0], k, 0);
-  std::printf("all-reduces per step on rank 0: %llu for %zu parameter tensors\n",
-              static_cast<unsigned long long>(step0_allreduces), ranks[0].final_params.size());
+  if (!args.worker) {  // a worker counts no collectives
+    std::printf("all-reduces per step on rank 0: %llu for %zu parameter tensors\n",
+                static_cast<unsigned long long>(step0_allreduces), ranks[0].final_params.size());
+  }
   if (k > 1) {
     // Where in the step they happen: with no_sync, all in the last one.
     std::string per_micro;
@@ -448,8 +454,15 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
     std::printf("all-reduces in each of step 0's %lld micro-batches on rank 0: %s\n",
                 static_cast<long long>(k), per_micro.c_str());
   }
-  std::vector<Finding> findings = check_results_complete(config, reference, ranks);
-  if (findings.empty()) findings = diagnose(config, reference, ranks, tolerance, advice);
+  std::vector<Finding> findings;
+  if (args.worker) {
+    std::vector<WorkerResult> workers;
+    for (const RankResult& r : ranks) workers.push_back({r.losses, r.final_params, r.final_buffers});
+    findings = check_workers(config, reference, workers, tolerance);
+  } else {
+    findings = check_results_complete(config, reference, ranks);
+    if (findings.empty()) findings = diagnose(config, reference, ranks, tolerance, advice);
+  }
   const bool reference_diverged = std::any_of(
       reference.losses.begin(), reference.losses.end(), [](const std::vector<double>& losses) {
         return std::any_of(losses.begin(), losses.end(), [](double v) { return !std::isfinite(v); });

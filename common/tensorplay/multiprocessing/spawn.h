@@ -67,10 +67,10 @@ struct SpawnOptions {
 
 class SpawnError : public DistributedError {
  public:
-  // rank: the rank blamed for the failure, or -1 for a whole-job timeout.
+  // rank: the rank blamed for the failure, or -1 for a job without progress.
   // kind: the blamed failure's kind: the kind of the tp::Error that rank threw
   // (Cause for any other exception), Cause for a rank killed by a signal or
-  // exiting on its own, Timeout for a whole-job timeout.
+  // exiting on its own, Timeout for a job without progress.
   SpawnError(int rank, const std::string& message, ErrorKind kind = ErrorKind::Cause)
       : DistributedError(message, kind), rank_(rank) {}
   int rank() const { return rank_; }

@@ -15,6 +15,9 @@
 //   - Then its scenarios, if any: properties the training plan cannot
 //     express (a no_sync guard that covers only the forward, say), each run
 //     once on its own spawned ranks with a connected group.
+//   - Then, for a lesson that has the student write the rank's worker too
+//     (stage 01), that worker on each of worker_cases: run as a whole job
+//     and compared with the reference (worker.h).
 //   - It stops at the first failing case (an exercise stub fails at once),
 //     prints the findings, and returns 1; it returns 0 when all pass.
 //   - A rank that throws or hangs becomes a finding naming the rank and its
@@ -23,8 +26,8 @@
 //   - `--expect-fail FILE` turns it into a planted-bug test: FILE (a mutant,
 //     see tools/mutate.py) has `expect:` lines; the checker must FAIL and its
 //     report must contain every expected phrase, else it returns 1.
-//   - `--list` prints the cases, then the scenarios (numbered on from the
-//     cases); `--only N` runs case or scenario N alone.
+//   - `--list` prints the cases, then the scenarios and the worker cases
+//     (numbered on from the cases); `--only N` runs that one alone.
 #pragma once
 
 #include <cstdio>
@@ -38,6 +41,7 @@
 #include "tensorplay/train/ddp_trainer.h"
 #include "tensorplay/train/predicates.h"
 #include "tensorplay/train/reference.h"
+#include "tensorplay/train/worker.h"
 
 namespace tp::train {
 
@@ -77,6 +81,12 @@ struct CheckerSpec {
       stage_checks;
   // Run after the cases, in order.
   std::vector<Scenario> scenarios;
+  // The lesson's rank worker (stage 01's train_worker), run after the
+  // scenarios on each of worker_cases; empty when the lesson has none.
+  std::function<WorkerResult(int rank, const RunConfig& config, const std::string& init_method,
+                             const Options& options)>
+      worker;
+  std::vector<CheckCase<Options>> worker_cases;
 };
 
 // The default sweep of plans: world sizes 2, 1, 3 and 4 (the smallest real
@@ -121,18 +131,24 @@ template <DataParallelModel D>
 int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& spec) {
   CheckerRun run = parse_checker_args(argc, argv);
   const size_t n_cases = spec.cases.size();
+  const size_t n_scenarios = spec.scenarios.size();
+  const size_t n_workers = spec.worker ? spec.worker_cases.size() : 0;
   if (run.list) {
     for (size_t i = 0; i < n_cases; ++i) {
       std::printf("%zu: %s\n", i, describe(spec.cases[i]).c_str());
     }
-    for (size_t i = 0; i < spec.scenarios.size(); ++i) {
+    for (size_t i = 0; i < n_scenarios; ++i) {
       std::printf("%zu: scenario: %s\n", n_cases + i, spec.scenarios[i].label.c_str());
+    }
+    for (size_t i = 0; i < n_workers; ++i) {
+      std::printf("%zu: worker: %s\n", n_cases + n_scenarios + i,
+                  describe(spec.worker_cases[i]).c_str());
     }
     return 0;
   }
-  if (run.only >= static_cast<int>(n_cases + spec.scenarios.size())) {
-    std::fprintf(stderr, "checker: --only %d: there are %zu cases and scenarios (see --list)\n",
-                 run.only, n_cases + spec.scenarios.size());
+  if (run.only >= static_cast<int>(n_cases + n_scenarios + n_workers)) {
+    std::fprintf(stderr, "checker: --only %d: there are %zu cases, scenarios and worker cases "
+                 "(see --list)\n", run.only, n_cases + n_scenarios + n_workers);
     return 2;
   }
   run.print("stage " + spec.stage + " checker (" + spec.title + ")\n");
@@ -168,6 +184,23 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
     const std::vector<Finding> findings = run_scenario(spec.stage, spec.scenarios[i]);
     passed = findings.empty();
     report_case(run, "scenario: " + spec.scenarios[i].label, findings, nullptr);
+  }
+  for (size_t i = 0; i < n_workers && passed; ++i) {
+    if (run.only >= 0 && static_cast<size_t>(run.only) != n_cases + n_scenarios + i) continue;
+    const CheckCase<typename D::Options>& c = spec.worker_cases[i];
+    std::vector<Finding> findings;
+    try {
+      ReferenceResult reference = train_reference(c.config);
+      std::vector<WorkerResult> ranks =
+          run_workers(c.config, [&](int rank, const std::string& init_method) {
+            return spec.worker(rank, c.config, init_method, c.options);
+          });
+      findings = check_workers(c.config, reference, ranks, default_tolerance(c.config.dtype));
+    } catch (const std::exception& error) {
+      findings.push_back(finding_from_error(spec.stage, error));
+    }
+    passed = findings.empty();
+    report_case(run, "worker: " + describe(c), findings, nullptr);
   }
   return finish_checker(run, spec.stage, passed);
 }

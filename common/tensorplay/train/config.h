@@ -105,9 +105,11 @@ struct RunConfig {
   int64_t deep_depth = 16;   // hidden layers of ModelKind::Deep: 2 * (depth + 1) tensors
   data::SyntheticRegressionOptions data;
   // Deadline of one collective (a skipped collective becomes an error naming
-  // the rank and the collective) and of the whole job. The kit's collectives
-  // move a few kilobytes and take milliseconds even on a loaded 2-core
-  // machine, so 10 s only ever expires on a real hang.
+  // the rank and the collective), and the longest time a job may go without
+  // any rank making progress (SpawnOptions::timeout: a long run is fine, a
+  // stuck one is not). The kit's collectives move a few kilobytes and take
+  // milliseconds even on a loaded 2-core machine, so 10 s only ever expires
+  // on a real hang.
   std::chrono::milliseconds collective_timeout{10000};
   std::chrono::milliseconds job_timeout{120000};
 };

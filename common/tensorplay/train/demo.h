@@ -6,7 +6,8 @@
 //                 [--model mini|branchy|buffered|reordered|deep] [--hidden N]
 //                 [--depth N (deep)] [--micro-batches K]
 //                 [--batches N0,N1,...] [--divide-by-active-ranks]
-//                 [--json FILE] [--trace FILE] [the stage's own flags]
+//                 [--json FILE] [--trace FILE] [--worker (lesson 01)]
+//                 [the stage's own flags]
 //
 // Columns: step; the reference's loss (mean over the ranks' micro-batches);
 // DDP's loss on rank 0 and the reference's for rank 0's micro-batches (the
@@ -18,6 +19,9 @@
 // --trace FILE records every rank's timeline (tp::trace), writes it as one
 // Chrome trace (open it in ui.perfetto.dev) and prints the last step as an
 // ASCII timeline.
+// --worker (a lesson whose DemoSpec has a worker: lesson 01) runs the ranks
+// through the lesson's own rank worker (worker.h) instead of the kit's
+// trainer: the same table and verdict, without collective counts or trace.
 #pragma once
 
 #include <cstdio>
@@ -28,6 +32,7 @@
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/ddp_trainer.h"
 #include "tensorplay/train/reference.h"
+#include "tensorplay/train/worker.h"
 
 namespace tp::train {
 
@@ -35,6 +40,7 @@ struct DemoArgs {
   RunConfig config;
   std::string json_path;   // empty: no JSON
   std::string trace_path;  // empty: no trace
+  bool worker = false;     // --worker: the ranks ran the lesson's own worker
 };
 
 // A flag of the stage's own ("--bucket-cap-mb X"), usually changing its
@@ -66,6 +72,11 @@ struct DemoSpec {
   // Makes the options agree with the plan the flags produced (stage 07:
   // --divide-by-active-ranks sets the plan's divisor and the DDP's option).
   std::function<void(const RunConfig&, Options&)> adapt;
+  // The lesson's own rank worker (lesson 01's train_worker), which --worker
+  // runs instead of the kit's trainer; empty: no --worker flag.
+  std::function<WorkerResult(int rank, const RunConfig& config, const std::string& init_method,
+                             const Options& options)>
+      worker;
 };
 
 // Parses the flags above (defaults: 4 ranks, 10 steps) and the stage's own.
@@ -73,7 +84,9 @@ struct DemoSpec {
 // --help.
 DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
                          const std::vector<DemoFlag>& stage_flags = {});
-// Prints the table and summary to stdout; writes JSON when asked.
+// Prints the table and summary to stdout; writes JSON when asked. With
+// args.worker, `ranks` came from a worker (as_rank_result): no collective
+// counts are shown, and the verdict is check_workers'.
 void report_demo(const std::string& stage, const std::string& title, const DemoArgs& args,
                  const ReferenceResult& reference, const std::vector<RankResult>& ranks,
                  const Advice& advice = {});
@@ -82,12 +95,39 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
 // while the command line is parsed; the DDP is built from it afterwards.
 template <DataParallelModel D>
 int demo_main(int argc, char** argv, const DemoSpec<typename D::Options>& spec) {
-  DemoArgs args = parse_demo_args(argc, argv, spec.stage, spec.flags);
+  std::vector<DemoFlag> flags = spec.flags;
+  bool use_worker = false;
+  if (spec.worker) {
+    flags.push_back({"--worker", "", "run the lesson's own rank worker instead of the kit's trainer",
+                     [&use_worker](const std::string&, RunConfig&) {
+                       use_worker = true;
+                       return std::string();
+                     }});
+  }
+  DemoArgs args = parse_demo_args(argc, argv, spec.stage, flags);
+  args.worker = use_worker;
+  if (args.worker && args.config.trace) {
+    std::fprintf(stderr, "demo %s: --trace needs the kit's trainer; drop --worker\n",
+                 spec.stage.c_str());
+    return 2;
+  }
   try {
     ReferenceResult reference = train_reference(args.config);
     typename D::Options options = spec.options;
     if (spec.adapt) spec.adapt(args.config, options);
-    std::vector<RankResult> ranks = run_ddp<D>(args.config, options);
+    std::vector<RankResult> ranks;
+    if (args.worker) {
+      const RunConfig& config = args.config;
+      std::vector<WorkerResult> results =
+          run_workers(config, [&](int rank, const std::string& init_method) {
+            return spec.worker(rank, config, init_method, options);
+          });
+      for (size_t r = 0; r < results.size(); ++r) {
+        ranks.push_back(as_rank_result(static_cast<int>(r), results[r]));
+      }
+    } else {
+      ranks = run_ddp<D>(args.config, options);
+    }
     report_demo(spec.stage, spec.title, args, reference, ranks, spec.advice);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "demo %s: %s\n", spec.stage.c_str(), error.what());
