@@ -21,10 +21,14 @@
 //     message; the likely cause follows the failure's ErrorKind (a stub, a
 //     timeout, a rank's own error), never its wording.
 //   - `--expect-fail FILE` turns it into a planted-bug test: FILE (a mutant,
-//     see tools/mutate.py) has `expect:` lines; the checker must FAIL and its
-//     report must contain every expected phrase, else it returns 1.
+//     see tools/mutate.py) has `expect:` lines, each a phrase the report must
+//     contain, and `expect-first:` lines, each a phrase the first finding of
+//     the failing case (its fact or its likely cause: the cause named first)
+//     must contain; the checker must FAIL with all of them, else it returns 1.
 //   - `--list` prints the cases, then the scenarios (numbered on from the
-//     cases); `--only N` runs case or scenario N alone.
+//     cases); `--only N` runs case or scenario N alone; `--repeat N` runs the
+//     whole check N times and fails unless every run gives the same verdict
+//     (for a bug that must be caught on every run, not only on most).
 #pragma once
 
 #include <cstdio>
@@ -101,8 +105,10 @@ std::string describe(const CheckCase<Options>& c) {
 struct CheckerRun {
   std::string expect_file;  // --expect-fail FILE
   int only = -1;            // --only N
+  int repeat = 1;           // --repeat N
   bool list = false;        // --list
-  std::string report;       // everything printed so far
+  std::string report;       // everything printed so far in this repetition
+  std::string first_cause;  // the failing case's first finding: fact, then likely cause
   void print(const std::string& text);
 };
 CheckerRun parse_checker_args(int argc, char** argv);
@@ -117,24 +123,10 @@ void report_case(CheckerRun& run, const std::string& description,
 // Applies --expect-fail and prints the verdict; returns the exit code.
 int finish_checker(CheckerRun& run, const std::string& stage, bool passed);
 
+// One run of every case and scenario (or of --only's); the exit code.
 template <DataParallelModel D>
-int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& spec) {
-  CheckerRun run = parse_checker_args(argc, argv);
+int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec) {
   const size_t n_cases = spec.cases.size();
-  if (run.list) {
-    for (size_t i = 0; i < n_cases; ++i) {
-      std::printf("%zu: %s\n", i, describe(spec.cases[i]).c_str());
-    }
-    for (size_t i = 0; i < spec.scenarios.size(); ++i) {
-      std::printf("%zu: scenario: %s\n", n_cases + i, spec.scenarios[i].label.c_str());
-    }
-    return 0;
-  }
-  if (run.only >= static_cast<int>(n_cases + spec.scenarios.size())) {
-    std::fprintf(stderr, "checker: --only %d: there are %zu cases and scenarios (see --list)\n",
-                 run.only, n_cases + spec.scenarios.size());
-    return 2;
-  }
   run.print("stage " + spec.stage + " checker (" + spec.title + ")\n");
   bool passed = true;
   for (size_t i = 0; i < spec.cases.size() && passed; ++i) {
@@ -145,7 +137,9 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
     try {
       const double tolerance = default_tolerance(c.config.dtype);
       ReferenceResult reference = train_reference(c.config);
-      std::vector<RankResult> ranks = run_ddp<D>(c.config, c.options);
+      RunConfig checked = c.config;
+      checked.check_in_flight_writes = true;  // a write before wait() fails every run
+      std::vector<RankResult> ranks = run_ddp<D>(checked, c.options);
       // Missing results first; then the stage's structural facts (counted
       // collectives, order on the trace), which name a cause more directly
       // than the numbers they disturb; then the numbers.
@@ -170,6 +164,34 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
     report_case(run, "scenario: " + spec.scenarios[i].label, findings, nullptr);
   }
   return finish_checker(run, spec.stage, passed);
+}
+
+template <DataParallelModel D>
+int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& spec) {
+  CheckerRun run = parse_checker_args(argc, argv);
+  const size_t n_cases = spec.cases.size();
+  if (run.list) {
+    for (size_t i = 0; i < n_cases; ++i) {
+      std::printf("%zu: %s\n", i, describe(spec.cases[i]).c_str());
+    }
+    for (size_t i = 0; i < spec.scenarios.size(); ++i) {
+      std::printf("%zu: scenario: %s\n", n_cases + i, spec.scenarios[i].label.c_str());
+    }
+    return 0;
+  }
+  if (run.only >= static_cast<int>(n_cases + spec.scenarios.size())) {
+    std::fprintf(stderr, "checker: --only %d: there are %zu cases and scenarios (see --list)\n",
+                 run.only, n_cases + spec.scenarios.size());
+    return 2;
+  }
+  int code = 0;
+  for (int r = 1; r <= run.repeat && code == 0; ++r) {
+    if (run.repeat > 1) run.print(detail::cat("run ", r, " of ", run.repeat, ": "));
+    run.report.clear();
+    run.first_cause.clear();
+    code = check_once<D>(run, spec);
+  }
+  return code;
 }
 
 }  // namespace tp::train
