@@ -1,6 +1,7 @@
 // The non-template half of the stage checker (see checker.h).
 #include "tensorplay/train/checker.h"
 
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -51,28 +52,24 @@ CheckerRun parse_checker_args(int argc, char** argv) {
       }
       return argv[++i];
     };
+    // The value as a whole number in [low, high]; `expects` says what it is.
+    auto number = [&](long low, long high, const char* expects) {
+      const std::string text = value();
+      char* end = nullptr;
+      const long n = std::strtol(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || n < low || n > high) {
+        std::fprintf(stderr, "checker: %s expects %s, got '%s'\n", arg.c_str(), expects,
+                     text.c_str());
+        std::exit(2);
+      }
+      return static_cast<int>(n);
+    };
     if (arg == "--expect-fail") {
       run.expect_file = value();
     } else if (arg == "--only") {
-      const std::string text = value();
-      char* end = nullptr;
-      const long n = std::strtol(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || n < 0) {
-        std::fprintf(stderr, "checker: --only expects a config number (see --list), got '%s'\n",
-                     text.c_str());
-        std::exit(2);
-      }
-      run.only = static_cast<int>(n);
+      run.only = number(0, INT_MAX, "a config number (see --list)");
     } else if (arg == "--repeat") {
-      const std::string text = value();
-      char* end = nullptr;
-      const long n = std::strtol(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || n < 1 || n > 1000) {
-        std::fprintf(stderr, "checker: --repeat expects a number of runs from 1 to 1000, got '%s'\n",
-                     text.c_str());
-        std::exit(2);
-      }
-      run.repeat = static_cast<int>(n);
+      run.repeat = number(1, 1000, "a number of runs from 1 to 1000");
     } else if (arg == "--list") {
       run.list = true;
     } else {
@@ -112,9 +109,9 @@ Finding finding_from_error(const std::string& stage, const std::exception& error
       break;
   }
   return {message, from_a_rank
-                       ? "a rank failed: its message above says why (killed by a signal means it "
-                         "crashed, for example on a null pointer: run this case alone with "
-                         "--only N under gdb)"
+                       ? "a rank failed: its message above says why and what to change (a "
+                         "rank killed by a signal crashed, for example on a null pointer: run "
+                         "this case alone with --only N under gdb)"
                        : "the checker could not run this case: the message says why"};
 }
 
@@ -184,7 +181,8 @@ int finish_checker(CheckerRun& run, const std::string& stage, bool passed) {
   std::vector<std::string> phrases;        // anywhere in the report
   std::vector<std::string> first_phrases;  // in the first finding
   for (std::string line; std::getline(in, line);) {
-    for (auto [tag, list] : {std::pair{"expect:", &phrases}, std::pair{"expect-first:", &first_phrases}}) {
+    for (auto [tag, list] :
+         {std::pair{"expect:", &phrases}, std::pair{"expect-first:", &first_phrases}}) {
       const std::string prefix = tag;
       if (line.rfind(prefix, 0) != 0) continue;
       std::string phrase = line.substr(prefix.size());

@@ -11,7 +11,8 @@
 //     collectives and the trace (usually built from the shared predicates of
 //     predicates.h), then compares every rank's per-micro-batch losses,
 //     parameters and buffers (compare.h). Findings are reported in that
-//     order: a structural fact names the cause before the numbers it moves.
+//     order: a structural fact names the cause before the numbers it moves,
+//     and a numeric guess after one says it may only follow from it.
 //   - Then its scenarios, if any: properties the training plan cannot
 //     express (a no_sync guard that covers only the forward, say), each run
 //     once on its own spawned ranks with a connected group.
@@ -27,8 +28,11 @@
 //     must contain; the checker must FAIL with all of them, else it returns 1.
 //   - `--list` prints the cases, then the scenarios (numbered on from the
 //     cases); `--only N` runs case or scenario N alone; `--repeat N` runs the
-//     whole check N times and fails unless every run gives the same verdict
-//     (for a bug that must be caught on every run, not only on most).
+//     whole check N times, each judged as above, and stops at the first run
+//     that is not (for a bug that must be caught on every run, not most).
+//   - Checker mode: every case runs with RunConfig::check_in_flight_writes,
+//     every scenario's group with GlooOptions::check_in_flight_writes, so a
+//     tensor written while its collective is in flight fails every run.
 #pragma once
 
 #include <cstdio>
@@ -146,7 +150,12 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec) {
       findings = check_results_complete(c.config, reference, ranks);
       if (findings.empty()) {
         if (spec.stage_checks) findings = spec.stage_checks(c, CaseRun{c.config, reference, ranks});
+        const bool structural = !findings.empty();
         for (Finding& f : diagnose(c.config, reference, ranks, tolerance, spec.advice)) {
+          // A numeric guess after a structural fact is read as what it is.
+          if (structural) {
+            f.likely_cause = "unless it follows from the first finding: " + f.likely_cause;
+          }
           findings.push_back(std::move(f));
         }
         comparison = compare(reference, ranks, tolerance);
