@@ -190,8 +190,9 @@ Buffer buffer_of(const Tensor& t) {
 // between (divides a gradient, then waits for its all-reduce) races with the
 // communication thread: written before the collective reads it, the result
 // is right; written while Gloo sums, it is wrong in a different way on every
-// run; written after, right again. So such a bug passes some runs and fails
-// others, each time with another diagnosis. With
+// run; written after, right again; before on one rank and after on another,
+// the ranks disagree. So such a bug passes some runs and fails others, each
+// time with another diagnosis. With
 // GlooOptions::check_in_flight_writes (checker mode) the race is taken out
 // and the write is seen on every run:
 //   - at issue, the tensor's bytes are copied twice: `sent`, which the
@@ -221,7 +222,8 @@ Buffer buffer_for_collective(const Tensor& tensor, bool check_in_flight_writes) 
   return buf;
 }
 
-// "4 (0.25 -> 0.125)": element i of two copies of a float32 or float64 block.
+// "4 (0.25 when issued, 0.125 at wait())": element i of two copies of a
+// float32 or float64 block.
 std::string changed_element(const void* before, const void* after, std::size_t i, Dtype dtype) {
   auto value = [&](const void* block) {
     return dtype == kFloat64 ? static_cast<const double*>(block)[i]
