@@ -459,6 +459,15 @@ TEST_CASE("diagnose: a non-finite value is named first, and never matches") {
   CHECK(findings[0].what.find("rank 0's parameters went non-finite in step ") == 0);
   CHECK(findings[0].what.find("'s update (the last): fc1.bias element 0 is nan") !=
         std::string::npos);
+  // With accumulation, the micro-batch too.
+  RunConfig k2 = small_config(2);
+  k2.micro_batches = 2;
+  const ReferenceResult ref2 = train::train_reference(k2);
+  ranks = perfect_ranks(k2, ref2);
+  ranks[0].losses[3] = std::nan("");
+  CHECK(joined(train::diagnose(k2, ref2, ranks, 1e-5))
+            .find("rank 0's loss in step 1, micro-batch 3, is nan, made with the parameters of "
+                  "step 0's update") != std::string::npos);
 }
 
 TEST_CASE("diagnose: the first non-finite value is named by rank, step and parameter") {

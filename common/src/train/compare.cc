@@ -281,12 +281,13 @@ std::vector<Finding> check_finite(const RunConfig& config, const ReferenceResult
     }
     return "";
   };
-  // The first non-finite loss of a rank in step `s`, as "micro-batch i is nan".
+  // The first non-finite loss of a rank in step `s`: "is nan", or with
+  // accumulation ", micro-batch 5, is nan".
   auto loss_in_step = [&](const RankResult& r, int64_t s) -> std::string {
     for (int64_t i = s * k; i < (s + 1) * k && i < static_cast<int64_t>(r.losses.size()); ++i) {
       const double loss = r.losses[static_cast<size_t>(i)];
       if (!std::isfinite(loss)) {
-        return k > 1 ? detail::cat("micro-batch ", i, " is ", num(loss)) : num(loss);
+        return detail::cat(k > 1 ? detail::cat(", micro-batch ", i, ",") : "", " is ", num(loss));
       }
     }
     return "";
@@ -338,7 +339,7 @@ std::vector<Finding> check_finite(const RunConfig& config, const ReferenceResult
     }
     if (t % 2 == 1) {
       const int64_t s = (t - 1) / 2;
-      return {{detail::cat("rank ", rank, "'s loss in step ", s, " is ", first,
+      return {{detail::cat("rank ", rank, "'s loss in step ", s, first,
                            s == 0 ? " although its parameters are finite"
                                   : detail::cat(", made with the parameters of step ", s - 1,
                                                 "'s update: that update made them non-finite"),
