@@ -7,16 +7,19 @@ A mutant file (tests/mutants/NN-topic/*.mutant) reads:
 
     # what the bug is, in one or two comment lines
     expect: a phrase the checker's report must contain
+    expect-first: a phrase the failing case's first finding must contain
     <<<<<<< solution
     exact lines of the solution's ddp.cc
     =======
     the lines that replace them (may be empty)
     >>>>>>> mutant
 
-There may be several blocks. `<<<<<<< solution ddp.h` patches the header
-instead, so a mutant may patch both files; `<<<<<<< solution worker.cc`
-patches the rank's worker of a stage that has one (stage 01), which is then
-written to OUT_WORKER_CC (given exactly when the stage has worker.cc). Each solution text must occur
+There may be several `expect:` and `expect-first:` lines (at least one of
+either; the checker reads them, see checker.h), and several blocks.
+`<<<<<<< solution ddp.h` patches the header instead, so a mutant may patch
+both files; `<<<<<<< solution worker.cc` patches the rank's worker of a
+stage that has one (stage 01), which is then written to OUT_WORKER_CC (given
+exactly when the stage has worker.cc). Each solution text must occur
 exactly once in its file; when the solution changes so that it no longer
 does, this fails with a message naming the mutant, so mutants cannot
 silently stop applying.

@@ -346,6 +346,79 @@ TEST_CASE("counters count each collective and the all-reduced elements") {
 
 // ---- when ranks disagree -------------------------------------------------------
 
+// Checker mode (GlooOptions::check_in_flight_writes): ten rounds on each of
+// two ranks, so a detection that depended on timing would miss some round.
+TEST_CASE("in checker mode, a tensor written before its wait() is an error there, every time") {
+  tp::TempDir dir("tp-in-flight");
+  const std::string path = dir.path();
+  CHECK_NOTHROW(mp::spawn(
+      [&path](int rank) {
+        dist::ProcessGroupGloo group(path, rank, 2,
+                                     dist::GlooOptions{kCollectiveTimeout, true});
+        for (int round = 0; round < 10; ++round) {
+          // Divide, then wait: the bug the check exists for.
+          tp::Tensor t = tp::full({3, 2}, rank + 1.0);
+          auto work = group.allreduce(t);
+          t.div_(2.0);
+          std::string error;
+          try {
+            work->wait();
+          } catch (const tp::DistributedError& e) {
+            error = e.what();
+          }
+          for (const char* phrase :
+               {"allreduce #", "its tensor (shape (3, 2), float32) was written while its "
+                "all-reduce was in flight: wait() before touching it", "element 0 ("}) {
+            if (error.find(phrase) == std::string::npos) {
+              throw tp::Error("round " + std::to_string(round) + ": expected \"" + phrase +
+                              "\" in the wait() error, got: \"" + error + "\"");
+            }
+          }
+          // A later wait() on the same work says the same.
+          bool again = false;
+          try {
+            work->wait();
+          } catch (const tp::DistributedError&) {
+            again = true;
+          }
+          if (!again) throw tp::Error("a second wait() must rethrow the in-flight error");
+        }
+        // A broadcast's tensor, written on the root before the wait.
+        tp::Tensor b = tp::full({4}, rank == 0 ? 7.0 : 0.0);
+        auto work = group.broadcast(b, 0);
+        if (rank == 0) b.fill_(8.0);
+        bool seen = false;
+        try {
+          work->wait();
+        } catch (const tp::DistributedError& e) {
+          seen = std::string(e.what()).find("written while its broadcast was in flight") !=
+                 std::string::npos;
+        }
+        if (rank == 0 && !seen) throw tp::Error("rank 0 wrote its broadcast tensor in flight");
+      },
+      2));
+}
+
+TEST_CASE("in checker mode, a tensor left alone gets the collective's result at wait()") {
+  tp::TempDir dir("tp-in-flight-ok");
+  const std::string path = dir.path();
+  CHECK_NOTHROW(mp::spawn(
+      [&path](int rank) {
+        dist::ProcessGroupGloo group(path, rank, 2,
+                                     dist::GlooOptions{kCollectiveTimeout, true});
+        tp::Tensor t = tp::full({5}, rank + 1.0, tp::kFloat64);
+        auto work = group.allreduce(t);
+        work->wait();
+        expect_values(t, std::vector<double>(5, 3.0), "1 + 2 after wait()");
+        work->wait();  // a second wait() changes nothing
+        expect_values(t, std::vector<double>(5, 3.0), "after a second wait()");
+        tp::Tensor b = tp::full({2}, rank == 1 ? 4.0 : 0.0);
+        group.broadcast(b, 1)->wait();
+        expect_values(b, {4.0, 4.0}, "broadcast from rank 1");
+      },
+      2));
+}
+
 TEST_CASE("a rank that skips a collective makes the waiting rank time out naming it") {
   auto job = [] {
     run_world(

@@ -108,6 +108,12 @@ tp::trace::Event allreduce(int64_t seq, uint64_t begin, uint64_t end) {
   e.args.push_back({"seq", seq});
   return e;
 }
+// A wait() on all-reduce #seq over [begin, end], on the thread that waits.
+tp::trace::Event waited(int64_t seq, uint64_t begin, uint64_t end) {
+  tp::trace::Event e = span("wait", begin, end);
+  e.args.push_back({"seq", seq});
+  return e;
+}
 
 // ---- a second, deliberately plain implementation of the plan --------------
 // Gradients are collected per micro-batch as vectors, scaled and summed by
@@ -439,15 +445,78 @@ TEST_CASE("diagnose: a non-finite value is named first, and never matches") {
   const ReferenceResult ref = train::train_reference(c);
   auto ranks = perfect_ranks(c, ref);
   ranks[1].losses[2] = std::numeric_limits<double>::infinity();
-  const std::string report = joined(train::diagnose(c, ref, ranks, 1e-5));
-  CHECK(report.find("rank 1's loss on micro-batch 2 (step 2) is inf") != std::string::npos);
+  std::vector<train::Finding> findings = train::diagnose(c, ref, ranks, 1e-5);
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].what.find("rank 1's loss in step 2 is inf, made with the parameters of "
+                              "step 1's update") != std::string::npos);
   // A compare() of inf against a finite reference is an infinite difference,
   // not a match (tolerance * max(1, |inf|) would be infinite).
   CHECK(train::compare(ref, ranks, 1e-5).first_bad_index == 2);
   ranks = perfect_ranks(c, ref);
   ranks[0].final_params[1].values[0] = std::nan("");
-  CHECK(joined(train::diagnose(c, ref, ranks, 1e-5)).find("final parameter fc1.bias holds a non-finite value") !=
+  findings = train::diagnose(c, ref, ranks, 1e-5);
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].what.find("rank 0's parameters went non-finite in step ") == 0);
+  CHECK(findings[0].what.find("'s update (the last): fc1.bias element 0 is nan") !=
         std::string::npos);
+  // With accumulation, the micro-batch too.
+  RunConfig k2 = small_config(2);
+  k2.micro_batches = 2;
+  const ReferenceResult ref2 = train::train_reference(k2);
+  ranks = perfect_ranks(k2, ref2);
+  ranks[0].losses[3] = std::nan("");
+  CHECK(joined(train::diagnose(k2, ref2, ranks, 1e-5))
+            .find("rank 0's loss in step 1, micro-batch 3, is nan, made with the parameters of "
+                  "step 0's update") != std::string::npos);
+}
+
+TEST_CASE("diagnose: the first non-finite value is named by rank, step and parameter") {
+  const RunConfig c = small_config(2);
+  const ReferenceResult ref = train::train_reference(c);
+  auto ranks = perfect_ranks(c, ref);
+  // Rank 0 divided by zero in step 0: its parameters, then every later loss
+  // and its final parameters, are not finite; rank 1 stays finite.
+  const double inf = std::numeric_limits<double>::infinity();
+  ranks[0].after_first_step[2].values[1] = inf;
+  for (size_t i = 1; i < ranks[0].losses.size(); ++i) ranks[0].losses[i] = std::nan("");
+  ranks[0].final_params[0].values[0] = std::nan("");
+  const std::vector<train::Finding> findings = train::diagnose(c, ref, ranks, 1e-5);
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].what.find("rank 0's parameters went non-finite in step 0's update: "
+                              "fc2.weight element 1 is inf ([") == 0);
+  CHECK(findings[0].what.find(", inf, ") != std::string::npos);  // the first values
+  CHECK(findings[0].what.find("; the other ranks stay finite; the reference's are finite") !=
+        std::string::npos);
+  CHECK(findings[0].likely_cause.find("a division by zero on some ranks only") !=
+        std::string::npos);
+}
+
+TEST_CASE("compare: an inf matches only the same inf, and a NaN matches nothing") {
+  const RunConfig c = small_config(2);
+  ReferenceResult ref = train::train_reference(c);
+  auto ranks = perfect_ranks(c, ref);
+  const double inf = std::numeric_limits<double>::infinity();
+  // The same infinity on both sides is equal ...
+  ref.final_params[0].values[0] = inf;
+  ranks[0].final_params[0].values[0] = inf;
+  ranks[1].final_params[0].values[0] = inf;
+  ref.losses[0][1] = -inf;
+  ranks[0].losses[1] = -inf;
+  train::Comparison same = train::compare(ref, ranks, 1e-5);
+  CHECK(same.final_params.max_abs == 0.0);
+  CHECK(same.final_between_ranks.max_abs == 0.0);
+  CHECK(same.first_bad_index == -1);
+  // ... the other infinity is not ...
+  ranks[1].final_params[0].values[0] = -inf;
+  CHECK(train::compare(ref, ranks, 1e-5).final_params.max_abs == inf);
+  // ... and a NaN is not even equal to a NaN.
+  ranks[1].final_params[0].values[0] = inf;
+  ref.final_params[0].values[1] = std::nan("");
+  ranks[0].final_params[0].values[1] = std::nan("");
+  CHECK(train::compare(ref, ranks, 1e-5).final_params.max_abs == inf);
+  ref.losses[0][1] = std::nan("");
+  ranks[0].losses[1] = std::nan("");
+  CHECK(train::compare(ref, ranks, 1e-5).first_bad_index == 1);
 }
 
 TEST_CASE("diagnose: replicas that start different point at the broadcast") {
@@ -606,9 +675,24 @@ TEST_CASE("the order check accepts all-reduces between backward and the optimize
   RankResult r;
   r.losses = {0.5};
   r.allreduces_per_micro = {2};
-  r.events = {span("step", 1, 12, 0), span("backward", 2, 3), queued(1, 4), allreduce(1, 5, 6),
-              queued(2, 7), allreduce(2, 8, 9), span("optimizer", 10, 11)};
+  r.events = {span("step", 1, 16, 0), span("backward", 2, 3), queued(1, 4), allreduce(1, 5, 6),
+              queued(2, 7), allreduce(2, 8, 9), waited(1, 10, 11), waited(2, 12, 13),
+              span("optimizer", 14, 15)};
   CHECK(train::check_sync_between_backward_and_step(order_run({r}).view(), {}).empty());
+}
+
+TEST_CASE("the order check flags an all-reduce nobody waited for, even one done in time") {
+  // Both all-reduces ran before the optimizer step, but only #1 was waited
+  // for: #2 being done was luck, so the verdict must not depend on it.
+  RankResult r;
+  r.losses = {0.5};
+  r.allreduces_per_micro = {2};
+  r.events = {span("step", 1, 14, 0), span("backward", 2, 3), queued(1, 4), allreduce(1, 5, 6),
+              queued(2, 7), allreduce(2, 8, 9), waited(1, 10, 11), span("optimizer", 12, 13)};
+  CHECK(joined(train::check_sync_between_backward_and_step(order_run({r}).view(), {}))
+            .find("rank 0, step 0: all-reduce #2 happened to be done in time on this run, but as "
+                  "far as the program knew it was still running when the optimizer step began: "
+                  "nothing waited for it") != std::string::npos);
 }
 
 TEST_CASE("the order check refuses to pass a run without a trace") {
@@ -628,10 +712,11 @@ TEST_CASE("the order check flags an all-reduce that was issued but never ran") {
   RankResult r;
   r.losses = {0.5};
   r.allreduces_per_micro = {2};
-  r.events = {span("step", 1, 10, 0), span("backward", 2, 3), queued(1, 4), allreduce(1, 5, 6),
-              queued(2, 7), span("optimizer", 8, 9)};
+  r.events = {span("step", 1, 12, 0), span("backward", 2, 3), queued(1, 4), allreduce(1, 5, 6),
+              queued(2, 7), waited(1, 8, 9), span("optimizer", 10, 11)};
   CHECK(joined(train::check_sync_between_backward_and_step(order_run({r}).view(), {}))
-            .find("an all-reduce was still running when the optimizer step began") != std::string::npos);
+            .find("all-reduce #2 was still running when the optimizer step began: nothing waited "
+                  "for it") != std::string::npos);
 }
 
 TEST_CASE("the order check flags an all-reduce issued before backward ends") {
@@ -644,8 +729,8 @@ TEST_CASE("the order check flags an all-reduce issued before backward ends") {
     r.losses = {0.5};
     r.allreduces_per_micro = {1};
     const uint64_t issued = rank == 3 ? 3 : 6;  // rank 3 issues inside backward [2, 5]
-    r.events = {span("step", 1, 12, 0), span("backward", 2, 5), queued(1, issued),
-                allreduce(1, 7, 8), span("optimizer", 10, 11)};
+    r.events = {span("step", 1, 14, 0), span("backward", 2, 5), queued(1, issued),
+                allreduce(1, 7, 8), waited(1, 9, 10), span("optimizer", 11, 12)};
     run.ranks.push_back(r);
   }
   CHECK(joined(train::check_sync_between_backward_and_step(run.view(), {}))
@@ -660,8 +745,8 @@ TEST_CASE("the order check flags an all-reduce still running when the optimizer 
               span("step", 21, 30, 1), span("backward", 22, 23), queued(1, 24),
               allreduce(1, 25, 28), span("optimizer", 26, 27)};
   CHECK(joined(train::check_sync_between_backward_and_step(order_run({r}).view(), {}))
-            .find("step 1: an all-reduce was still running when the optimizer step began") !=
-        std::string::npos);
+            .find("step 1: all-reduce #1 was still running when the optimizer step began: "
+                  "nothing waited for it") != std::string::npos);
 }
 
 TEST_CASE("the order checks pair each all-reduce with its step, even when it runs after the step") {
@@ -673,7 +758,7 @@ TEST_CASE("the order checks pair each all-reduce with its step, even when it run
               span("optimizer", 5, 6), span("step", 11, 20, 1), allreduce(1, 12, 13),
               span("backward", 14, 15), span("optimizer", 16, 17)};
   CHECK(joined(train::check_sync_between_backward_and_step(order_run({r}).view(), {}))
-            .find("rank 0, step 0: an all-reduce was still running when the optimizer step "
+            .find("rank 0, step 0: all-reduce #1 was still running when the optimizer step "
                   "began") != std::string::npos);
 }
 
@@ -688,7 +773,8 @@ RankResult overlap_step(uint64_t first, uint64_t second) {
   r.events = {span("step", 1, 30, 0),  span("backward", 2, 20),  instant("grad ready", 3),
               queued(1, first),        instant("grad ready", 6), queued(2, second),
               instant("graph done", 8), span("callbacks", 9, 12), allreduce(1, 21, 22),
-              allreduce(2, 23, 24),    span("optimizer", 25, 26)};
+              allreduce(2, 23, 24),    waited(1, 25, 26),        waited(2, 27, 28),
+              span("optimizer", 29, 30)};
   std::sort(r.events.begin(), r.events.end(),
             [](const auto& a, const auto& b) { return a.begin_order < b.begin_order; });
   return r;
@@ -803,10 +889,11 @@ TEST_CASE("the overlap check holds each bucket to its deadline, given the bucket
     r.losses = {0.5};
     r.allreduces_per_micro = {3};
     r.param_ids = {10, 20, 30};
-    r.events = {span("step", 1, 40, 0), span("backward", 2, 30), ready(3, 30), ready(5, 20),
+    r.events = {span("step", 1, 50, 0), span("backward", 2, 30), ready(3, 30), ready(5, 20),
                 ready(7, 10),          instant("graph done", 9), queued(1, q1), queued(2, q2),
                 queued(3, q3),         allreduce(1, 31, 32), allreduce(2, 33, 34),
-                allreduce(3, 35, 36),  span("optimizer", 37, 38)};
+                allreduce(3, 35, 36),  waited(1, 37, 38),    waited(2, 39, 40),
+                waited(3, 41, 42),     span("optimizer", 43, 44)};
     std::sort(r.events.begin(), r.events.end(),
               [](const auto& a, const auto& b) { return a.begin_order < b.begin_order; });
     return order_run({r});

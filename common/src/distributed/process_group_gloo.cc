@@ -9,6 +9,10 @@
 //      a trace span "<op>"; Gloo blocks it until every rank has joined.
 //   3. It calls work->finish(), with the error if Gloo threw; wait() on the
 //      calling thread returns or rethrows.
+// In checker mode (GlooOptions::check_in_flight_writes) an all-reduce or a
+// broadcast runs on a copy of its tensor, and wait() checks that nothing
+// wrote the tensor meanwhile before it copies the result in: Note
+// [In-flight writes].
 // One thread, one queue: collectives run one at a time in issue order, the
 // CPU analogue of a CUDA communication stream.
 #include "tensorplay/distributed/process_group_gloo.h"
@@ -30,11 +34,14 @@
 #include <cctype>
 #include <cerrno>
 #include <condition_variable>
+#include <cstddef>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -217,7 +224,7 @@ void check_tensor(const char* fn, int rank, const Tensor& t, const std::string& 
 // the storage handle. Not the Tensor itself: the communication thread never
 // touches a TensorImpl or the autograd graph, only memory it was handed.
 struct Buffer {
-  std::shared_ptr<Storage> keep_alive;
+  std::shared_ptr<const void> keep_alive;  // the tensor's Storage, or a checker-mode copy
   void* data = nullptr;
   std::size_t numel = 0;
   std::size_t nbytes = 0;
@@ -227,6 +234,87 @@ struct Buffer {
 Buffer buffer_of(const Tensor& t) {
   return Buffer{t.storage(), t.data_ptr(), static_cast<std::size_t>(t.numel()), t.nbytes(),
                 t.dtype()};
+}
+
+// Note [In-flight writes]
+// A collective's tensor belongs to the collective from the call that issues
+// it until wait() returns (process_group.h). A program that writes it in
+// between (divides a gradient, then waits for its all-reduce) races with the
+// communication thread: written before the collective reads it, the result
+// is right; written while Gloo sums, it is wrong in a different way on every
+// run; written after, right again; before on one rank and after on another,
+// the ranks disagree. So such a bug passes some runs and fails others, each
+// time with another diagnosis. With
+// GlooOptions::check_in_flight_writes (checker mode) the race is taken out
+// and the write is seen on every run:
+//   - at issue, the tensor's bytes are copied twice: `sent`, which the
+//     communication thread reduces (or broadcasts into) in its place, and
+//     `issued`, kept to compare;
+//   - so the communication thread never touches the tensor's memory, and
+//     between issue and wait() only the program can change it;
+//   - the first wait() compares the tensor with `issued`: a difference is a
+//     write while the collective was in flight, an error naming the
+//     collective, the tensor's shape and the first element that changed;
+//     otherwise it copies the result from `sent` into the tensor.
+// The result reaches the tensor at wait(), not before, which the contract
+// allows (outputs are read only after wait()); a Work never waited for
+// leaves its tensor as it was, which makes a forgotten wait() fail every
+// run too. A check, not a checksum: comparing every byte costs no more than
+// hashing them, and can say which element changed and how.
+
+// In checker mode, the buffer a collective works on instead of `tensor`'s
+// memory: a copy of it (`sent` above); otherwise the tensor's own memory.
+Buffer buffer_for_collective(const Tensor& tensor, bool check_in_flight_writes) {
+  Buffer buf = buffer_of(tensor);
+  if (!check_in_flight_writes || buf.nbytes == 0) return buf;
+  auto sent = std::make_shared<std::vector<std::byte>>(buf.nbytes);
+  std::memcpy(sent->data(), buf.data, buf.nbytes);
+  buf.data = sent->data();
+  buf.keep_alive = std::move(sent);
+  return buf;
+}
+
+// "4 (0.25 when issued, 0.125 at wait())": element i of two copies of a
+// float32 or float64 block.
+std::string changed_element(const void* before, const void* after, std::size_t i, Dtype dtype) {
+  auto value = [&](const void* block) {
+    return dtype == kFloat64 ? static_cast<const double*>(block)[i]
+                             : static_cast<double>(static_cast<const float*>(block)[i]);
+  };
+  return cat(i, " (", value(before), " when issued, ", value(after), " at wait())");
+}
+
+// In checker mode, arms `work`'s first wait() to check that nothing wrote
+// `tensor` since now, then deliver the result from `sent` (the buffer the
+// collective ran on) into it: Note [In-flight writes]. A no-op otherwise.
+void check_at_wait(bool check_in_flight_writes, Work& work, const Tensor& tensor,
+                   const Buffer& sent, int rank) {
+  if (!check_in_flight_writes || sent.nbytes == 0) return;
+  auto issued = std::make_shared<std::vector<std::byte>>(sent.nbytes);
+  std::memcpy(issued->data(), tensor.data_ptr(), sent.nbytes);
+  const std::string what = cat(work.collective(), " #", work.seq(), " on rank ", rank,
+                               ": its tensor (shape ", tp::to_string(tensor.shape()), ", ",
+                               to_string(tensor.dtype()), ")");
+  const std::string op = work.collective() == "allreduce" ? "all-reduce" : work.collective();
+  work.set_on_first_wait([target = buffer_of(tensor), sent, issued, what, op] {
+    if (std::memcmp(target.data, issued->data(), target.nbytes) != 0) {
+      const std::size_t element = element_size(target.dtype);
+      std::size_t i = 0;
+      while (std::memcmp(static_cast<const std::byte*>(target.data) + i * element,
+                         issued->data() + i * element, element) == 0) {
+        ++i;
+      }
+      throw DistributedError(cat(
+          what, " was written while its ", op, " was in flight: wait() before touching it. "
+          "Between the call that issued it and wait(), element ",
+          changed_element(issued->data(), target.data, i, target.dtype),
+          " changed; the collective reads and writes the tensor until wait() returns, so a "
+          "write in between (a division before the wait, say) races with it and gives a "
+          "different wrong answer from run to run. [seen in checker mode: "
+          "GlooOptions::check_in_flight_writes]"));
+    }
+    std::memcpy(target.data, sent.data, target.nbytes);
+  });
 }
 
 // Note [Gloo tags]
@@ -508,10 +596,10 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const Tensor& tensor, ReduceOp
   check_tensor(fn, rank(), tensor, "the tensor");
   ++counters_.allreduce;
   counters_.allreduce_elements += static_cast<uint64_t>(tensor.numel());
-  const Buffer buf = buffer_of(tensor);
+  const Buffer buf = buffer_for_collective(tensor, options_.check_in_flight_writes);
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
-  return impl_->enqueue(
+  std::shared_ptr<Work> work = impl_->enqueue(
       "allreduce", "allreduce queued", buf.nbytes,
       {buf.numel, static_cast<uint64_t>(buf.dtype), static_cast<uint64_t>(op)},
       [context, buf, op, timeout](uint32_t tag) {
@@ -522,6 +610,8 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const Tensor& tensor, ReduceOp
           run_allreduce<float>(context, buf, op, tag, timeout);
         }
       });
+  check_at_wait(options_.check_in_flight_writes, *work, tensor, buf, rank());
+  return work;
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
@@ -533,10 +623,10 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root
              size() - 1);
   }
   ++counters_.broadcast;
-  const Buffer buf = buffer_of(tensor);
+  const Buffer buf = buffer_for_collective(tensor, options_.check_in_flight_writes);
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
-  return impl_->enqueue(
+  std::shared_ptr<Work> work = impl_->enqueue(
       "broadcast", "broadcast queued", buf.nbytes,
       {buf.nbytes, static_cast<uint64_t>(buf.dtype), static_cast<uint64_t>(root)},
       [context, buf, root, timeout](uint32_t tag) {
@@ -549,6 +639,8 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root
         opts.setTimeout(timeout);
         gloo::broadcast(opts);
       });
+  check_at_wait(options_.check_in_flight_writes, *work, tensor, buf, rank());
+  return work;
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& outputs,

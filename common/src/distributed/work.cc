@@ -29,7 +29,23 @@ void Work::wait() {
     done_cv_.wait(lock, [this] { return done_; });
     multiprocessing::set_rank_waiting("");
   }
+  if (on_first_wait_ && !error_) {
+    // Under the lock, so that no other waiter returns before the check has
+    // run (in checker mode it also delivers the result into the tensor).
+    const std::function<void()> check = std::move(on_first_wait_);
+    on_first_wait_ = nullptr;
+    try {
+      check();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  }
   if (error_) std::rethrow_exception(error_);
+}
+
+void Work::set_on_first_wait(std::function<void()> check) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  on_first_wait_ = std::move(check);
 }
 
 bool Work::is_completed() const {

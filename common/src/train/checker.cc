@@ -1,6 +1,7 @@
 // The non-template half of the stage checker (see checker.h).
 #include "tensorplay/train/checker.h"
 
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -51,24 +52,30 @@ CheckerRun parse_checker_args(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (arg == "--expect-fail") {
-      run.expect_file = value();
-    } else if (arg == "--only") {
+    // The value as a whole number in [low, high]; `expects` says what it is.
+    auto number = [&](long low, long high, const char* expects) {
       const std::string text = value();
       char* end = nullptr;
       const long n = std::strtol(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || n < 0) {
-        std::fprintf(stderr, "checker: --only expects a config number (see --list), got '%s'\n",
+      if (text.empty() || *end != '\0' || n < low || n > high) {
+        std::fprintf(stderr, "checker: %s expects %s, got '%s'\n", arg.c_str(), expects,
                      text.c_str());
         std::exit(2);
       }
-      run.only = static_cast<int>(n);
+      return static_cast<int>(n);
+    };
+    if (arg == "--expect-fail") {
+      run.expect_file = value();
+    } else if (arg == "--only") {
+      run.only = number(0, INT_MAX, "a config number (see --list)");
+    } else if (arg == "--repeat") {
+      run.repeat = number(1, 1000, "a number of runs from 1 to 1000");
     } else if (arg == "--list") {
       run.list = true;
     } else {
       std::fprintf(stderr,
                    "checker: unknown argument '%s'\n"
-                   "usage: %s [--list] [--only N] [--expect-fail MUTANT_FILE]\n",
+                   "usage: %s [--list] [--only N] [--repeat N] [--expect-fail MUTANT_FILE]\n",
                    arg.c_str(), argv[0]);
       std::exit(2);
     }
@@ -102,9 +109,9 @@ Finding finding_from_error(const std::string& stage, const std::exception& error
       break;
   }
   return {message, from_a_rank
-                       ? "a rank failed: its message above says why (killed by a signal means it "
-                         "crashed, for example on a null pointer: run this case alone with "
-                         "--only N under gdb)"
+                       ? "a rank failed: its message above says why and what to change (a "
+                         "rank killed by a signal crashed, for example on a null pointer: run "
+                         "this case alone with --only N under gdb)"
                        : "the checker could not run this case: the message says why"};
 }
 
@@ -122,7 +129,8 @@ std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scen
         [&](int rank) -> std::string {
           auto group = std::make_shared<distributed::ProcessGroupGloo>(
               rendezvous.path(), rank, scenario.world_size,
-              distributed::GlooOptions{defaults.collective_timeout});
+              distributed::GlooOptions{defaults.collective_timeout,
+                                       /*check_in_flight_writes=*/true});
           return scenario.run(rank, group);
         },
         scenario.world_size);
@@ -139,6 +147,7 @@ std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scen
 void report_case(CheckerRun& run, const std::string& description,
                  const std::vector<Finding>& findings, const Comparison* comparison) {
   if (!findings.empty()) {
+    run.first_cause = findings.front().what + "\n" + findings.front().likely_cause;
     run.print("FAIL  " + description + "\n" + format_findings(findings));
     return;
   }
@@ -169,16 +178,21 @@ int finish_checker(CheckerRun& run, const std::string& stage, bool passed) {
     std::fprintf(stderr, "checker: cannot read mutant file %s\n", run.expect_file.c_str());
     return 2;
   }
-  std::vector<std::string> phrases;
+  std::vector<std::string> phrases;        // anywhere in the report
+  std::vector<std::string> first_phrases;  // in the first finding
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind("expect:", 0) == 0) {
-      std::string phrase = line.substr(7);
+    for (auto [tag, list] :
+         {std::pair{"expect:", &phrases}, std::pair{"expect-first:", &first_phrases}}) {
+      const std::string prefix = tag;
+      if (line.rfind(prefix, 0) != 0) continue;
+      std::string phrase = line.substr(prefix.size());
       phrase.erase(0, phrase.find_first_not_of(' '));
-      phrases.push_back(phrase);
+      list->push_back(phrase);
     }
   }
-  if (phrases.empty()) {
-    std::fprintf(stderr, "checker: %s has no 'expect:' line\n", run.expect_file.c_str());
+  if (phrases.empty() && first_phrases.empty()) {
+    std::fprintf(stderr, "checker: %s has no 'expect:' or 'expect-first:' line\n",
+                 run.expect_file.c_str());
     return 2;
   }
   if (passed) {
@@ -189,6 +203,13 @@ int finish_checker(CheckerRun& run, const std::string& stage, bool passed) {
     if (run.report.find(phrase) == std::string::npos) {
       run.print("planted bug caught, but the report lacks the expected diagnosis \"" + phrase +
                 "\" (" + run.expect_file + ")\n");
+      return 1;
+    }
+  }
+  for (const std::string& phrase : first_phrases) {
+    if (run.first_cause.find(phrase) == std::string::npos) {
+      run.print("planted bug caught, but the first finding does not name the expected cause \"" +
+                phrase + "\" (" + run.expect_file + ")\n");
       return 1;
     }
   }

@@ -33,13 +33,22 @@ double default_tolerance(Dtype dtype) {
 
 namespace {
 
-// A non-finite value matches only itself: tolerance * max(1, |inf|) is
-// infinite, and would let an inf "match" anything.
+// Note [Non-finite values]
+// An infinity matches only the same infinity, and a NaN matches nothing,
+// not even a NaN (as in IEEE comparison): tolerance * max(1, |inf|) is
+// infinite and would let an inf "match" anything, and inf - inf is NaN, so
+// neither the tolerance test nor |a - b| can be used as they stand.
+
+// |a - b|, with Note [Non-finite values]: 0 for the same infinity, infinite
+// when either is NaN or only one is infinite.
+double distance(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return INFINITY;
+  if (a == b) return 0.0;  // also +inf == +inf
+  return std::abs(a - b);  // infinite when one side is
+}
+
 bool differs(double a, double b, double tolerance) {
-  if (!std::isfinite(a) || !std::isfinite(b)) {
-    if (std::isnan(a) || std::isnan(b)) return !(std::isnan(a) && std::isnan(b));
-    return a != b;
-  }
+  if (!std::isfinite(a) || !std::isfinite(b)) return distance(a, b) != 0.0;
   return std::abs(a - b) > tolerance * std::max(1.0, std::abs(b));
 }
 
@@ -51,8 +60,7 @@ ParamDiff diff_snapshots(const Snapshot& a, const Snapshot& b, int rank) {
     const auto& va = a[p].values;
     const auto& vb = b[p].values;
     for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
-      double d = std::abs(va[i] - vb[i]);
-      if (std::isnan(d)) d = INFINITY;
+      const double d = distance(va[i], vb[i]);
       if (d > out.max_abs || out.name.empty()) {
         out.max_abs = d;
         out.name = a[p].name;
@@ -119,6 +127,19 @@ double update_norm(const Snapshot& before, const Snapshot& after) {
     }
   }
   return std::sqrt(sum);
+}
+
+// True when every parameter named in `names` holds exactly its initial
+// values after the first step: a zero gradient (SGD moves a parameter by
+// lr * g in its first step, momentum or not).
+bool unmoved(const Snapshot& initial, const Snapshot& after,
+             const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    const ParamValues* a = find(initial, name);
+    const ParamValues* b = find(after, name);
+    if (a == nullptr || b == nullptr || a->values != b->values) return false;
+  }
+  return !names.empty();
 }
 
 // True when a first SGD step p1 = p0 - lr * g used g = p0, i.e. the
@@ -229,20 +250,16 @@ std::vector<Finding> check_results_complete(const RunConfig& config,
 
 namespace {
 
-// Where a value stops being finite: "rank 1's loss on micro-batch 3 (step 3)
-// is inf". Non-finite values poison every difference after them, so they
-// are named first and alone.
+// Where a value first stops being finite, and on which ranks. A rank's
+// numbers in the order they were made: its parameters after construction,
+// step 0's losses, its parameters after step 0's update, the losses of step
+// 1, 2, ... (each made with the parameters of the update before), and its
+// final parameters; the earliest non-finite one over all ranks is named,
+// alone, since it poisons every difference after it (Note [Non-finite
+// values]).
 std::vector<Finding> check_finite(const RunConfig& config, const ReferenceResult& reference,
                                   const std::vector<RankResult>& ranks) {
   const int64_t k = config.micro_batches;
-  auto first_non_finite = [](const Snapshot& snap) -> const ParamValues* {
-    for (const ParamValues& p : snap) {
-      for (double v : p.values) {
-        if (!std::isfinite(v)) return &p;
-      }
-    }
-    return nullptr;
-  };
   for (size_t r = 0; r < reference.losses.size(); ++r) {
     for (size_t i = 0; i < reference.losses[r].size(); ++i) {
       if (std::isfinite(reference.losses[r][i])) continue;
@@ -252,25 +269,91 @@ std::vector<Finding> check_finite(const RunConfig& config, const ReferenceResult
                "the learning rate is too large for this model: lower lr (--lr)"}};
     }
   }
-  for (const RankResult& r : ranks) {
-    for (size_t i = 0; i < r.losses.size(); ++i) {
-      if (std::isfinite(r.losses[i])) continue;
-      return {{detail::cat("rank ", r.rank, "'s loss on micro-batch ", i, " (step ",
-                           static_cast<int64_t>(i) / k, ") is ", num(r.losses[i]),
-                           "; the reference's is finite"),
-               "a gradient grew without bound: is it summed over ranks but never divided, or "
-               "accumulated across steps without being zeroed?"}};
-    }
-    for (const auto& [what, snap] : {std::pair{"initial", &r.initial_params},
-                                     std::pair{"after step 0", &r.after_first_step},
-                                     std::pair{"final", &r.final_params}}) {
-      if (const ParamValues* p = first_non_finite(*snap)) {
-        return {{detail::cat("rank ", r.rank, "'s ", what, " parameter ", p->name,
-                             " holds a non-finite value: ", first_values(p)),
-                 "a gradient grew without bound, or memory was read before it was written "
-                 "(a collective's tensor used before wait())"}};
+  // "fc1.weight element 3 is inf": the first non-finite value of a snapshot.
+  auto first_non_finite = [](const Snapshot& snap) -> std::string {
+    for (const ParamValues& p : snap) {
+      for (size_t i = 0; i < p.values.size(); ++i) {
+        if (!std::isfinite(p.values[i])) {
+          return detail::cat(p.name, " element ", i, " is ", num(p.values[i]), " (",
+                             first_values(&p), ")");
+        }
       }
     }
+    return "";
+  };
+  // The first non-finite loss of a rank in step `s`: "is nan", or with
+  // accumulation ", micro-batch 5, is nan".
+  auto loss_in_step = [&](const RankResult& r, int64_t s) -> std::string {
+    for (int64_t i = s * k; i < (s + 1) * k && i < static_cast<int64_t>(r.losses.size()); ++i) {
+      const double loss = r.losses[static_cast<size_t>(i)];
+      if (!std::isfinite(loss)) {
+        return detail::cat(k > 1 ? detail::cat(", micro-batch ", i, ",") : "", " is ", num(loss));
+      }
+    }
+    return "";
+  };
+  // What rank r made at point t: 0 its initial parameters, 2s + 1 the
+  // losses of step s, 2 its parameters after step 0, 2 * steps its final
+  // parameters (after the last step's update); "" while finite.
+  auto non_finite_at = [&](const RankResult& r, int64_t t) -> std::string {
+    const int64_t steps = steps_of(config, r.rank);
+    if (t == 0) return first_non_finite(r.initial_params);
+    if (t % 2 == 1) return (t - 1) / 2 < steps ? loss_in_step(r, (t - 1) / 2) : "";
+    if (t == 2) return first_non_finite(r.after_first_step);
+    return t == 2 * steps ? first_non_finite(r.final_params) : "";
+  };
+  const auto longest = static_cast<int64_t>(total_steps(config));
+  const std::string growth =
+      "a gradient that grew without bound (summed over ranks but never divided, or "
+      "accumulated across steps without being zeroed)";
+  for (int64_t t = 0; t <= 2 * longest; ++t) {
+    std::vector<int> bad;  // ranks non-finite at t
+    std::string first;
+    for (const RankResult& r : ranks) {
+      const std::string what = non_finite_at(r, t);
+      if (what.empty()) continue;
+      if (bad.empty()) first = what;
+      bad.push_back(r.rank);
+    }
+    if (bad.empty()) continue;
+    const int rank = bad.front();
+    std::string others;  // "; also on ranks 1, 2" / "; the other ranks stay finite"
+    if (bad.size() > 1) {
+      std::vector<std::string> rest;
+      for (size_t b = 1; b < bad.size(); ++b) rest.push_back(std::to_string(bad[b]));
+      others = "; also on rank" + std::string(rest.size() > 1 ? "s " : " ") + join(rest);
+    } else if (ranks.size() > 1) {
+      others = "; the other ranks stay finite";
+    }
+    const bool some_ranks = bad.size() < ranks.size();
+    const std::string division = detail::cat(
+        "a division by zero", some_ranks ? " on some ranks only (by a number that is 0 there: "
+                                           "the rank itself, say)" : " (by W - 1 or another count "
+                                           "that can be 0?)",
+        ", or ", growth);
+    if (t == 0) {
+      return {{detail::cat("rank ", rank, "'s parameters are non-finite right after DDP "
+                           "construction: ", first, others),
+               "the constructor must only copy rank 0's finite parameters (broadcast): is a "
+               "parameter divided, or broadcast from memory that was never written?"}};
+    }
+    if (t % 2 == 1) {
+      const int64_t s = (t - 1) / 2;
+      return {{detail::cat("rank ", rank, "'s loss in step ", s, first,
+                           s == 0 ? " although its parameters are finite"
+                                  : detail::cat(", made with the parameters of step ", s - 1,
+                                                "'s update: that update made them non-finite"),
+                           others, "; the reference's is finite"),
+               s == 0 ? "the forward pass must call the wrapped module on this rank's own "
+                        "shard; DDP must not change the forward result"
+                      : detail::cat("step ", s - 1, "'s averaged gradient was not finite: ",
+                                    division)}};
+    }
+    const int64_t step = t / 2 - 1;  // the update that made them
+    return {{detail::cat("rank ", rank, "'s parameters went non-finite in step ", step,
+                         "'s update", t == 2 ? "" : " (the last)", ": ", first, others,
+                         "; the reference's are finite"),
+             detail::cat("step ", step, "'s averaged gradient was not finite: ", division)}};
   }
   return {};
 }
@@ -288,8 +371,7 @@ Comparison compare(const ReferenceResult& reference, const std::vector<RankResul
     if (rank >= reference.losses.size()) continue;
     const std::vector<double>& ref_losses = reference.losses[rank];
     for (size_t i = 0; i < r.losses.size() && i < ref_losses.size(); ++i) {
-      double d = std::abs(r.losses[i] - ref_losses[i]);
-      if (!std::isfinite(d)) d = differs(r.losses[i], ref_losses[i], tolerance) ? INFINITY : 0.0;
+      const double d = distance(r.losses[i], ref_losses[i]);
       if (d > c.max_loss_diff || c.loss_index < 0) {
         c.max_loss_diff = d;
         c.loss_index = static_cast<int64_t>(i);
@@ -473,12 +555,17 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
     if (near(ratio, w)) {
       cause = detail::cat("step 0's losses match, but the first update is ",
                           num(ratio), "x the reference's (W = ", w,
-                          "): is the sum divided by the world size?");
+                          "): is the sum divided by the world size? And divided in place "
+                          "(grad.div_(W))? Dividing a copy (grad = grad / W makes a new "
+                          "tensor and rebinds the handle) leaves the parameter's .grad "
+                          "holding the sum");
     } else if (ratio < 1e-6) {
-      cause = "the first update is zero: no averaged gradient reached the optimizer. Was the "
-              "average written where .grad does not point (with gradient_as_bucket_view: a "
-              "bucket slot that .grad is not yet a view of, after the engine made a fresh "
-              ".grad), or was .grad replaced after the sync?";
+      cause = "the first update is zero: every gradient was zero after the sync, so no "
+              "averaged gradient reached the optimizer. Was it scaled by an integer 1 / W "
+              "(0 for W > 1: divide by W, or multiply by 1.0 / W), or zeroed (zero_()) after "
+              "the sync? Or was the average written where .grad does not point (with "
+              "gradient_as_bucket_view: a bucket slot that .grad is not yet a view of, after "
+              "the engine made a fresh .grad), or was .grad replaced after the sync?";
     } else if (k_micro > 1 && near(ratio, 1.0 / static_cast<double>(k_micro))) {
       // With W == K both readings fit the numbers: name both.
       const bool both = near(static_cast<double>(k_micro), w);
@@ -511,6 +598,14 @@ std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& re
                         "holds (what it accumulated under no_sync, zeros where it has "
                         "nothing), and end with the average, or with no gradient where no "
                         "rank used it?")
+                  : unmoved(reference.initial_params, rank0.after_first_step, wrong)
+                  ? detail::cat("only ", join(wrong), wrong.size() == 1 ? " was" : " were",
+                                " updated wrongly, and did not move at all: ",
+                                wrong.size() == 1 ? "its gradient was" : "their gradients were",
+                                " zero after the sync while the other parameters match the "
+                                "reference. Scaled by an integer 1 / W (0 for W > 1), or "
+                                "zeroed (zero_()) after the sync? Are they ",
+                                advice.where_grads_move, "?")
                   : detail::cat("only ", join(wrong), wrong.size() == 1 ? " was" : " were",
                                 " updated wrongly while the other parameters match the "
                                 "reference: are their gradients ",

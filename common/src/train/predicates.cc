@@ -45,12 +45,24 @@ std::string buckets_text(const std::vector<std::vector<int64_t>>& buckets) {
 
 int64_t seq_of(const trace::Event& e) { return arg_of(e, "seq"); }
 
+// A count rule broken at W = 1 by a DDP that skips its collectives there
+// ("nothing to average") deserves its reason, since the numbers all match.
+std::string at_one_rank(const RunConfig& config, uint64_t got, uint64_t expected) {
+  if (config.world_size != 1 || got >= expected) return "";
+  return ". The rule holds at W = 1 too: the checker counts calls, the same at every world "
+         "size, so that one protocol is checked at every W (a collective over one rank "
+         "returns its input, and PyTorch's DDP communicates at W = 1 as well); do not skip "
+         "collectives when the world size is 1";
+}
+
 // One all-reduce as the trace shows it: queued on the issuing thread, run on
-// the communication thread; paired by their sequence number, so an
-// all-reduce that runs after its step ended still belongs to its step.
+// the communication thread, waited for on a thread of the program; paired
+// by their sequence number, so an all-reduce that runs after its step ended
+// still belongs to its step.
 struct AllReduce {
   const trace::Event* queued = nullptr;
   const trace::Event* span = nullptr;  // null: it never ran before the trace ended
+  const trace::Event* wait = nullptr;  // the first wait() on it to return; null: none did
 };
 
 // The events of one optimizer step on one rank's trace, by role.
@@ -70,8 +82,13 @@ std::vector<StepEvents> steps_of_trace(const RankResult& r) {
   std::vector<StepEvents> steps;
   std::vector<std::pair<uint64_t, uint64_t>> bounds;  // [begin, end] of each step span
   std::map<int64_t, const trace::Event*> spans_by_seq;
+  std::map<int64_t, const trace::Event*> waits_by_seq;  // the first to return
   for (const trace::Event& e : r.events) {
     if (e.name == "allreduce" && e.phase == 'X') spans_by_seq[seq_of(e)] = &e;
+    if (e.name == "wait" && e.phase == 'X' && e.end_order != 0) {
+      const trace::Event*& first = waits_by_seq[seq_of(e)];
+      if (first == nullptr || e.end_order < first->end_order) first = &e;
+    }
     if (e.name != "step" || e.phase != 'X') continue;
     StepEvents s;
     s.step = e.args.empty() ? static_cast<int64_t>(steps.size()) : e.args[0].second;
@@ -94,7 +111,9 @@ std::vector<StepEvents> steps_of_trace(const RankResult& r) {
         step.waits.push_back(&e);
       } else if (e.name == "allreduce queued") {
         const auto span = spans_by_seq.find(seq_of(e));
-        step.allreduces.push_back({&e, span == spans_by_seq.end() ? nullptr : span->second});
+        const auto wait = waits_by_seq.find(seq_of(e));
+        step.allreduces.push_back({&e, span == spans_by_seq.end() ? nullptr : span->second,
+                                   wait == waits_by_seq.end() ? nullptr : wait->second});
       }
       break;
     }
@@ -102,20 +121,43 @@ std::vector<StepEvents> steps_of_trace(const RankResult& r) {
   return steps;
 }
 
-// The first all-reduce of `step` still running (or never run) when the
-// step's optimizer began; null when all were done.
+// Note [Finished means waited for]
+// An all-reduce is finished, for the program, when a wait() on it has
+// returned: only then may its tensor be read (work.h). Whether the
+// communication thread happened to be done already is a race the program
+// does not control, so an order check on the collective's own span would
+// pass or fail by luck; a check on the wait() is the same on every run.
+// (wait() returns after the span ends, so it implies that order too.)
+
+// True when `a` was waited for (a wait() on it returned) before `order`.
+bool waited_before(const AllReduce& a, uint64_t order) {
+  return a.wait != nullptr && order != 0 && a.wait->end_order < order;
+}
+
+// The first all-reduce of `step` not waited for before the step's
+// optimizer began (Note [Finished means waited for]); null when all were.
 const AllReduce* unfinished_before_optimizer(const StepEvents& step) {
   const uint64_t optimizer_begin = step.optimizer ? step.optimizer->begin_order : 0;
   for (const AllReduce& a : step.allreduces) {
-    // end_order 0: the span never ended, the collective was still running.
-    if (a.span == nullptr || optimizer_begin == 0 || a.span->end_order == 0 ||
-        a.span->end_order > optimizer_begin) {
-      return &a;
-    }
+    if (!waited_before(a, optimizer_begin)) return &a;
   }
   return nullptr;
 }
 
+// "an all-reduce was still running when the optimizer step began", said of
+// `a` (of step `s`) as the trace shows it.
+std::string still_running_at_optimizer(const std::string& at, const StepEvents& s,
+                                       const AllReduce& a) {
+  const uint64_t optimizer_begin = s.optimizer ? s.optimizer->begin_order : 0;
+  const bool done_in_time = a.span != nullptr && a.span->end_order != 0 &&
+                            a.span->end_order < optimizer_begin;
+  return cat(at, ": all-reduce #", seq_of(*a.queued),
+             done_in_time ? " happened to be done in time on this run, but as far as the "
+                            "program knew it"
+                          : "",
+             " was still running when the optimizer step began: ",
+             a.wait == nullptr ? "nothing waited for it" : "it was waited for only after that");
+}
 // Splits rank r's trace into `steps`; returns a finding instead when the
 // trace does not show every step the rank ran (no trace, or a truncated
 // one), since an empty trace would pass every order check.
@@ -153,7 +195,7 @@ std::vector<Finding> check_construction_counts(const CaseRun& run, uint64_t broa
       return {{cat("rank ", r.rank, ": the constructor issued ", r.construction_broadcasts,
                    " broadcasts; expected ", broadcasts, " (", run.num_params(), " parameters",
                    run.num_buffers() > 0 ? cat(", ", run.num_buffers(), " buffers") : "", ")"),
-               broadcast_cause}};
+               broadcast_cause + at_one_rank(run.config, r.construction_broadcasts, broadcasts)}};
     }
     if (r.construction_allreduces != allreduces) {
       return {{cat("rank ", r.rank, ": the constructor issued ", r.construction_allreduces,
@@ -176,7 +218,7 @@ std::vector<Finding> check_counts_per_micro(
       if (got == want) continue;
       return {{cat(where(run.config, r.rank, i), ": counted ", got, " ", noun(kind, got),
                    "; expected ", want, " (", expectation, ")"),
-               cause}};
+               cause + at_one_rank(run.config, got, want)}};
     }
   }
   return {};
@@ -192,7 +234,7 @@ std::vector<Finding> check_allreduces_per_step(const CaseRun& run, uint64_t expe
       if (got == expected) continue;
       return {{cat("rank ", r.rank, ", step ", step, ": counted ", got, " all-reduces; expected ",
                    expected, " (", expectation, ")"),
-               cause}};
+               cause + at_one_rank(run.config, got, expected)}};
     }
   }
   return {};
@@ -248,8 +290,8 @@ std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
                        ": the gradients are not final before"}};
         }
       }
-      if (unfinished_before_optimizer(s) != nullptr) {
-        return {{at + ": an all-reduce was still running when the optimizer step began",
+      if (const AllReduce* a = unfinished_before_optimizer(s)) {
+        return {{still_running_at_optimizer(at, s, *a),
                  "wait() for every all-reduce " + advice.where_sync +
                      ": the optimizer must read averaged gradients"}};
       }
@@ -375,9 +417,8 @@ std::vector<Finding> check_overlap(const CaseRun& run,
                      "the others"),
                  launch_cause}};
       }
-      if (unfinished_before_optimizer(s) != nullptr) {
-        return {{at + ": an all-reduce was still running when the optimizer step began",
-                 wait_cause}};
+      if (const AllReduce* a = unfinished_before_optimizer(s)) {
+        return {{still_running_at_optimizer(at, s, *a), wait_cause}};
       }
     }
   }
@@ -393,12 +434,10 @@ std::vector<Finding> check_synced_when_backward_returns(const CaseRun& run,
       if (s.last_backward == nullptr) continue;  // check_overlap says so
       for (const AllReduce& a : s.allreduces) {
         if (a.queued->begin_order < s.last_backward->begin_order) continue;
-        if (a.span != nullptr && a.span->end_order != 0 &&
-            a.span->end_order < s.last_backward->end_order) {
-          continue;
-        }
+        if (waited_before(a, s.last_backward->end_order)) continue;
         return {{cat("rank ", r.rank, ", step ", s.step, ": all-reduce #", seq_of(*a.queued),
-                     " was still running when backward() returned, so .grad was not final"),
+                     " was still running when backward() returned (nothing had waited for it), "
+                     "so .grad was not final"),
                  cause}};
       }
     }

@@ -19,6 +19,9 @@
 //     order (see process_group.h). The destructor drains the queue and joins
 //     the thread.
 //   - ReduceOp::AVG is SUM followed by division by size() on this rank.
+//   - Checker mode (GlooOptions::check_in_flight_writes): a tensor written
+//     while its all-reduce or broadcast is in flight is an error at wait(),
+//     every time; the result lands in the tensor at wait().
 //   - Trace: when tp::trace is enabled, each collective records an instant
 //     "<op> queued" on the issuing thread and a span "<op>" on the
 //     communication thread.
@@ -35,6 +38,14 @@ namespace tp::distributed {
 struct GlooOptions {
   // Per-collective deadline, and the deadline for the rendezvous itself.
   std::chrono::milliseconds timeout{30000};
+  // Checker mode: an all-reduced or broadcast tensor written between the
+  // call that issues the collective and its wait() (dividing a gradient
+  // before waiting for its all-reduce, say) is an error at that wait(), on
+  // every run, naming the collective and the element that changed. The
+  // price: two copies of each such tensor, and the result lands in the
+  // tensor only at wait() (Note [In-flight writes] in
+  // process_group_gloo.cc). The stage checkers turn it on.
+  bool check_in_flight_writes = false;
 };
 
 class ProcessGroupGloo : public ProcessGroup {

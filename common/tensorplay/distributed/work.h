@@ -12,11 +12,15 @@
 //     never blocks. With tp::trace enabled, each wait() records a span
 //     "wait" (category "comm", arg seq) on the calling thread.
 //   - Output tensors may be read only after wait() returns.
+//   - A process group may attach a check to run at the first wait() (checker
+//     mode: Note [In-flight writes] in process_group_gloo.cc); what it throws,
+//     that wait() and every later one rethrow.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -38,6 +42,12 @@ class Work {
   // Called once by the communication thread.
   void finish(std::exception_ptr error = nullptr);
 
+  // Runs `check` once, in the first wait() that finds the collective finished
+  // without error, on the waiting thread, before that wait() returns; other
+  // waiters block until it is done. Set by the process group right after it
+  // queues the collective, before the Work is handed to the caller.
+  void set_on_first_wait(std::function<void()> check);
+
  private:
   const std::string collective_;
   const uint64_t seq_;
@@ -45,7 +55,8 @@ class Work {
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;              // guarded by mutex_
-  std::exception_ptr error_;       // guarded by mutex_
+  std::exception_ptr error_;       // guarded by mutex_; also what on_first_wait_ threw
+  std::function<void()> on_first_wait_;  // guarded by mutex_; cleared by the wait() that runs it
 };
 
 }  // namespace tp::distributed

@@ -11,7 +11,8 @@
 //     collectives and the trace (usually built from the shared predicates of
 //     predicates.h), then compares every rank's per-micro-batch losses,
 //     parameters and buffers (compare.h). Findings are reported in that
-//     order: a structural fact names the cause before the numbers it moves.
+//     order: a structural fact names the cause before the numbers it moves,
+//     and a numeric guess after one says it may only follow from it.
 //   - Then its scenarios, if any: properties the training plan cannot
 //     express (a no_sync guard that covers only the forward, say), each run
 //     once on its own spawned ranks with a connected group.
@@ -24,10 +25,18 @@
 //     message; the likely cause follows the failure's ErrorKind (a stub, a
 //     timeout, a rank's own error), never its wording.
 //   - `--expect-fail FILE` turns it into a planted-bug test: FILE (a mutant,
-//     see tools/mutate.py) has `expect:` lines; the checker must FAIL and its
-//     report must contain every expected phrase, else it returns 1.
+//     see tools/mutate.py) has `expect:` lines, each a phrase the report must
+//     contain, and `expect-first:` lines, each a phrase the first finding of
+//     the failing case (its fact or its likely cause: the cause named first)
+//     must contain; the checker must FAIL with all of them, else it returns 1.
 //   - `--list` prints the cases, then the scenarios and the worker cases
-//     (numbered on from the cases); `--only N` runs that one alone.
+//     (numbered on from the cases); `--only N` runs that one alone;
+//     `--repeat N` runs the whole check N times, each judged as above, and
+//     stops at the first run that is not (for a bug that must be caught on
+//     every run, not most).
+//   - Checker mode: every case runs with RunConfig::check_in_flight_writes,
+//     every scenario's group with GlooOptions::check_in_flight_writes, so a
+//     tensor written while its collective is in flight fails every run.
 #pragma once
 
 #include <cstdio>
@@ -111,8 +120,10 @@ std::string describe(const CheckCase<Options>& c) {
 struct CheckerRun {
   std::string expect_file;  // --expect-fail FILE
   int only = -1;            // --only N
+  int repeat = 1;           // --repeat N
   bool list = false;        // --list
-  std::string report;       // everything printed so far
+  std::string report;       // everything printed so far in this repetition
+  std::string first_cause;  // the failing case's first finding: fact, then likely cause
   void print(const std::string& text);
 };
 CheckerRun parse_checker_args(int argc, char** argv);
@@ -127,30 +138,12 @@ void report_case(CheckerRun& run, const std::string& description,
 // Applies --expect-fail and prints the verdict; returns the exit code.
 int finish_checker(CheckerRun& run, const std::string& stage, bool passed);
 
+// One run of every case and scenario (or of --only's); the exit code.
 template <DataParallelModel D>
-int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& spec) {
-  CheckerRun run = parse_checker_args(argc, argv);
+int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec) {
   const size_t n_cases = spec.cases.size();
   const size_t n_scenarios = spec.scenarios.size();
   const size_t n_workers = spec.worker ? spec.worker_cases.size() : 0;
-  if (run.list) {
-    for (size_t i = 0; i < n_cases; ++i) {
-      std::printf("%zu: %s\n", i, describe(spec.cases[i]).c_str());
-    }
-    for (size_t i = 0; i < n_scenarios; ++i) {
-      std::printf("%zu: scenario: %s\n", n_cases + i, spec.scenarios[i].label.c_str());
-    }
-    for (size_t i = 0; i < n_workers; ++i) {
-      std::printf("%zu: worker: %s\n", n_cases + n_scenarios + i,
-                  describe(spec.worker_cases[i]).c_str());
-    }
-    return 0;
-  }
-  if (run.only >= static_cast<int>(n_cases + n_scenarios + n_workers)) {
-    std::fprintf(stderr, "checker: --only %d: there are %zu cases, scenarios and worker cases "
-                 "(see --list)\n", run.only, n_cases + n_scenarios + n_workers);
-    return 2;
-  }
   run.print("stage " + spec.stage + " checker (" + spec.title + ")\n");
   bool passed = true;
   for (size_t i = 0; i < spec.cases.size() && passed; ++i) {
@@ -161,14 +154,21 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
     try {
       const double tolerance = default_tolerance(c.config.dtype);
       ReferenceResult reference = train_reference(c.config);
-      std::vector<RankResult> ranks = run_ddp<D>(c.config, c.options);
+      RunConfig checked = c.config;
+      checked.check_in_flight_writes = true;  // a write before wait() fails every run
+      std::vector<RankResult> ranks = run_ddp<D>(checked, c.options);
       // Missing results first; then the stage's structural facts (counted
       // collectives, order on the trace), which name a cause more directly
       // than the numbers they disturb; then the numbers.
       findings = check_results_complete(c.config, reference, ranks);
       if (findings.empty()) {
         if (spec.stage_checks) findings = spec.stage_checks(c, CaseRun{c.config, reference, ranks});
+        const bool structural = !findings.empty();
         for (Finding& f : diagnose(c.config, reference, ranks, tolerance, spec.advice)) {
+          // A numeric guess after a structural fact is read as what it is.
+          if (structural) {
+            f.likely_cause = "unless it follows from the first finding: " + f.likely_cause;
+          }
           findings.push_back(std::move(f));
         }
         comparison = compare(reference, ranks, tolerance);
@@ -203,6 +203,40 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
     report_case(run, "worker: " + describe(c), findings, nullptr);
   }
   return finish_checker(run, spec.stage, passed);
+}
+
+template <DataParallelModel D>
+int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& spec) {
+  CheckerRun run = parse_checker_args(argc, argv);
+  const size_t n_cases = spec.cases.size();
+  const size_t n_scenarios = spec.scenarios.size();
+  const size_t n_workers = spec.worker ? spec.worker_cases.size() : 0;
+  if (run.list) {
+    for (size_t i = 0; i < n_cases; ++i) {
+      std::printf("%zu: %s\n", i, describe(spec.cases[i]).c_str());
+    }
+    for (size_t i = 0; i < n_scenarios; ++i) {
+      std::printf("%zu: scenario: %s\n", n_cases + i, spec.scenarios[i].label.c_str());
+    }
+    for (size_t i = 0; i < n_workers; ++i) {
+      std::printf("%zu: worker: %s\n", n_cases + n_scenarios + i,
+                  describe(spec.worker_cases[i]).c_str());
+    }
+    return 0;
+  }
+  if (run.only >= static_cast<int>(n_cases + n_scenarios + n_workers)) {
+    std::fprintf(stderr, "checker: --only %d: there are %zu cases, scenarios and worker cases "
+                 "(see --list)\n", run.only, n_cases + n_scenarios + n_workers);
+    return 2;
+  }
+  int code = 0;
+  for (int r = 1; r <= run.repeat && code == 0; ++r) {
+    if (run.repeat > 1) run.print(detail::cat("run ", r, " of ", run.repeat, ": "));
+    run.report.clear();
+    run.first_cause.clear();
+    code = check_once<D>(run, spec);
+  }
+  return code;
 }
 
 }  // namespace tp::train

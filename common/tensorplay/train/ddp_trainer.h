@@ -198,7 +198,7 @@ std::vector<RankResult> run_ddp(const RunConfig& config,
   auto body = [&](int rank) -> std::string {
     auto group = std::make_shared<distributed::ProcessGroupGloo>(
         rendezvous.path(), rank, config.world_size,
-        distributed::GlooOptions{config.collective_timeout});
+        distributed::GlooOptions{config.collective_timeout, config.check_in_flight_writes});
     return serialize(train_rank<D>(rank, config, group, options));
   };
   std::vector<std::string> payloads =

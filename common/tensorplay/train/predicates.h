@@ -7,7 +7,11 @@
 //     fact. The likely cause is the stage's: it is passed in, so nothing here
 //     names a stage's methods.
 //   - Order checks use the trace's total order (Event::begin_order /
-//     end_order), never wall-clock time, so they hold on a loaded machine.
+//     end_order), never wall-clock time, so they hold on a loaded machine;
+//     a collective counts as finished once a wait() on it has returned, not
+//     when the communication thread happened to be done, so they give the
+//     same verdict on every run.
+//   - A count rule broken at W = 1 says that it holds at W = 1 too.
 //     They need RunConfig::trace and refuse to pass a run without a trace.
 //   - Counts come from RankResult::allreduces_per_micro / broadcasts_per_micro
 //     (the collectives a rank issued from the start of micro-batch i to its
@@ -69,8 +73,9 @@ std::vector<Finding> check_quiet_until_last_micro_batch(const CaseRun& run,
                                                         const std::string& cause);
 
 // Stages that sync after backward: every all-reduce of step s is queued
-// after step s's last backward has finished, and finishes before step s's
-// optimizer step starts.
+// after step s's last backward has finished, and is waited for (a wait() on
+// it returns) before step s's optimizer step starts: Note [Finished means
+// waited for] in predicates.cc.
 std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
                                                           const Advice& advice);
 
@@ -82,7 +87,7 @@ std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
 // need (Note [Launch deadlines] in predicates.cc; the engine's "grad ready"
 // marks say which parameter, through RankResult::param_ids) when `buckets`
 // is given, else only "the first leaves before the last gradient"; and each
-// finishes before the optimizer step starts. All-reduces are paired with
+// is waited for before the optimizer step starts. All-reduces are paired with
 // their step by sequence number, so one that runs after its step ended
 // still counts against it. `launch_cause` and `wait_cause` are the stage's
 // advice for each failure.
@@ -96,7 +101,7 @@ std::vector<Finding> check_overlap(const CaseRun& run,
                                    const std::string& wait_cause, size_t trailing = 0);
 
 // Stages that sync inside backward: every all-reduce launched during a
-// step's syncing backward has finished before that backward returns (the
+// step's syncing backward is waited for before that backward returns (the
 // end-of-backward callback waits for them), so .grad is final when
 // backward() returns.
 std::vector<Finding> check_synced_when_backward_returns(const CaseRun& run,
