@@ -6,7 +6,8 @@
 //                 [--model mini|branchy|buffered|reordered|deep] [--hidden N]
 //                 [--depth N (deep)] [--micro-batches K]
 //                 [--batches N0,N1,...] [--divide-by-active-ranks]
-//                 [--json FILE] [--trace FILE] [the stage's own flags]
+//                 [--json FILE] [--trace FILE] [--init-method URL]
+//                 [the stage's own flags]
 //
 // Columns: step; the reference's loss (mean over the ranks' micro-batches);
 // DDP's loss on rank 0 and the reference's for rank 0's micro-batches (the
@@ -18,6 +19,15 @@
 // --trace FILE records every rank's timeline (tp::trace), writes it as one
 // Chrome trace (open it in ui.perfetto.dev) and prints the last step as an
 // ASCII timeline.
+//
+// One process or one per rank: by default the demo forks its own W ranks
+// (file:// rendezvous, one machine). Started by a launcher, one process per
+// rank (tprun --nproc-per-node 2 ... -- demo_07 --init-method env://), each
+// process is one rank: WORLD_SIZE is the world size, every rank trains its
+// part, all results are gathered, and rank 0 prints the table (and writes
+// --json and --trace); the others print one line. RANK set in the
+// environment without --init-method is an error: each launched process
+// would otherwise start a whole job of its own.
 #pragma once
 
 #include <cstdio>
@@ -33,6 +43,7 @@ namespace tp::train {
 
 struct DemoArgs {
   RunConfig config;
+  std::string init_method;  // empty: spawn the ranks here; else one rank of a launched job
   std::string json_path;   // empty: no JSON
   std::string trace_path;  // empty: no trace
 };
@@ -84,10 +95,21 @@ template <DataParallelModel D>
 int demo_main(int argc, char** argv, const DemoSpec<typename D::Options>& spec) {
   DemoArgs args = parse_demo_args(argc, argv, spec.stage, spec.flags);
   try {
-    ReferenceResult reference = train_reference(args.config);
     typename D::Options options = spec.options;
     if (spec.adapt) spec.adapt(args.config, options);
-    std::vector<RankResult> ranks = run_ddp<D>(args.config, options);
+    std::vector<RankResult> ranks;
+    if (args.init_method.empty()) {
+      ranks = run_ddp<D>(args.config, options);
+    } else {
+      LaunchedRun run = run_launched_rank<D>(args.config, options, args.init_method);
+      if (run.rank != 0) {
+        std::printf("demo %s: rank %d of %d trained; rank 0 prints the table\n",
+                    spec.stage.c_str(), run.rank, args.config.world_size);
+        return 0;
+      }
+      ranks = std::move(run.ranks);
+    }
+    ReferenceResult reference = train_reference(args.config);
     report_demo(spec.stage, spec.title, args, reference, ranks, spec.advice);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "demo %s: %s\n", spec.stage.c_str(), error.what());
