@@ -28,7 +28,8 @@ const std::vector<DemoFlag>* g_stage_flags = nullptr;
                "                  [--model mini|branchy|buffered|reordered|deep] [--hidden N]\n"
                "                  [--depth N (deep)] [--micro-batches K]\n"
                "                  [--batches N0,N1,...] [--divide-by-active-ranks]\n"
-               "                  [--json FILE] [--trace FILE] [--init-method URL]",
+               "                  [--json FILE] [--trace FILE] [--init-method URL]\n"
+               "                  [--collective-timeout MS]",
                stage.c_str());
   if (g_stage_flags != nullptr) {
     for (const DemoFlag& f : *g_stage_flags) {
@@ -217,6 +218,9 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
       args.json_path = value();
     } else if (flag == "--init-method") {
       args.init_method = value();
+    } else if (flag == "--collective-timeout") {
+      args.config.collective_timeout =
+          std::chrono::milliseconds(parse_count(stage, flag, value(), 100, 3600000));
     } else if (flag == "--trace") {
       args.trace_path = value();
       args.config.trace = true;

@@ -7,7 +7,7 @@
 //                 [--depth N (deep)] [--micro-batches K]
 //                 [--batches N0,N1,...] [--divide-by-active-ranks]
 //                 [--json FILE] [--trace FILE] [--init-method URL]
-//                 [the stage's own flags]
+//                 [--collective-timeout MS] [the stage's own flags]
 //
 // Columns: step; the reference's loss (mean over the ranks' micro-batches);
 // DDP's loss on rank 0 and the reference's for rank 0's micro-batches (the
@@ -15,7 +15,8 @@
 // where a rank had no batch left); and the largest |DDP - reference| over
 // all ranks at that step. Before it, the buckets when the stage has them;
 // after it, the final parameter norms and the largest differences.
-// --json FILE writes the same numbers, every rank included (schema in demo.cc).
+// --collective-timeout MS bounds the rendezvous and every collective
+// (default 10000). --json FILE writes the same numbers, every rank included (schema in demo.cc).
 // --trace FILE records every rank's timeline (tp::trace), writes it as one
 // Chrome trace (open it in ui.perfetto.dev) and prints the last step as an
 // ASCII timeline.
