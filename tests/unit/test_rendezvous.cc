@@ -309,7 +309,7 @@ TEST_CASE("two processes given the same rank fail at once, naming the rank") {
   const mp::SpawnError e = spawn_error_of([&] {
     spawn_ranks(3, [&](int rank) {
       set_rank_environment("127.0.0.1", port, rank == 2 ? 1 : rank, 3);
-      dist::init_process_group("gloo", "env://", kTimeout);
+      dist::init_process_group("gloo", "env://", kTimeout);  // two of them wait here
     });
   });
   CHECK(std::string(e.what()).find("rank 1 was already claimed in the TCP store at "

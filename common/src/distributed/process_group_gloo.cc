@@ -453,7 +453,10 @@ struct ProcessGroupGloo::Impl {
             " ms: another rank did not join this collective (did every rank issue the "
             "same collectives in the same order?). Tensors of different sizes or dtypes, "
             "or a different reduce op or root, count as different collectives. [gloo: ",
-            e.what(), "]")));
+            e.what(), "]",
+            // Across machines a lost link looks the same to Gloo: nothing arrives.
+            store ? " Or a rank's machine became unreachable (its network link is down)."
+                  : "")));
       } else {
         error = std::make_exception_ptr(PeerFailedError(cat(
             name(), " failed: the connection to another rank broke (gloo: ", e.what(),

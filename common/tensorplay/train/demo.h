@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorplay/multiprocessing/error_file.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/ddp_trainer.h"
 #include "tensorplay/train/reference.h"
@@ -113,6 +114,7 @@ int demo_main(int argc, char** argv, const DemoSpec<typename D::Options>& spec) 
     ReferenceResult reference = train_reference(args.config);
     report_demo(spec.stage, spec.title, args, reference, ranks, spec.advice);
   } catch (const std::exception& error) {
+    multiprocessing::record_error(error);  // for tprun, when it started this rank
     std::fprintf(stderr, "demo %s: %s\n", spec.stage.c_str(), error.what());
     return 1;
   }
