@@ -71,8 +71,9 @@ TEST_CASE("redis:// meets and all-reduces at world sizes 1 to 4") {
 
 TEST_CASE("redis:// takes the job id from TP_JOB_ID, and without one says how to give it") {
   const std::string bare = server();
+  const std::string id = job("from-env");  // here: job() reads the process id
   spawn_ranks(2, [&](int rank) {
-    ::setenv("TP_JOB_ID", job("from-env").c_str(), 1);
+    ::setenv("TP_JOB_ID", id.c_str(), 1);
     dist::init_process_group("gloo", rank, 2, bare, kTimeout);
     check_sum(rank, 2);
     dist::destroy_process_group();
