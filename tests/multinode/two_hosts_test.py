@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A 2 x 2-rank job across two network namespaces, through tprun.
 
-    two_hosts_test.py TPRUN DEMO env      the env:// job matches the one-machine run
+    two_hosts_test.py TPRUN DEMO env [CHECKER]
+                                          the env:// job matches the one-machine run;
+                                          the stage's checker passes its W = 4 cases
     two_hosts_test.py TPRUN DEMO redis    the same through a redis-server on host a
     two_hosts_test.py TPRUN DEMO faults   a rank SIGKILLed, a link taken down, the
                                           store's host killed, a host that never
@@ -135,6 +137,19 @@ def check_same_as_one_machine(hosts, tprun, demo, init_method, extra):
     print(f"{init_method}: 2 hosts x 2 ranks match the one-machine run bit for bit "
           f"({len(got['steps'])} steps, every rank; final: {json.dumps(final)[:200]}); "
           f"job took {max(ended.values()) - job.started:.1f} s")
+
+
+def check_checker(hosts, tprun, checker):
+    """The checker's cases for 4 ranks pass with the ranks on two hosts."""
+    job = Job(hosts, tprun, checker, ["--init-method", "env://"])
+    job.wait()
+    out = job.outputs["a"]
+    if job.code("a") != 0 or job.code("b") != 0 or "every case matches the reference" not in out:
+        fail(f"the checker failed across two hosts\n{job.report()}")
+    passes = out.count("PASS ")
+    if passes == 0:
+        fail(f"the checker ran no case across two hosts\n{job.report()}")
+    print(f"checker across 2 hosts x 2 ranks: {passes} cases of world size 4 pass")
 
 
 def start_redis(host):
@@ -275,12 +290,15 @@ def run_faults(hosts, tprun, demo):
 
 def main():
     tprun, demo, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    checker = sys.argv[4] if len(sys.argv) > 4 else None
     try:
         with netns.TwoHosts() as hosts:
             if mode == "env":
                 check_same_as_one_machine(hosts, tprun, demo, "env://", [])
                 check_same_as_one_machine(hosts, tprun, demo, "env://",
                                           ["--batches", "10,7,4,9", "--steps", "10"])
+                if checker:
+                    check_checker(hosts, tprun, checker)
             elif mode == "redis":
                 redis, port = start_redis(hosts.a)
                 try:

@@ -25,6 +25,15 @@
 //     report must contain every expected phrase, else it returns 1.
 //   - `--list` prints the cases, then the scenarios (numbered on from the
 //     cases); `--only N` runs case or scenario N alone.
+//   - `--init-method URL` (env://, tcp://, redis://): one process per rank,
+//     started by a launcher (tprun). The processes form one group (RANK and
+//     WORLD_SIZE from the environment) and run the cases whose world size is
+//     WORLD_SIZE on it, one after the other, each rank training its part;
+//     every rank gathers all results and judges them alike (so all stop at
+//     the same case), and rank 0 prints the report. Cases of other world
+//     sizes and the scenarios (each wants ranks and a group of its own) are
+//     skipped, and the report says so. A rank that throws ends the job: the
+//     launcher names it.
 #pragma once
 
 #include <cstdio>
@@ -32,7 +41,9 @@
 #include <string>
 #include <vector>
 
+#include "tensorplay/distributed/init.h"
 #include "tensorplay/distributed/process_group.h"
+#include "tensorplay/multiprocessing/error_file.h"
 #include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/ddp_trainer.h"
@@ -102,6 +113,8 @@ struct CheckerRun {
   std::string expect_file;  // --expect-fail FILE
   int only = -1;            // --only N
   bool list = false;        // --list
+  std::string init_method;  // --init-method URL: one rank of a launched job
+  bool quiet = false;       // a launched job's ranks but 0 print nothing
   std::string report;       // everything printed so far
   void print(const std::string& text);
 };
@@ -117,9 +130,31 @@ void report_case(CheckerRun& run, const std::string& description,
 // Applies --expect-fail and prints the verdict; returns the exit code.
 int finish_checker(CheckerRun& run, const std::string& stage, bool passed);
 
+// A case's DDP ranks: spawned here, or, in a launched job (`launched` not
+// null), this process's rank of them, with every rank's result gathered.
+template <DataParallelModel D>
+std::vector<RankResult> run_case_ranks(const CheckCase<typename D::Options>& c,
+                                       const std::shared_ptr<distributed::ProcessGroup>& launched) {
+  if (!launched) return run_ddp<D>(c.config, c.options);
+  return all_gather_results(*launched,
+                            train_rank<D>(launched->rank(), c.config, launched, c.options));
+}
+
 template <DataParallelModel D>
 int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& spec) {
   CheckerRun run = parse_checker_args(argc, argv);
+  std::shared_ptr<distributed::ProcessGroup> launched;  // --init-method: this job's group
+  if (!run.init_method.empty() && !run.list) {
+    try {
+      distributed::init_process_group("gloo", run.init_method, RunConfig{}.collective_timeout);
+    } catch (const std::exception& error) {
+      multiprocessing::record_error(error);
+      std::fprintf(stderr, "checker: %s\n", error.what());
+      return 1;
+    }
+    launched = distributed::default_group();
+    run.quiet = launched->rank() != 0;
+  }
   const size_t n_cases = spec.cases.size();
   if (run.list) {
     for (size_t i = 0; i < n_cases; ++i) {
@@ -137,15 +172,20 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
   }
   run.print("stage " + spec.stage + " checker (" + spec.title + ")\n");
   bool passed = true;
+  size_t skipped = 0;  // in a launched job: cases of other world sizes, and scenarios
   for (size_t i = 0; i < spec.cases.size() && passed; ++i) {
     if (run.only >= 0 && static_cast<size_t>(run.only) != i) continue;
     const CheckCase<typename D::Options>& c = spec.cases[i];
+    if (launched && c.config.world_size != launched->size()) {
+      ++skipped;
+      continue;
+    }
     std::vector<Finding> findings;
     Comparison comparison;
     try {
       const double tolerance = default_tolerance(c.config.dtype);
       ReferenceResult reference = train_reference(c.config);
-      std::vector<RankResult> ranks = run_ddp<D>(c.config, c.options);
+      std::vector<RankResult> ranks = run_case_ranks<D>(c, launched);
       // Missing results first; then the stage's structural facts (counted
       // collectives, order on the trace), which name a cause more directly
       // than the numbers they disturb; then the numbers.
@@ -158,6 +198,13 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
         comparison = compare(reference, ranks, tolerance);
       }
     } catch (const std::exception& error) {
+      if (launched) {  // the group is unusable now: end this rank, tprun names it
+        multiprocessing::record_error(error);
+        std::fprintf(stderr, "checker: rank %d: %s: %s\n", launched->rank(),
+                     describe(c).c_str(), error.what());
+        distributed::destroy_process_group();
+        return 1;
+      }
       findings.push_back(finding_from_error(spec.stage, error));
     }
     passed = findings.empty();
@@ -165,9 +212,27 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
   }
   for (size_t i = 0; i < spec.scenarios.size() && passed; ++i) {
     if (run.only >= 0 && static_cast<size_t>(run.only) != n_cases + i) continue;
+    if (launched) {
+      ++skipped;
+      continue;
+    }
     const std::vector<Finding> findings = run_scenario(spec.stage, spec.scenarios[i]);
     passed = findings.empty();
     report_case(run, "scenario: " + spec.scenarios[i].label, findings, nullptr);
+  }
+  if (launched) {
+    run.print(detail::cat(skipped, " cases and scenarios skipped: they need another world size "
+                          "than this job's ", launched->size(), ", or ranks of their own (run "
+                          "the checker without --init-method for those)\n"));
+    distributed::destroy_process_group();
+    if (run.quiet) {
+      std::printf("checker: rank %d: done; rank 0 prints the report\n", launched->rank());
+    }
+    const int code = finish_checker(run, spec.stage, passed);
+    // What tprun shows as this rank's error (the report is on stdout).
+    if (code != 0) std::fprintf(stderr, "checker: stage %s FAILED: see rank 0's report\n",
+                                spec.stage.c_str());
+    return code;
   }
   return finish_checker(run, spec.stage, passed);
 }
