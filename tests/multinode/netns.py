@@ -4,7 +4,9 @@
         p = hosts.a.popen(["tools/tprun", ...])
 
 Each Host is a network namespace with loopback up and one end of a veth
-pair, addressed 10.X.Y.1/24 (host a) and 10.X.Y.2/24 (host b), X.Y drawn
+pair, named INTERFACE ("tp0") inside both namespaces, as two machines may
+both call their network "eth0", addressed 10.X.Y.1/24 (host a) and
+10.X.Y.2/24 (host b), X.Y drawn
 from the process id so that tests running side by side never share a
 subnet or a name. Leaving the `with` block kills every process still in
 either namespace (SIGKILL), then deletes both (the veth pair goes with
@@ -22,6 +24,7 @@ import subprocess
 import time
 
 SKIP = 77  # meson's exit code for a skipped test
+INTERFACE = "tp0"  # each host's end of the veth pair, inside its namespace
 
 
 class Unavailable(Exception):
@@ -34,9 +37,10 @@ def run(cmd, check=True):
 
 
 class Host:
-    def __init__(self, namespace, interface, address):
+    def __init__(self, namespace, veth, address):
         self.namespace = namespace
-        self.interface = interface  # its end of the veth pair
+        self.veth = veth  # its end of the veth pair, before it moves in and becomes INTERFACE
+        self.interface = INTERFACE
         self.address = address
 
     def command(self, argv):
@@ -74,10 +78,10 @@ class TwoHosts:
                 if r.returncode != 0:
                     raise Unavailable(f"ip netns add failed: {r.stderr.strip()}")
                 self.made.append(host)
-            run(["ip", "link", "add", self.a.interface, "type", "veth", "peer", "name",
-                 self.b.interface])
+            run(["ip", "link", "add", self.a.veth, "type", "veth", "peer", "name", self.b.veth])
             for host in (self.a, self.b):
-                run(["ip", "link", "set", host.interface, "netns", host.namespace])
+                run(["ip", "link", "set", host.veth, "netns", host.namespace])
+                run(host.command(["ip", "link", "set", host.veth, "name", INTERFACE]))
                 run(host.command(["ip", "addr", "add", host.address + "/24", "dev",
                                   host.interface]))
                 run(host.command(["ip", "link", "set", host.interface, "up"]))

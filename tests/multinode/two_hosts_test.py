@@ -54,7 +54,7 @@ def fail(message):
 class Job:
     """One tprun per host, started at once."""
 
-    def __init__(self, hosts, tprun, demo, demo_args, which=("a", "b"), port=29500):
+    def __init__(self, hosts, tprun, demo, demo_args, which=("a", "b"), port=29500, env=None):
         self.procs = {}
         self.ended = {}
         self.outputs = {}
@@ -68,7 +68,8 @@ class Job:
                     "--master-addr", hosts.a.address, "--master-port", str(port),
                     "--job-id", f"tp-test-{os.getpid()}", "--grace", "1", "--", demo,
                     *demo_args]
-            self.procs[name] = host.popen(argv, stdout=out, stderr=subprocess.STDOUT)
+            self.procs[name] = host.popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                          env=dict(os.environ, **(env or {})))
         self.started = time.monotonic()
 
     def wait(self, deadline=JOB_DEADLINE):
@@ -115,12 +116,13 @@ def one_machine_json(demo, extra):
             return json.load(f)
 
 
-def check_same_as_one_machine(hosts, tprun, demo, init_method, extra):
+def check_same_as_one_machine(hosts, tprun, demo, init_method, extra, env=None):
     expected = one_machine_json(demo, extra)
     with tempfile.TemporaryDirectory() as d:
         os.chmod(d, 0o777)
         path = os.path.join(d, "two.json")
-        job = Job(hosts, tprun, demo, ["--init-method", init_method, "--json", path, *extra])
+        job = Job(hosts, tprun, demo, ["--init-method", init_method, "--json", path, *extra],
+                  env=env)
         ended = job.wait()
         for name in ("a", "b"):
             if job.code(name) != 0:
@@ -134,7 +136,8 @@ def check_same_as_one_machine(hosts, tprun, demo, init_method, extra):
                      f"  two hosts: {json.dumps(got.get(key))[:400]}\n"
                      f"  one machine: {json.dumps(expected[key])[:400]}")
     final = got["final"]
-    print(f"{init_method}: 2 hosts x 2 ranks match the one-machine run bit for bit "
+    how = f"{init_method} {' '.join(f'{k}={v}' for k, v in (env or {}).items())}".strip()
+    print(f"{how}: 2 hosts x 2 ranks match the one-machine run bit for bit "
           f"({len(got['steps'])} steps, every rank; final: {json.dumps(final)[:200]}); "
           f"job took {max(ended.values()) - job.started:.1f} s")
 
@@ -297,6 +300,9 @@ def main():
                 check_same_as_one_machine(hosts, tprun, demo, "env://", [])
                 check_same_as_one_machine(hosts, tprun, demo, "env://",
                                           ["--batches", "10,7,4,9", "--steps", "10"])
+                # The interface named, not guessed: both hosts call theirs tp0.
+                check_same_as_one_machine(hosts, tprun, demo, "env://", [],
+                                          env={"GLOO_SOCKET_IFNAME": netns.INTERFACE})
                 if checker:
                     check_checker(hosts, tprun, checker)
             elif mode == "redis":
