@@ -41,7 +41,7 @@ import netns  # noqa: E402
 JOB_DEADLINE = 90.0
 # The fault cases' collective (and rendezvous) deadline: a lost peer that is
 # not noticed from a closed connection is noticed after this long.
-FAULT_TIMEOUT_MS = 3000
+FAULT_TIMEOUT_MS = 5000
 # A fault case's job trains for much longer than the case lasts.
 LONG_STEPS = "100000"
 
@@ -186,17 +186,34 @@ def rank_pids(job, name):
     return [int(p) for p in out.split()]
 
 
-def wait_for_training(job):
-    # The job is training once both tpruns' ranks are up and past rendezvous;
-    # 3 s is ample for that on a loaded 2-core machine (rendezvous takes
-    # ~0.3 s), and the job trains for minutes.
-    deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline:
+def gloo_connections(host, store_ports=(29500, 6390)):
+    """Established TCP connections in host's namespace, the stores' left out."""
+    out = subprocess.run(host.command(["ss", "-Htn", "state", "established"]),
+                         stdout=subprocess.PIPE, text=True).stdout
+    count = 0
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and not any(f.endswith(f":{p}") for f in fields[2:4]
+                                        for p in store_ports):
+            count += 1
+    return count
+
+
+def wait_for_training(job, hosts):
+    # Host b's two ranks hold a full mesh: each has a pair with each of
+    # host a's ranks (4 sockets) and one with each other (2 sockets, both
+    # ends here). Once all 6 are up, rendezvous is over and training runs;
+    # 0.5 s more puts the fault well inside it (the job trains for minutes).
+    deadline = time.monotonic() + 30.0
+    while gloo_connections(hosts.b) < 6:
         for name, p in job.procs.items():
             if p.poll() is not None:
                 job.collect()
                 fail(f"host {name} ended before the fault\n{job.report()}")
+        if time.monotonic() > deadline:
+            fail("the ranks did not connect within 30 s")
         time.sleep(0.05)
+    time.sleep(0.5)
 
 
 def fault_case(title, hosts, job, fault_at, expect, limit=FAULT_TIMEOUT_MS / 1000 + 10):
@@ -233,7 +250,7 @@ def run_faults(hosts, tprun, demo):
                 "--collective-timeout", str(FAULT_TIMEOUT_MS)]
 
     job = Job(hosts, tprun, demo, long_job)
-    wait_for_training(job)
+    wait_for_training(job, hosts)
     victim = rank_pids(job, "b")[0]  # local rank 0 of host b: global rank 2
     fault_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
@@ -243,7 +260,7 @@ def run_faults(hosts, tprun, demo):
     })
 
     job = Job(hosts, tprun, demo, long_job)
-    wait_for_training(job)
+    wait_for_training(job, hosts)
     fault_at = time.monotonic()
     hosts.a.link(up=False)
     fault_case("host a's link taken down (ip link set down) mid-training", hosts, job, fault_at, {
@@ -253,7 +270,7 @@ def run_faults(hosts, tprun, demo):
     hosts.a.link(up=True)
 
     job = Job(hosts, tprun, demo, long_job)
-    wait_for_training(job)
+    wait_for_training(job, hosts)
     fault_at = time.monotonic()
     job.procs["a"].send_signal(signal.SIGKILL)  # the master: its ranks die with it
     fault_case("the store's host (host a, rank 0) killed mid-training", hosts, job, fault_at, {
@@ -278,7 +295,7 @@ def run_faults(hosts, tprun, demo):
         job = Job(hosts, tprun, demo, ["--init-method", f"redis://{hosts.a.address}:{port}",
                                        "--steps", "1000", "--collective-timeout",
                                        str(FAULT_TIMEOUT_MS)])
-        wait_for_training(job)
+        wait_for_training(job, hosts)
         fault_at = time.monotonic()
         redis.kill()
         # After rendezvous the ranks talk directly: the store is not needed

@@ -38,22 +38,9 @@ std::string job(const std::string& name) {
   return "tp-test-" + std::to_string(::getpid()) + "-" + name;
 }
 
-template <typename Body>
-void spawn_ranks(int world, Body body) {
-  mp::SpawnOptions options;
-  options.timeout = milliseconds(60000);
-  mp::spawn(options, body, world);
-}
-
-// Rank r contributes r + 1: the sum over W ranks is W (W + 1) / 2.
-void check_sum(int rank, int world) {
-  tp::Tensor t = tp::full({3}, rank + 1.0);
-  dist::all_reduce(t);
-  const double got = t.to_vector()[0];
-  TP_CHECK_EQ(got, world * (world + 1) / 2.0, "allreduce SUM on rank ", rank, " of ", world);
-}
-
+using test_util::check_sum;
 using test_util::spawn_error_of;
+using test_util::spawn_ranks;
 
 }  // namespace
 

@@ -68,25 +68,9 @@ void set_rank_environment(const std::string& addr, int port, int rank, int world
   ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
 }
 
-// Runs body(rank) on `world` spawned ranks; the job ends within 60 s.
-template <typename Body>
-void spawn_ranks(int world, Body body) {
-  mp::SpawnOptions options;
-  options.timeout = milliseconds(60000);
-  mp::spawn(options, body, world);
-}
-
-// Rank r contributes r + 1: the sum over W ranks is W (W + 1) / 2.
-void check_sum(int rank, int world) {
-  tp::Tensor t = tp::full({3}, rank + 1.0);
-  dist::all_reduce(t);
-  const double expected = world * (world + 1) / 2.0;
-  for (double v : t.to_vector()) {
-    TP_CHECK_EQ(v, expected, "allreduce SUM on rank ", rank, " of ", world);
-  }
-}
-
+using test_util::check_sum;
 using test_util::spawn_error_of;
+using test_util::spawn_ranks;
 
 }  // namespace
 
