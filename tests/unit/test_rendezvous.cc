@@ -293,7 +293,11 @@ TEST_CASE("two processes given the same rank fail at once, naming the rank") {
   const mp::SpawnError e = spawn_error_of([&] {
     spawn_ranks(3, [&](int rank) {
       set_rank_environment("127.0.0.1", port, rank == 2 ? 1 : rank, 3);
-      dist::init_process_group("gloo", "env://", kTimeout);  // two of them wait here
+      dist::init_process_group("gloo", "env://", kTimeout);
+      // Only the loser's error may end the job: the others stay (and rank 0
+      // keeps serving the store) until spawn ends them, so a loser that
+      // claims late still meets the winner's claim, not a closed store.
+      std::this_thread::sleep_for(std::chrono::seconds(30));
     });
   });
   CHECK(std::string(e.what()).find("rank 1 was already claimed in the TCP store at "

@@ -186,16 +186,24 @@ class TCPStore::Server {
   void accept_loop() {
     for (;;) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (stopping_) {
-        if (fd >= 0) ::close(fd);
-        return;
+      const int err = errno;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stopping_) {
+          if (fd >= 0) ::close(fd);
+          return;
+        }
+        if (fd >= 0) {
+          const int one = 1;
+          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          client_fds_.push_back(fd);
+          client_threads_.emplace_back([this, fd] { serve(fd); });
+          continue;
+        }
       }
-      if (fd < 0) continue;  // a connection reset before accept, EINTR: keep serving
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      client_fds_.push_back(fd);
-      client_threads_.emplace_back([this, fd] { serve(fd); });
+      // A connection reset before accept, EINTR: keep serving. Out of
+      // descriptors: keep serving too, without spinning.
+      if (err == EMFILE || err == ENFILE) std::this_thread::sleep_for(milliseconds(10));
     }
   }
 
