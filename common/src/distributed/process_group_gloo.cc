@@ -501,17 +501,16 @@ struct ProcessGroupGloo::Impl {
 
 namespace {
 
-// Connects a full mesh of Gloo pairs listening on `attr` through `store`
-// and waits until every rank has (Note [Rendezvous in two steps]). `explain`
-// turns a failure into the message; the type says whom to blame (a broken
+// Connects a full mesh of Gloo pairs on `device` through `store` and waits
+// until every rank has (Note [Rendezvous in two steps]). `explain` turns a
+// failure into the message; the type says whom to blame (a broken
 // connection means another rank left first).
 template <typename Explain>
-void connect_mesh(gloo::rendezvous::Store& store, const gloo::transport::tcp::attr& attr,
-                  int rank, int size, milliseconds timeout,
-                  std::shared_ptr<gloo::transport::Device>& device,
-                  std::shared_ptr<gloo::Context>& context, Explain explain) {
+std::shared_ptr<gloo::Context> connect_mesh(gloo::rendezvous::Store& store,
+                                            std::shared_ptr<gloo::transport::Device>& device,
+                                            int rank, int size, milliseconds timeout,
+                                            Explain explain) {
   try {
-    device = gloo::transport::tcp::CreateDevice(attr);
     auto connecting = std::make_shared<gloo::rendezvous::Context>(rank, size);
     connecting->setTimeout(timeout);
     connecting->connectFullMesh(store, device);
@@ -522,7 +521,7 @@ void connect_mesh(gloo::rendezvous::Store& store, const gloo::transport::tcp::at
     connected.setTag(make_tag(0, {}));
     connected.setTimeout(timeout);
     gloo::barrier(connected);
-    context = std::move(connecting);
+    return connecting;
   } catch (const gloo::IoException& e) {
     if (mentions_timeout(e.what())) throw TimeoutError(explain(e));
     throw PeerFailedError(explain(e));
@@ -554,16 +553,34 @@ ProcessGroupGloo::ProcessGroupGloo(const std::string& rendezvous_dir, int rank, 
 
   // Loopback only: every rank of a file:// job runs on this machine (spawn
   // forks them); ranks on several machines meet in a Store instead.
-  gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    impl_->device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    TP_THROW(DistributedError, kWho, ": rank ", rank, ": cannot open a TCP endpoint on the "
+             "loopback address 127.0.0.1 (", e.what(), "); is the loopback interface up "
+             "(ip link set lo up)? Every rank of a file:// job talks over it");
+  }
+  // Why a rank cannot join the group; the type says whom to blame (a broken
+  // connection means another rank left first). Gloo's own words come first;
+  // a guess is added only where it is the likely story.
+  const auto connect_failed = [&](const std::exception& e) {
+    const std::string gloo = e.what();
+    std::string hint;
+    if (gloo.find("No space left") != std::string::npos) {
+      hint = "; the disk holding the rendezvous directory is full: free space or set TMPDIR "
+             "to another disk";
+    } else if (dynamic_cast<const gloo::IoException*>(&e) != nullptr) {
+      hint = cat("; did a rank exit during rendezvous, or is the directory '", rendezvous_dir,
+                 "' shared with another job?");
+    }
+    return cat(kWho, ": rank ", rank, " of ", size,
+               ": connecting to the other ranks through Gloo failed (", gloo, ")", hint);
+  };
   gloo::rendezvous::FileStore store(rendezvous_dir);
-  connect_mesh(store, attr, rank, size, options_.timeout, impl_->device, impl_->context,
-               [&](const std::exception& e) {
-                 return cat(kWho, ": rank ", rank, " of ", size,
-                            ": connecting to the other ranks through Gloo failed (", e.what(),
-                            "); did a rank exit during rendezvous, or is the directory '",
-                            rendezvous_dir, "' shared with another job?");
-               });
+  impl_->context =
+      connect_mesh(store, impl_->device, rank, size, options_.timeout, connect_failed);
   impl_->comm_thread = std::thread([impl = impl_.get()] { impl->loop(); });
 }
 
@@ -589,16 +606,23 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   }
   const std::string listening =
       attr.iface.empty() ? cat("address ", attr.hostname) : cat("interface ", attr.iface);
+  try {
+    impl_->device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    TP_THROW(DistributedError, kWho, ": rank ", rank, ": cannot open a TCP endpoint on ",
+             listening, " (", e.what(), "); set GLOO_SOCKET_IFNAME to an interface of this "
+             "machine that the other machines reach");
+  }
+  const auto connect_failed = [&](const std::exception& e) {
+    return cat(kWho, ": rank ", rank, " of ", size,
+               ": connecting to the other ranks through Gloo failed (", e.what(),
+               "); this rank listens on ", listening, " (from ", impl_->store->describe(),
+               "); can every rank reach every other there? Set GLOO_SOCKET_IFNAME to the "
+               "interface that can, or did a rank exit during rendezvous?");
+  };
   detail::GlooStoreAdapter gloo_store(*impl_->store, options_.timeout);
-  connect_mesh(gloo_store, attr, rank, size, options_.timeout, impl_->device, impl_->context,
-               [&](const std::exception& e) {
-                 return cat(kWho, ": rank ", rank, " of ", size,
-                            ": connecting to the other ranks through Gloo failed (", e.what(),
-                            "); this rank listens on ", listening, " (from ",
-                            impl_->store->describe(), "); can every rank reach every other "
-                            "there? Set GLOO_SOCKET_IFNAME to the interface that can, or did "
-                            "a rank exit during rendezvous?");
-               });
+  impl_->context =
+      connect_mesh(gloo_store, impl_->device, rank, size, options_.timeout, connect_failed);
   impl_->comm_thread = std::thread([impl = impl_.get()] { impl->loop(); });
 }
 
