@@ -616,16 +616,12 @@ TEST_CASE("ProcessGroup rejects a size below 1 and a rank out of range") {
                        tp::DistributedError);
 }
 
-TEST_CASE("init_process_group names the init methods that work today") {
-  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 2, "tcp://127.0.0.1:29500"),
-                       Contains("unknown init_method 'tcp://127.0.0.1:29500'; supported: "
-                                "file://DIR"),
-                       tp::DistributedError);
-  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 2, "env://"),
-                       Contains("env:// is planned but not implemented yet; use file://DIR"),
-                       tp::DistributedError);
-  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 2, "redis://localhost:6379"),
-                       Contains("redis:// is planned but not implemented yet; use file://DIR"),
+TEST_CASE("init_process_group names the init methods it knows") {
+  // env://, tcp:// and redis:// work: tests/unit/test_rendezvous.cc, test_redis.cc.
+  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 2, "mpi://127.0.0.1:29500"),
+                       Contains("unknown init_method 'mpi://127.0.0.1:29500'; supported: "
+                                "file://DIR (one machine), env:// (MASTER_ADDR, MASTER_PORT, "
+                                "RANK, WORLD_SIZE), tcp://HOST:PORT and redis://HOST:PORT[/JOB]"),
                        tp::DistributedError);
   CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 2, "file://"),
                        Contains("names no directory"), tp::DistributedError);

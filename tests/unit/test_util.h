@@ -1,10 +1,14 @@
 // Helpers shared by the doctest suites in tests/unit/.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 
+#include "tensorplay/distributed/init.h"
+#include "tensorplay/error.h"
 #include "tensorplay/multiprocessing/spawn.h"
+#include "tensorplay/tensor.h"
 
 namespace test_util {
 
@@ -31,6 +35,25 @@ tp::multiprocessing::SpawnError spawn_error_of(Job job) {
     return e;
   }
   throw std::logic_error("the job did not fail");
+}
+
+// Runs body(rank) on `world` spawned ranks; the job ends within 60 s.
+template <typename Body>
+void spawn_ranks(int world, Body body) {
+  tp::multiprocessing::SpawnOptions options;
+  options.timeout = std::chrono::milliseconds(60000);
+  tp::multiprocessing::spawn(options, body, world);
+}
+
+// On the default group: rank r contributes r + 1, so the all-reduced sum
+// over W ranks is W (W + 1) / 2 in every element. Throws naming the rank.
+inline void check_sum(int rank, int world) {
+  tp::Tensor t = tp::full({3}, rank + 1.0);
+  tp::distributed::all_reduce(t);
+  const double expected = world * (world + 1) / 2.0;
+  for (double v : t.to_vector()) {
+    TP_CHECK_EQ(v, expected, "allreduce SUM on rank ", rank, " of ", world);
+  }
 }
 
 }  // namespace test_util

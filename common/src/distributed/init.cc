@@ -1,18 +1,28 @@
 // torch.distributed-style free functions over one default process group.
 //
 // init_process_group checks everything it can on its own (a second init,
-// world size, rank, backend, init method, the rendezvous directory) before
-// any rank waits on another, so bad input is an error at once, never a hang.
+// world size, rank, backend, init method and its environment variables, the
+// rendezvous directory) before any rank waits on another, so bad input is an
+// error at once, never a hang. What only the ranks together can check (a
+// rank missing, two ranks with one rank number, world sizes that disagree)
+// is the rendezvous's job (ProcessGroupGloo), bounded by the timeout.
 #include "tensorplay/distributed/init.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 
+#include "network.h"
 #include "rendezvous_dir.h"
 #include "tensorplay/distributed/process_group_gloo.h"
+#include "tensorplay/distributed/redis_store.h"
+#include "tensorplay/distributed/tcp_store.h"
 #include "tensorplay/error.h"
 
 namespace tp::distributed {
+
+using tp::detail::cat;
 
 namespace {
 
@@ -28,29 +38,126 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
-// The directory named by "file://DIR". Other schemes get an error that says
-// what works today.
-std::string rendezvous_dir_of(const std::string& init_method, int rank) {
-  const std::string file = "file://";
-  if (starts_with(init_method, file)) {
-    const std::string dir = init_method.substr(file.size());
-    if (dir.empty()) {
+// Where the ranks meet, as parsed from init_method and the environment.
+struct InitMethod {
+  enum class Scheme { File, Env, Redis } scheme = Scheme::File;
+  std::string dir;      // File: the rendezvous directory
+  std::string host;     // Env: the master (rank 0 hosts the store); Redis: the server
+  int port = 0;
+  std::string job_id;   // Redis: the prefix of every key
+  std::string origin;   // for messages: "MASTER_ADDR=a, MASTER_PORT=p" or "tcp://a:p"
+  std::string host_what = "MASTER_ADDR";  // how messages name `host`
+};
+
+// The value of environment variable `name`; an error naming it when unset.
+std::string env_value(const char* name, int rank, const std::string& why) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') {
+    TP_THROW(DistributedError, kInit, rank >= 0 ? cat(": rank ", rank) : std::string(), ": ",
+             why, " reads ", name,
+             " from the environment, but it is not set; set ", name,
+             " on every rank, or start the job with tprun, which sets MASTER_ADDR, "
+             "MASTER_PORT, RANK and WORLD_SIZE");
+  }
+  return value;
+}
+
+// `text` as a whole number in [low, high]; an error naming `what` otherwise.
+int parse_int(const std::string& text, int low, int high, const std::string& what, int rank) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || v < low || v > high) {
+    TP_THROW(DistributedError, kInit, rank >= 0 ? cat(": rank ", rank) : std::string(), ": ",
+             what, "='", text,
+             "' is not a whole number from ", low, " to ", high);
+  }
+  return static_cast<int>(v);
+}
+
+// "host:port" or "[v6 address]:port" -> host, port.
+void split_host_port(const std::string& text, const std::string& init_method, int rank,
+                     std::string& host, int& port) {
+  const std::size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
+    TP_THROW(DistributedError, kInit, ": rank ", rank, ": init_method '", init_method,
+             "' names no host and port; pass ", init_method.substr(0, init_method.find("//") + 2),
+             "HOST:PORT");
+  }
+  host = text.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  port = parse_int(text.substr(colon + 1), 1, 65535, "the port of '" + init_method + "'", rank);
+}
+
+InitMethod parse_init_method(const std::string& init_method, int rank) {
+  InitMethod m;
+  if (starts_with(init_method, "file://")) {
+    m.dir = init_method.substr(7);
+    if (m.dir.empty()) {
       TP_THROW(DistributedError, kInit, ": rank ", rank, ": init_method '", init_method,
                "' names no directory; pass file://DIR, for example "
                "tp::TempDir().file_init_method()");
     }
-    return dir;
+    return m;
   }
-  for (const char* planned : {"env://", "redis://"}) {
-    if (starts_with(init_method, planned)) {
-      TP_THROW(DistributedError, kInit, ": rank ", rank, ": init_method '", init_method,
-               "': ", planned,
-               " is planned but not implemented yet; use file://DIR (all ranks on one "
-               "machine), for example tp::TempDir().file_init_method()");
+  if (init_method == "env://") {
+    m.scheme = InitMethod::Scheme::Env;
+    m.host = env_value("MASTER_ADDR", rank, "env://");
+    const std::string port = env_value("MASTER_PORT", rank, "env://");
+    m.port = parse_int(port, 1, 65535, "MASTER_PORT", rank);
+    m.origin = cat("env:// with MASTER_ADDR=", m.host, ", MASTER_PORT=", port);
+    return m;
+  }
+  if (starts_with(init_method, "tcp://")) {  // env:// with the address inline
+    m.scheme = InitMethod::Scheme::Env;
+    split_host_port(init_method.substr(6), init_method, rank, m.host, m.port);
+    m.origin = init_method;
+    m.host_what = "the host of " + init_method;
+    return m;
+  }
+  if (starts_with(init_method, "redis://")) {
+    m.scheme = InitMethod::Scheme::Redis;
+    std::string rest = init_method.substr(8);
+    const std::size_t slash = rest.find('/');
+    if (slash != std::string::npos) {
+      m.job_id = rest.substr(slash + 1);
+      rest = rest.substr(0, slash);
     }
+    split_host_port(rest, init_method, rank, m.host, m.port);
+    if (m.job_id.empty()) {
+      const char* job = std::getenv("TP_JOB_ID");
+      if (job == nullptr || *job == '\0') {
+        TP_THROW(DistributedError, kInit, ": rank ", rank, ": init_method '", init_method,
+                 "' names no job id, and TP_JOB_ID is not set; jobs that share a "
+                 "redis-server need one each, so their keys never mix: pass "
+                 "redis://HOST:PORT/JOB or set TP_JOB_ID (tprun sets it from --job-id)");
+      }
+      m.job_id = job;
+    }
+    m.origin = cat(init_method, " (job '", m.job_id, "')");
+    m.host_what = "the host of " + init_method;
+    return m;
   }
   TP_THROW(DistributedError, kInit, ": rank ", rank, ": unknown init_method '", init_method,
-           "'; supported: file://DIR (env:// and redis://host:port are planned)");
+           "'; supported: file://DIR (one machine), env:// (MASTER_ADDR, MASTER_PORT, "
+           "RANK, WORLD_SIZE), tcp://HOST:PORT and redis://HOST:PORT[/JOB]");
+}
+
+// Runs make(); an error gets `context` in front, keeping its type (a
+// timeout stays a timeout, a lost peer a consequence).
+template <typename Make>
+auto with_context(const std::string& context, const std::string& fix, Make make) {
+  try {
+    return make();
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(context + e.what() + fix);
+  } catch (const PeerFailedError& e) {
+    throw PeerFailedError(context + e.what() + fix);
+  } catch (const DistributedError& e) {
+    throw DistributedError(context + e.what() + fix);
+  }
 }
 
 }  // namespace
@@ -62,6 +169,16 @@ void init_process_group(const std::string& backend, int rank, int world_size,
     TP_THROW(DistributedError, kInit, ": the default process group is already initialized "
              "(rank ", g_default->rank(), " of ", g_default->size(), ", backend ",
              g_default->backend_name(), "); call destroy_process_group() first");
+  }
+  // torch.distributed's convention: -1 reads WORLD_SIZE and RANK (not for
+  // file://, whose ranks are forked by spawn and told their rank).
+  const bool from_env = !starts_with(init_method, "file://");
+  if (world_size == kFromEnvironment && from_env) {
+    world_size = parse_int(env_value("WORLD_SIZE", rank, init_method), 1, 1 << 20,
+                           "WORLD_SIZE", rank);
+  }
+  if (rank == kFromEnvironment && from_env) {
+    rank = parse_int(env_value("RANK", rank, init_method), 0, world_size - 1, "RANK", rank);
   }
   if (world_size < 1) {
     TP_THROW(DistributedError, kInit, ": world_size must be >= 1 (got ", world_size,
@@ -84,9 +201,46 @@ void init_process_group(const std::string& backend, int rank, int world_size,
     TP_THROW(DistributedError, kInit, ": rank ", rank, ": timeout must be positive (got ",
              timeout.count(), " ms)");
   }
-  const std::string dir = rendezvous_dir_of(init_method, rank);
-  detail::prepare_rendezvous_dir(dir, rank, kInit);
-  g_default = std::make_shared<ProcessGroupGloo>(dir, rank, world_size, GlooOptions{timeout});
+  const InitMethod method = parse_init_method(init_method, rank);
+  GlooOptions options;
+  options.timeout = timeout;
+  if (method.scheme == InitMethod::Scheme::File) {
+    detail::prepare_rendezvous_dir(method.dir, rank, kInit);
+    g_default = std::make_shared<ProcessGroupGloo>(method.dir, rank, world_size, options);
+    return;
+  }
+  // Note [Choosing the interface] (network.h).
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname != nullptr && *ifname != '\0') {
+    options.socket_ifname = ifname;
+  } else {
+    options.hostname = detail::local_address_towards(method.host, method.port, method.host_what);
+  }
+  const std::string context = cat(kInit, ": rank ", rank, " of ", world_size, ", ",
+                                  method.origin, ": ");
+  std::shared_ptr<Store> store;
+  if (method.scheme == InitMethod::Scheme::Env) {
+    // Rank 0 hosts the store, as in torch.distributed.
+    const std::string fix =
+        rank == 0 ? cat("; set MASTER_PORT to a free port on rank 0's machine")
+                  : cat("; is rank 0 running, and do MASTER_ADDR and MASTER_PORT name its "
+                        "machine and port on every rank?");
+    store = with_context(context, fix, [&] {
+      return std::make_shared<TCPStore>(method.host, method.port, rank == 0, timeout);
+    });
+  } else {
+    store = with_context(context, "", [&] {
+      return std::make_shared<RedisStore>(method.host, method.port, method.job_id, timeout);
+    });
+  }
+  g_default = with_context(context, "", [&] {
+    return std::make_shared<ProcessGroupGloo>(store, rank, world_size, options);
+  });
+}
+
+void init_process_group(const std::string& backend, const std::string& init_method,
+                        std::chrono::milliseconds timeout) {
+  init_process_group(backend, kFromEnvironment, kFromEnvironment, init_method, timeout);
 }
 
 void destroy_process_group() {

@@ -30,6 +30,9 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <array>
+#include <cstdlib>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -46,7 +49,9 @@
 #include <thread>
 #include <vector>
 
+#include "network.h"
 #include "rendezvous_dir.h"
+#include "store_rendezvous.h"
 #include "tensorplay/error.h"
 #include "tensorplay/trace.h"
 
@@ -318,16 +323,29 @@ void check_at_wait(bool check_in_flight_writes, Work& work, const Tensor& tensor
 }
 
 // Note [Gloo tags]
-// Every Gloo operation carries a tag; messages only meet messages with the
-// same tag (and the same kind of operation). The low 16 bits are the
-// sequence number, so consecutive collectives never mix. The high 16 bits
-// are a fingerprint of what must agree between ranks (element count, dtype,
-// reduce op, root). Without it, a rank that all-reduces 3 elements while
-// another all-reduces 4 can "succeed" with a wrong result and fail only in a
-// later collective; with it, the two never pair up and the mismatched
-// collective itself times out with a message naming it.
+// Every Gloo operation carries a 32-bit tag; messages only meet messages
+// with the same tag (and the same kind of operation). The low 8 bits are the
+// sequence number, so consecutive collectives never mix: collectives run one
+// at a time in issue order, and none completes on a rank before every peer
+// has posted its part (Gloo's TCP transport sends only into a receive the
+// peer has posted, even for a broadcast's root), so two ranks are never more
+// than one collective apart, and 8 bits leave a margin of 254.
+// The high 24 bits are a fingerprint of what must agree between ranks
+// (element count, dtype, reduce op, root). Without it, a rank that
+// all-reduces 3 elements while another all-reduces 4 can "succeed" with a
+// wrong result and fail only in a later collective; with it, the two never
+// pair up and the mismatched collective itself times out with a message
+// naming it. A fingerprint is a hash, so two different collectives at the
+// same position share it with probability 2^-24 (about 6e-8, one in 16.8
+// million, for a well-mixed hash); then the mismatch goes unnoticed by the
+// tag, as SUM against MAX of 59069 float32 elements did with the 16-bit
+// fingerprint this replaced. TP_DISTRIBUTED_DEBUG=DETAIL closes that gap:
+// every rank's fingerprint is compared in full before each collective
+// (Note [Collective fingerprints]).
 // Sequence number 0 is no collective's: the constructor's connect barrier
 // (Note [Rendezvous in two steps]) uses tag make_tag(0, {}).
+constexpr int kSeqBits = 8;
+
 uint32_t make_tag(uint64_t seq, std::initializer_list<uint64_t> must_agree) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (uint64_t v : must_agree) {
@@ -336,8 +354,90 @@ uint32_t make_tag(uint64_t seq, std::initializer_list<uint64_t> must_agree) {
       h *= 1099511628211ull;
     }
   }
-  const uint32_t fingerprint = static_cast<uint32_t>((h >> 48) ^ (h >> 32)) & 0xffff;
-  return (fingerprint << 16) | static_cast<uint32_t>(seq & 0xffff);
+  // Fold all 64 bits into the 24 the tag has room for.
+  constexpr uint64_t kFingerprintMask = (uint64_t{1} << (32 - kSeqBits)) - 1;
+  const uint64_t fingerprint = (h ^ (h >> 24) ^ (h >> 48)) & kFingerprintMask;
+  const uint64_t seq_bits = seq & ((uint64_t{1} << kSeqBits) - 1);
+  return static_cast<uint32_t>((fingerprint << kSeqBits) | seq_bits);
+}
+
+// What must agree between ranks for one collective: hashed into its tag
+// (Note [Gloo tags]) and, in debug mode, compared whole.
+struct Call {
+  enum Kind : int64_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kBarrier = 4 };
+  int64_t kind = 0;
+  int64_t count = 0;  // elements (allreduce) or bytes (broadcast, allgather)
+  int64_t dtype = 0;
+  int64_t param = 0;  // the ReduceOp (allreduce) or the root (broadcast)
+
+  uint32_t tag(uint64_t seq) const {
+    return make_tag(seq, {static_cast<uint64_t>(kind), static_cast<uint64_t>(count),
+                          static_cast<uint64_t>(dtype), static_cast<uint64_t>(param)});
+  }
+};
+
+// "allreduce MAX of 59069 float32 elements", for the debug mode's message.
+std::string describe(const Call& c) {
+  const std::string dtype = to_string(static_cast<Dtype>(c.dtype));
+  switch (c.kind) {
+    case Call::kAllreduce:
+      return cat("allreduce ", to_string(static_cast<ReduceOp>(c.param)), " of ", c.count, " ",
+                 dtype, " elements");
+    case Call::kBroadcast:
+      return cat("broadcast of ", c.count, " bytes (", dtype, ") from root ", c.param);
+    case Call::kAllgather:
+      return cat("allgather of ", c.count, " bytes (", dtype, ") per rank");
+    case Call::kBarrier:
+      return "barrier";
+  }
+  return cat("an unknown collective (kind ", c.kind, ")");
+}
+
+// Note [Collective fingerprints]
+// In debug mode (TP_DISTRIBUTED_DEBUG=DETAIL) each collective starts with an
+// all-gather of its Call and sequence number from every rank, 5 integers
+// each. The all-gathers pair up whatever the ranks call next (every rank runs
+// one before each of its collectives), so a mismatch is seen by every rank,
+// at once, with both sides' calls in the message: no timeout, and no silent
+// wrong result when two different calls share a tag (Note [Gloo tags]).
+// The tag of this all-gather hashes a constant no Call produces, plus the
+// collective's sequence number.
+constexpr uint64_t kFingerprintCheck = 0x7470666370ull;  // "tpfcp"
+
+bool detail_debug_from_environment(int rank) {
+  const char* value = std::getenv("TP_DISTRIBUTED_DEBUG");
+  if (value == nullptr) return false;
+  const std::string v = value;
+  if (v == "DETAIL") return true;
+  if (v.empty() || v == "OFF" || v == "INFO") return false;  // INFO: nothing more to say yet
+  TP_THROW(DistributedError, kWho, ": rank ", rank, ": TP_DISTRIBUTED_DEBUG='", v,
+           "' is not a debug level; use OFF, INFO or DETAIL (DETAIL compares every "
+           "collective across ranks before running it)");
+}
+
+void compare_calls(const std::shared_ptr<gloo::Context>& context, const Call& call, uint64_t seq,
+                   milliseconds timeout) {
+  std::array<int64_t, 5> mine{call.kind, call.count, call.dtype, call.param,
+                              static_cast<int64_t>(seq)};
+  std::vector<int64_t> all(mine.size() * static_cast<std::size_t>(context->size));
+  gloo::AllgatherOptions opts(context);
+  opts.setInput(mine.data(), mine.size());
+  opts.setOutput(all.data(), all.size());
+  opts.setTag(make_tag(seq, {kFingerprintCheck}));
+  opts.setTimeout(timeout);
+  gloo::allgather(opts);
+  bool same = true;
+  for (std::size_t i = 0; i < all.size(); ++i) same = same && all[i] == mine[i % mine.size()];
+  if (same) return;
+  std::string calls;
+  for (int r = 0; r < context->size; ++r) {
+    const int64_t* f = all.data() + r * mine.size();
+    calls += cat(r == 0 ? "" : "; ", "rank ", r, " called ",
+                 describe(Call{f[0], f[1], f[2], f[3]}), " as its collective #", f[4]);
+  }
+  TP_THROW(DistributedError, "TP_DISTRIBUTED_DEBUG=DETAIL found the ranks calling different "
+           "collectives: ", calls, ". Every rank must issue the same collectives, with the "
+           "same sizes, dtypes, reduce ops and roots, in the same order");
 }
 
 // ---- the collectives, as run on the communication thread ---------------------
@@ -404,8 +504,8 @@ struct ProcessGroupGloo::Impl {
     uint32_t tag = 0;
   };
 
-  Impl(int rank, int size, milliseconds timeout)
-      : rank(rank), size(size), timeout(timeout) {}
+  Impl(int rank, int size, milliseconds timeout, bool check_collectives)
+      : rank(rank), size(size), timeout(timeout), check_collectives(check_collectives) {}
 
   ~Impl() {
     // Never throws: a destructor runs during unwinding too.
@@ -423,15 +523,21 @@ struct ProcessGroupGloo::Impl {
   // nbytes: the payload, recorded on the trace so a checker can tell which
   // bucket a collective carried.
   std::shared_ptr<Work> enqueue(const char* op, const char* queued_event, uint64_t nbytes,
-                                std::initializer_list<uint64_t> must_agree,
-                                std::function<void(uint32_t)> body) {
+                                const Call& call, std::function<void(uint32_t)> body) {
     const uint64_t seq = next_seq++;
+    if (check_collectives) {
+      body = [context = this->context, call, seq, timeout = this->timeout,
+              run = std::move(body)](uint32_t tag) {
+        compare_calls(context, call, seq, timeout);
+        run(tag);
+      };
+    }
     auto work = std::make_shared<Work>(op, seq, rank);
     trace::instant(queued_event, "comm",
                    {{"seq", static_cast<int64_t>(seq)}, {"bytes", static_cast<int64_t>(nbytes)}});
     {
       std::lock_guard<std::mutex> lock(mutex);
-      queue.push_back(Task{op, seq, work, std::move(body), make_tag(seq, must_agree)});
+      queue.push_back(Task{op, seq, work, std::move(body), call.tag(seq)});
     }
     cv.notify_one();
     return work;
@@ -487,7 +593,10 @@ struct ProcessGroupGloo::Impl {
             " ms: another rank did not join this collective (did every rank issue the "
             "same collectives in the same order?). Tensors of different sizes or dtypes, "
             "or a different reduce op or root, count as different collectives. [gloo: ",
-            e.what(), "]")));
+            e.what(), "]",
+            // Across machines a lost link looks the same to Gloo: nothing arrives.
+            store ? " Or a rank's machine became unreachable (its network link is down)."
+                  : "")));
       } else {
         error = std::make_exception_ptr(PeerFailedError(cat(
             name(), " failed: the connection to another rank broke (gloo: ", e.what(),
@@ -507,6 +616,10 @@ struct ProcessGroupGloo::Impl {
   const int rank;
   const int size;
   const milliseconds timeout;
+  const bool check_collectives;  // Note [Collective fingerprints]
+  // A store rendezvous's store, kept as long as the group: under env://
+  // rank 0's holds the server. Null for file://.
+  std::shared_ptr<Store> store;
   // Constant after construction. Declared before context so the context
   // (whose pairs point at the device) is destroyed first.
   std::shared_ptr<gloo::transport::Device> device;
@@ -526,11 +639,51 @@ struct ProcessGroupGloo::Impl {
 
 // ---- construction --------------------------------------------------------------
 
+namespace {
+
+// Connects a full mesh of Gloo pairs on `device` through `store` and waits
+// until every rank has (Note [Rendezvous in two steps]). `explain` turns a
+// failure into the message; the type says whom to blame (a broken
+// connection means another rank left first).
+template <typename Explain>
+std::shared_ptr<gloo::Context> connect_mesh(gloo::rendezvous::Store& store,
+                                            std::shared_ptr<gloo::transport::Device>& device,
+                                            int rank, int size, milliseconds timeout,
+                                            Explain explain) {
+  try {
+    auto connecting = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    connecting->setTimeout(timeout);
+    connecting->connectFullMesh(store, device);
+    // Return only once every rank has connected; run here, before the
+    // communication thread exists, it is not a collective of the group: no
+    // counter, no sequence number.
+    gloo::BarrierOptions connected(connecting);
+    connected.setTag(make_tag(0, {}));
+    connected.setTimeout(timeout);
+    gloo::barrier(connected);
+    return connecting;
+  } catch (const gloo::IoException& e) {
+    if (mentions_timeout(e.what())) throw TimeoutError(explain(e));
+    throw PeerFailedError(explain(e));
+  } catch (const DistributedError&) {
+    throw;  // the store's own error already says what happened
+  } catch (const std::exception& e) {
+    throw DistributedError(explain(e));
+  }
+}
+
+GlooOptions with_environment(GlooOptions options, int rank) {
+  options.check_collectives = options.check_collectives || detail_debug_from_environment(rank);
+  return options;
+}
+
+}  // namespace
+
 ProcessGroupGloo::ProcessGroupGloo(const std::string& rendezvous_dir, int rank, int size,
                                    GlooOptions options)
     : ProcessGroup(rank, size),  // checks 1 <= size and 0 <= rank < size first
-      options_(options),
-      impl_(std::make_unique<Impl>(rank, size, options.timeout)) {
+      options_(with_environment(options, rank)),
+      impl_(std::make_unique<Impl>(rank, size, options.timeout, options_.check_collectives)) {
   if (options_.timeout.count() <= 0) {
     TP_THROW(DistributedError, kWho, ": rank ", rank, ": GlooOptions::timeout must be "
              "positive (got ", options_.timeout.count(), " ms)");
@@ -538,8 +691,8 @@ ProcessGroupGloo::ProcessGroupGloo(const std::string& rendezvous_dir, int rank, 
   detail::prepare_rendezvous_dir(rendezvous_dir, rank, kWho);
   wait_for_all_ranks(rendezvous_dir, rank, size, options_.timeout);
 
-  // Loopback only: every rank of a job runs on this machine (spawn forks
-  // them). Several machines need env:// or redis://, which come later.
+  // Loopback only: every rank of a file:// job runs on this machine (spawn
+  // forks them); ranks on several machines meet in a Store instead.
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = "127.0.0.1";
@@ -565,25 +718,51 @@ ProcessGroupGloo::ProcessGroupGloo(const std::string& rendezvous_dir, int rank, 
     return cat(kWho, ": rank ", rank, " of ", size,
                ": connecting to the other ranks through Gloo failed (", gloo, ")", hint);
   };
-  try {
-    gloo::rendezvous::FileStore store(rendezvous_dir);
-    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(options_.timeout);
-    context->connectFullMesh(store, impl_->device);
-    // Return only once every rank has connected (Note [Rendezvous in two
-    // steps]); run here, before the communication thread exists, it is not
-    // a collective of the group: no counter, no sequence number.
-    gloo::BarrierOptions connected(context);
-    connected.setTag(make_tag(0, {}));
-    connected.setTimeout(options_.timeout);
-    gloo::barrier(connected);
-    impl_->context = std::move(context);
-  } catch (const gloo::IoException& e) {
-    if (mentions_timeout(e.what())) throw TimeoutError(connect_failed(e));
-    throw PeerFailedError(connect_failed(e));
-  } catch (const std::exception& e) {
-    throw DistributedError(connect_failed(e));
+  gloo::rendezvous::FileStore store(rendezvous_dir);
+  impl_->context =
+      connect_mesh(store, impl_->device, rank, size, options_.timeout, connect_failed);
+  impl_->comm_thread = std::thread([impl = impl_.get()] { impl->loop(); });
+}
+
+ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size,
+                                   GlooOptions options)
+    : ProcessGroup(rank, size),
+      options_(with_environment(options, rank)),
+      impl_(std::make_unique<Impl>(rank, size, options.timeout, options_.check_collectives)) {
+  if (options_.timeout.count() <= 0) {
+    TP_THROW(DistributedError, kWho, ": rank ", rank, ": GlooOptions::timeout must be "
+             "positive (got ", options_.timeout.count(), " ms)");
   }
+  if (!store) TP_THROW(DistributedError, kWho, ": rank ", rank, ": the store is null");
+  impl_->store = std::move(store);
+  detail::meet_in_store(*impl_->store, rank, size, options_.timeout, kWho);
+
+  gloo::transport::tcp::attr attr;
+  if (!options_.socket_ifname.empty()) {
+    detail::check_interface(options_.socket_ifname, "GLOO_SOCKET_IFNAME");
+    attr.iface = options_.socket_ifname;
+  } else {
+    attr.hostname = options_.hostname;
+  }
+  const std::string listening =
+      attr.iface.empty() ? cat("address ", attr.hostname) : cat("interface ", attr.iface);
+  try {
+    impl_->device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    TP_THROW(DistributedError, kWho, ": rank ", rank, ": cannot open a TCP endpoint on ",
+             listening, " (", e.what(), "); set GLOO_SOCKET_IFNAME to an interface of this "
+             "machine that the other machines reach");
+  }
+  const auto connect_failed = [&](const std::exception& e) {
+    return cat(kWho, ": rank ", rank, " of ", size,
+               ": connecting to the other ranks through Gloo failed (", e.what(),
+               "); this rank listens on ", listening, " (from ", impl_->store->describe(),
+               "); can every rank reach every other there? Set GLOO_SOCKET_IFNAME to the "
+               "interface that can, or did a rank exit during rendezvous?");
+  };
+  detail::GlooStoreAdapter gloo_store(*impl_->store, options_.timeout);
+  impl_->context =
+      connect_mesh(gloo_store, impl_->device, rank, size, options_.timeout, connect_failed);
   impl_->comm_thread = std::thread([impl = impl_.get()] { impl->loop(); });
 }
 
@@ -601,7 +780,8 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const Tensor& tensor, ReduceOp
   const milliseconds timeout = options_.timeout;
   std::shared_ptr<Work> work = impl_->enqueue(
       "allreduce", "allreduce queued", buf.nbytes,
-      {buf.numel, static_cast<uint64_t>(buf.dtype), static_cast<uint64_t>(op)},
+      Call{Call::kAllreduce, static_cast<int64_t>(buf.numel), static_cast<int64_t>(buf.dtype),
+           static_cast<int64_t>(op)},
       [context, buf, op, timeout](uint32_t tag) {
         if (buf.numel == 0) return;  // Gloo rejects empty buffers; nothing to reduce
         if (buf.dtype == kFloat64) {
@@ -628,7 +808,8 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root
   const milliseconds timeout = options_.timeout;
   std::shared_ptr<Work> work = impl_->enqueue(
       "broadcast", "broadcast queued", buf.nbytes,
-      {buf.nbytes, static_cast<uint64_t>(buf.dtype), static_cast<uint64_t>(root)},
+      Call{Call::kBroadcast, static_cast<int64_t>(buf.nbytes), static_cast<int64_t>(buf.dtype),
+           root},
       [context, buf, root, timeout](uint32_t tag) {
         if (buf.nbytes == 0) return;
         // Bytes, not elements: broadcast copies and never computes.
@@ -668,7 +849,8 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& out
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
   return impl_->enqueue(
-      "allgather", "allgather queued", in.nbytes, {in.nbytes, static_cast<uint64_t>(in.dtype)},
+      "allgather", "allgather queued", in.nbytes,
+      Call{Call::kAllgather, static_cast<int64_t>(in.nbytes), static_cast<int64_t>(in.dtype), 0},
       [context, in, outs, timeout](uint32_t tag) {
         if (in.nbytes == 0) return;
         // Gloo gathers into one buffer holding every rank's block in rank
@@ -691,7 +873,8 @@ std::shared_ptr<Work> ProcessGroupGloo::barrier() {
   ++counters_.barrier;
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
-  return impl_->enqueue("barrier", "barrier queued", 0, {}, [context, timeout](uint32_t tag) {
+  return impl_->enqueue("barrier", "barrier queued", 0, Call{Call::kBarrier, 0, 0, 0},
+                        [context, timeout](uint32_t tag) {
     gloo::BarrierOptions opts(context);
     opts.setTag(tag);
     opts.setTimeout(timeout);

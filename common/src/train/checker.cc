@@ -36,9 +36,10 @@ std::vector<RunConfig> standard_configs() {
 }
 
 void CheckerRun::print(const std::string& text) {
+  report += text;
+  if (quiet) return;
   std::fputs(text.c_str(), stdout);
   std::fflush(stdout);
-  report += text;
 }
 
 CheckerRun parse_checker_args(int argc, char** argv) {
@@ -72,13 +73,29 @@ CheckerRun parse_checker_args(int argc, char** argv) {
       run.repeat = number(1, 1000, "a number of runs from 1 to 1000");
     } else if (arg == "--list") {
       run.list = true;
+    } else if (arg == "--init-method") {
+      run.init_method = value();
+      if (run.init_method.rfind("file://", 0) == 0) {
+        std::fprintf(stderr, "checker: --init-method file:// is what the checker does by itself, "
+                             "forking its ranks (leave it out); one process per rank takes "
+                             "env://, tcp://HOST:PORT or redis://HOST:PORT/JOB\n");
+        std::exit(2);
+      }
     } else {
       std::fprintf(stderr,
                    "checker: unknown argument '%s'\n"
-                   "usage: %s [--list] [--only N] [--repeat N] [--expect-fail MUTANT_FILE]\n",
+                   "usage: %s [--list] [--only N] [--repeat N] [--expect-fail MUTANT_FILE] "
+                   "[--init-method URL]\n",
                    arg.c_str(), argv[0]);
       std::exit(2);
     }
+  }
+  if (run.init_method.empty() && std::getenv("RANK") != nullptr) {
+    std::fprintf(stderr, "checker: RANK=%s is set (started by tprun or torchrun?) but "
+                         "--init-method is not given, so every process would run a whole "
+                         "checker of its own; pass --init-method env://\n",
+                 std::getenv("RANK"));
+    std::exit(2);
   }
   return run;
 }

@@ -28,7 +28,8 @@ const std::vector<DemoFlag>* g_stage_flags = nullptr;
                "                  [--model mini|branchy|buffered|reordered|deep] [--hidden N]\n"
                "                  [--depth N (deep)] [--micro-batches K]\n"
                "                  [--batches N0,N1,...] [--divide-by-active-ranks]\n"
-               "                  [--json FILE] [--trace FILE]",
+               "                  [--json FILE] [--trace FILE] [--init-method URL]\n"
+               "                  [--collective-timeout MS]",
                stage.c_str());
   if (g_stage_flags != nullptr) {
     for (const DemoFlag& f : *g_stage_flags) {
@@ -107,6 +108,36 @@ void report_trace(const DemoArgs& args, const std::vector<RankResult>& ranks) {
               trace::render_ascii(last_step, 100).c_str());
 }
 
+// One process per rank (demo.h): the world size comes from the launcher.
+void apply_launcher_environment(const std::string& stage, DemoArgs& args, bool world_size_given) {
+  const char* rank = std::getenv("RANK");
+  if (args.init_method.empty()) {
+    if (rank != nullptr) {
+      usage(stage, 2, detail::cat("RANK=", rank, " is set (started by tprun or torchrun?) but "
+                                  "--init-method is not given, so every process would run a "
+                                  "whole job of its own; pass --init-method env:// to run as "
+                                  "one rank of the launched job"));
+    }
+    return;
+  }
+  if (args.init_method.rfind("file://", 0) == 0) {
+    usage(stage, 2, "--init-method file:// is what the demo does by itself, forking its ranks "
+                    "on this machine (leave --init-method out); one process per rank takes "
+                    "env://, tcp://HOST:PORT or redis://HOST:PORT/JOB");
+  }
+  const char* world = std::getenv("WORLD_SIZE");
+  if (world == nullptr) {
+    usage(stage, 2, "--init-method " + args.init_method + " runs one rank of a launched job "
+                    "and reads WORLD_SIZE and RANK, which are not set; start it with tprun");
+  }
+  const int64_t w = parse_count(stage, "WORLD_SIZE", world, 1, 64);
+  if (world_size_given && w != args.config.world_size) {
+    usage(stage, 2, detail::cat("--world-size ", args.config.world_size,
+                                " disagrees with WORLD_SIZE=", w, " from the launcher"));
+  }
+  args.config.world_size = static_cast<int>(w);
+}
+
 }  // namespace
 
 DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
@@ -114,6 +145,7 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
   g_stage_flags = &stage_flags;
   DemoArgs args;
   args.config.steps = 10;
+  bool world_size_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     auto value = [&]() -> std::string {
@@ -124,6 +156,7 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
       usage(stage, 0);
     } else if (flag == "--world-size") {
       args.config.world_size = static_cast<int>(parse_count(stage, flag, value(), 1, 64));
+      world_size_given = true;
     } else if (flag == "--steps") {
       args.config.steps = parse_count(stage, flag, value(), 1, 100000);
     } else if (flag == "--batch") {
@@ -181,6 +214,11 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
       args.config.divisor = Divisor::ActiveRanks;
     } else if (flag == "--json") {
       args.json_path = value();
+    } else if (flag == "--init-method") {
+      args.init_method = value();
+    } else if (flag == "--collective-timeout") {
+      args.config.collective_timeout =
+          std::chrono::milliseconds(parse_count(stage, flag, value(), 100, 3600000));
     } else if (flag == "--trace") {
       args.trace_path = value();
       args.config.trace = true;
@@ -193,6 +231,7 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
       if (!problem.empty()) usage(stage, 2, flag + ": " + problem);
     }
   }
+  apply_launcher_environment(stage, args, world_size_given);
   if (!args.config.batches_per_rank.empty() &&
       args.config.batches_per_rank.size() != static_cast<size_t>(args.config.world_size)) {
     usage(stage, 2, detail::cat("--batches lists ", args.config.batches_per_rank.size(),

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "tensorplay/error.h"
@@ -224,6 +225,33 @@ RankResult parse_rank_result(const std::string& text) {
   }
   TP_CHECK(ended, "tp::train::parse_rank_result: the result is truncated (no 'end' record)");
   return r;
+}
+
+std::vector<RankResult> all_gather_results(distributed::ProcessGroup& group,
+                                           const RankResult& mine) {
+  const std::string text = serialize(mine);
+  const auto world = static_cast<std::size_t>(group.size());
+  // The lengths first (a double holds any length exactly up to 2^53) ...
+  std::vector<Tensor> lengths;
+  for (std::size_t r = 0; r < world; ++r) lengths.push_back(zeros({1}, kFloat64));
+  group.allgather(lengths, full({1}, static_cast<double>(text.size()), kFloat64))->wait();
+  std::size_t longest = 0;
+  for (const Tensor& l : lengths) longest = std::max(longest, static_cast<std::size_t>(l.item()));
+  // ... then the bytes, carried in float64 tensors: an all-gather copies
+  // bytes and never computes with them, so any bit pattern arrives intact.
+  const int64_t words = static_cast<int64_t>((longest + 7) / 8) + 1;
+  Tensor packed = zeros({words}, kFloat64);
+  std::memcpy(packed.data_ptr(), text.data(), text.size());
+  std::vector<Tensor> gathered;
+  for (std::size_t r = 0; r < world; ++r) gathered.push_back(zeros({words}, kFloat64));
+  group.allgather(gathered, packed)->wait();
+  std::vector<RankResult> results;
+  for (std::size_t r = 0; r < world; ++r) {
+    const auto n = static_cast<std::size_t>(lengths[r].item());
+    results.push_back(
+        parse_rank_result(std::string(static_cast<const char*>(gathered[r].data_ptr()), n)));
+  }
+  return results;
 }
 
 }  // namespace tp::train

@@ -3,12 +3,29 @@
 // Contract:
 //   - init_process_group(backend, rank, world_size, init_method) creates the
 //     default group. backend: "gloo" ("nccl" gives "built without NCCL;
-//     reconfigure with -Dnccl=enabled"). init_method: "file://DIR" (a fresh
-//     directory per job, see TempDir). "env://" and "redis://host:port" are
-//     planned and get a clear error today, as does any other scheme.
+//     reconfigure with -Dnccl=enabled"). init_method, as in torch.distributed:
+//       file://DIR          all ranks on one machine, a fresh directory per
+//                           job (see TempDir);
+//       env://              MASTER_ADDR and MASTER_PORT name rank 0's machine
+//                           and a free port there: rank 0 hosts a TCPStore on
+//                           it (tcp_store.h) and the others connect to it;
+//       tcp://HOST:PORT     env:// with the address inline;
+//       redis://HOST:PORT[/JOB]  a running redis-server (redis_store.h); every
+//                           key is prefixed by JOB, or by TP_JOB_ID.
+//     rank and world_size = kFromEnvironment (-1) read RANK and WORLD_SIZE
+//     (all but file://), as torch.distributed does; the two-argument form
+//     reads both. Across machines, each rank's Gloo pairs listen on the
+//     interface named by GLOO_SOCKET_IFNAME, or else on the address that
+//     reaches the master (Note [Choosing the interface] in network.h).
 //   - Bad input (world_size < 1, rank outside [0, world_size), a second init,
-//     an unwritable rendezvous directory) throws tp::DistributedError naming
-//     the cause and the fix, before any rank waits on another.
+//     an unwritable rendezvous directory, a missing or malformed MASTER_ADDR,
+//     MASTER_PORT, RANK or WORLD_SIZE, an unknown interface, a port in use)
+//     throws tp::DistributedError naming the cause (the variable) and the
+//     fix, before any rank waits on another. A master that cannot be reached,
+//     ranks that disagree on the world size and ranks that never arrive are
+//     errors within `timeout` (Note [Rendezvous in a store]).
+//   - TP_DISTRIBUTED_DEBUG=DETAIL turns on the group's collective
+//     fingerprint check (process_group_gloo.h).
 //   - destroy_process_group() drains and joins the default group; calling it
 //     when none exists is a no-op.
 //   - The free functions mirror torch.distributed: with async_op = true they
@@ -26,8 +43,15 @@
 
 namespace tp::distributed {
 
+// rank or world_size: read RANK or WORLD_SIZE from the environment.
+inline constexpr int kFromEnvironment = -1;
+
 void init_process_group(const std::string& backend, int rank, int world_size,
                         const std::string& init_method,
+                        std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+// init_process_group(backend, kFromEnvironment, kFromEnvironment, init_method,
+// timeout): the usual call of a rank started by tprun, with "env://".
+void init_process_group(const std::string& backend, const std::string& init_method,
                         std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
 void destroy_process_group();
 bool is_initialized();

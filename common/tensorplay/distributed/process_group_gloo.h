@@ -1,10 +1,13 @@
 // tp::distributed::ProcessGroupGloo: ProcessGroup over the Gloo library.
 //
 // Contract:
-//   - Connects a full mesh of TCP pairs (Gloo's tcp transport on loopback)
-//     through a rendezvous store: Gloo's FileStore in a directory that every
-//     rank can reach. The directory must be fresh for each job; stale keys
-//     from an earlier job would point ranks at dead addresses.
+//   - Connects a full mesh of TCP pairs (Gloo's tcp transport) through a
+//     rendezvous store: Gloo's FileStore in a directory that every rank can
+//     reach (all ranks on loopback; the directory must be fresh for each
+//     job, since stale keys would point ranks at dead addresses), or a
+//     tp::distributed::Store (store.h: env://'s TCPStore, redis://'s
+//     RedisStore) with the pairs listening on GlooOptions::hostname or
+//     socket_ifname, for ranks on several machines.
 //   - The constructor returns only once every rank has connected: it ends
 //     with one Gloo barrier, which is not a collective of the group (not in
 //     counters(), no sequence number; the first collective is still #1). So a
@@ -18,6 +21,13 @@
 //   - Owns one communication thread that runs queued collectives in issue
 //     order (see process_group.h). The destructor drains the queue and joins
 //     the thread.
+//   - Debug mode (GlooOptions::check_collectives, or TP_DISTRIBUTED_DEBUG=
+//     DETAIL in the environment): before each collective the ranks all-gather
+//     its fingerprint (op, reduce op or root, dtype, size, sequence number);
+//     when they differ, every rank fails in that collective with a
+//     tp::DistributedError listing each rank's call. It costs one small
+//     all-gather per collective, and catches what the tag cannot
+//     (Note [Gloo tags] in process_group_gloo.cc).
 //   - ReduceOp::AVG is SUM followed by division by size() on this rank.
 //   - Checker mode (GlooOptions::check_in_flight_writes): a tensor written
 //     while its all-reduce or broadcast is in flight is an error at wait(),
@@ -32,6 +42,7 @@
 #include <string>
 
 #include "tensorplay/distributed/process_group.h"
+#include "tensorplay/distributed/store.h"
 
 namespace tp::distributed {
 
@@ -46,6 +57,16 @@ struct GlooOptions {
   // tensor only at wait() (Note [In-flight writes] in
   // process_group_gloo.cc). The stage checkers turn it on.
   bool check_in_flight_writes = false;
+  // The address this rank's Gloo pairs listen on and tell their peers
+  // (store rendezvous only; file:// always uses 127.0.0.1).
+  // init_process_group sets it to the address that reaches the master.
+  std::string hostname = "127.0.0.1";
+  // Non-empty: listen on this network interface instead of `hostname`
+  // (GLOO_SOCKET_IFNAME, which init_process_group reads). Store rendezvous only.
+  std::string socket_ifname = {};
+  // Compare every collective's fingerprint across ranks first (see the
+  // contract). Also on when TP_DISTRIBUTED_DEBUG=DETAIL.
+  bool check_collectives = false;
 };
 
 class ProcessGroupGloo : public ProcessGroup {
@@ -58,6 +79,12 @@ class ProcessGroupGloo : public ProcessGroup {
   // rank left), tp::TimeoutError when Gloo's own rendezvous timed out.
   ProcessGroupGloo(const std::string& rendezvous_dir, int rank, int size,
                    GlooOptions options = {});
+  // Rendezvous through `store`, which every rank reaches (Note [Rendezvous in
+  // a store]); the group keeps it alive. REQUIRES: as above, store not null.
+  // Throws tp::DistributedError naming the rank that was claimed twice or
+  // that disagrees on the world size; tp::TimeoutError listing the ranks
+  // that did not arrive within options.timeout.
+  ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, GlooOptions options = {});
   ~ProcessGroupGloo() override;
 
   std::string backend_name() const override { return "gloo"; }

@@ -37,6 +37,16 @@
 //   - Checker mode: every case runs with RunConfig::check_in_flight_writes,
 //     every scenario's group with GlooOptions::check_in_flight_writes, so a
 //     tensor written while its collective is in flight fails every run.
+//   - `--init-method URL` (env://, tcp://, redis://): one process per rank,
+//     started by a launcher (tprun). The processes form one group (RANK and
+//     WORLD_SIZE from the environment) and run the cases whose world size is
+//     WORLD_SIZE on it, one after the other, each rank training its part;
+//     every rank gathers all results and judges them alike (so all stop at
+//     the same case), and rank 0 prints the report. Cases of other world
+//     sizes, the scenarios and the worker cases (each wants ranks and a group
+//     of its own) are skipped, and the report says so; so is checker mode
+//     (the launcher's group is an ordinary one). A rank that throws ends the
+//     job: the launcher names it.
 #pragma once
 
 #include <cstdio>
@@ -44,7 +54,9 @@
 #include <string>
 #include <vector>
 
+#include "tensorplay/distributed/init.h"
 #include "tensorplay/distributed/process_group.h"
+#include "tensorplay/multiprocessing/error_file.h"
 #include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/ddp_trainer.h"
@@ -122,6 +134,8 @@ struct CheckerRun {
   int only = -1;            // --only N
   int repeat = 1;           // --repeat N
   bool list = false;        // --list
+  std::string init_method;  // --init-method URL: one rank of a launched job
+  bool quiet = false;       // a launched job's ranks but 0 print nothing
   std::string report;       // everything printed so far in this repetition
   std::string first_cause;  // the failing case's first finding: fact, then likely cause
   void print(const std::string& text);
@@ -138,25 +152,45 @@ void report_case(CheckerRun& run, const std::string& description,
 // Applies --expect-fail and prints the verdict; returns the exit code.
 int finish_checker(CheckerRun& run, const std::string& stage, bool passed);
 
-// One run of every case and scenario (or of --only's); the exit code.
+// A case's DDP ranks: spawned here (in checker mode), or, in a launched job
+// (`launched` not null), this process's rank of them, with every rank's
+// result gathered.
 template <DataParallelModel D>
-int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec) {
+std::vector<RankResult> run_case_ranks(const CheckCase<typename D::Options>& c,
+                                       const std::shared_ptr<distributed::ProcessGroup>& launched) {
+  if (!launched) {
+    RunConfig checked = c.config;
+    checked.check_in_flight_writes = true;  // a write before wait() fails every run
+    return run_ddp<D>(checked, c.options);
+  }
+  return all_gather_results(*launched,
+                            train_rank<D>(launched->rank(), c.config, launched, c.options));
+}
+
+// One run of every case, scenario and worker case (or of --only's), on this
+// job's group when launched; the exit code.
+template <DataParallelModel D>
+int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
+               const std::shared_ptr<distributed::ProcessGroup>& launched) {
   const size_t n_cases = spec.cases.size();
   const size_t n_scenarios = spec.scenarios.size();
   const size_t n_workers = spec.worker ? spec.worker_cases.size() : 0;
   run.print("stage " + spec.stage + " checker (" + spec.title + ")\n");
   bool passed = true;
+  size_t skipped = 0;  // in a launched job: cases of other world sizes, and scenarios
   for (size_t i = 0; i < spec.cases.size() && passed; ++i) {
     if (run.only >= 0 && static_cast<size_t>(run.only) != i) continue;
     const CheckCase<typename D::Options>& c = spec.cases[i];
+    if (launched && c.config.world_size != launched->size()) {
+      ++skipped;
+      continue;
+    }
     std::vector<Finding> findings;
     Comparison comparison;
     try {
       const double tolerance = default_tolerance(c.config.dtype);
       ReferenceResult reference = train_reference(c.config);
-      RunConfig checked = c.config;
-      checked.check_in_flight_writes = true;  // a write before wait() fails every run
-      std::vector<RankResult> ranks = run_ddp<D>(checked, c.options);
+      std::vector<RankResult> ranks = run_case_ranks<D>(c, launched);
       // Missing results first; then the stage's structural facts (counted
       // collectives, order on the trace), which name a cause more directly
       // than the numbers they disturb; then the numbers.
@@ -174,6 +208,13 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec) {
         comparison = compare(reference, ranks, tolerance);
       }
     } catch (const std::exception& error) {
+      if (launched) {  // the group is unusable now: end this rank, tprun names it
+        multiprocessing::record_error(error);
+        std::fprintf(stderr, "checker: rank %d: %s: %s\n", launched->rank(),
+                     describe(c).c_str(), error.what());
+        distributed::destroy_process_group();
+        return 1;
+      }
       findings.push_back(finding_from_error(spec.stage, error));
     }
     passed = findings.empty();
@@ -181,12 +222,20 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec) {
   }
   for (size_t i = 0; i < spec.scenarios.size() && passed; ++i) {
     if (run.only >= 0 && static_cast<size_t>(run.only) != n_cases + i) continue;
+    if (launched) {
+      ++skipped;
+      continue;
+    }
     const std::vector<Finding> findings = run_scenario(spec.stage, spec.scenarios[i]);
     passed = findings.empty();
     report_case(run, "scenario: " + spec.scenarios[i].label, findings, nullptr);
   }
   for (size_t i = 0; i < n_workers && passed; ++i) {
     if (run.only >= 0 && static_cast<size_t>(run.only) != n_cases + n_scenarios + i) continue;
+    if (launched) {
+      ++skipped;
+      continue;
+    }
     const CheckCase<typename D::Options>& c = spec.worker_cases[i];
     std::vector<Finding> findings;
     try {
@@ -201,6 +250,19 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec) {
     }
     passed = findings.empty();
     report_case(run, "worker: " + describe(c), findings, nullptr);
+  }
+  if (launched) {
+    run.print(detail::cat(skipped, " cases, scenarios and worker cases skipped: they need "
+                          "another world size than this job's ", launched->size(), ", or ranks "
+                          "of their own (run the checker without --init-method for those)\n"));
+    if (run.quiet) {
+      std::printf("checker: rank %d: done; rank 0 prints the report\n", launched->rank());
+    }
+    const int code = finish_checker(run, spec.stage, passed);
+    // What tprun shows as this rank's error (the report is on stdout).
+    if (code != 0) std::fprintf(stderr, "checker: stage %s FAILED: see rank 0's report\n",
+                                spec.stage.c_str());
+    return code;
   }
   return finish_checker(run, spec.stage, passed);
 }
@@ -229,13 +291,26 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
                  "(see --list)\n", run.only, n_cases + n_scenarios + n_workers);
     return 2;
   }
+  std::shared_ptr<distributed::ProcessGroup> launched;  // --init-method: this job's group
+  if (!run.init_method.empty()) {
+    try {
+      distributed::init_process_group("gloo", run.init_method, RunConfig{}.collective_timeout);
+    } catch (const std::exception& error) {
+      multiprocessing::record_error(error);
+      std::fprintf(stderr, "checker: %s\n", error.what());
+      return 1;
+    }
+    launched = distributed::default_group();
+    run.quiet = launched->rank() != 0;
+  }
   int code = 0;
   for (int r = 1; r <= run.repeat && code == 0; ++r) {
     if (run.repeat > 1) run.print(detail::cat("run ", r, " of ", run.repeat, ": "));
     run.report.clear();
     run.first_cause.clear();
-    code = check_once<D>(run, spec);
+    code = check_once<D>(run, spec, launched);
   }
+  if (launched && distributed::is_initialized()) distributed::destroy_process_group();
   return code;
 }
 

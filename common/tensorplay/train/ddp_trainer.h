@@ -20,6 +20,11 @@
 //     which capability is missing, before any rank starts.
 //   - A rank's exception or hang comes back as tp::multiprocessing::SpawnError
 //     naming the rank (and, for a hang, the collective it waits in).
+//   - run_launched_rank() is the other way to run a job: a launcher (tprun)
+//     started one process per rank, each calls it with an init method such
+//     as "env://", and each gets every rank's RankResult back, the same
+//     numbers run_ddp() returns for the same plan. A failing rank throws in
+//     its own process; the launcher reports it.
 #pragma once
 
 #include <concepts>
@@ -29,6 +34,7 @@
 #include <vector>
 
 #include "tensorplay/data.h"
+#include "tensorplay/distributed/init.h"
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/nn/models.h"
@@ -206,6 +212,37 @@ std::vector<RankResult> run_ddp(const RunConfig& config,
   std::vector<RankResult> results;
   for (const std::string& payload : payloads) results.push_back(parse_rank_result(payload));
   return results;
+}
+
+// What one launched rank gets back: its rank, and every rank's result.
+struct LaunchedRun {
+  int rank = 0;
+  std::vector<RankResult> ranks;
+};
+
+// One rank of a job started by a launcher, one process per rank: joins the
+// default group through `init_method` (env://, tcp://, redis://; RANK and
+// WORLD_SIZE from the environment), trains this rank's part of the plan and
+// gathers every rank's result. REQUIRES: config.world_size is the job's
+// world size (throws tp::Error naming both when WORLD_SIZE differs).
+template <DataParallelModel D>
+LaunchedRun run_launched_rank(const RunConfig& config, const typename D::Options& options,
+                              const std::string& init_method) {
+  check_plan_fits_stage<D>(config);
+  distributed::init_process_group("gloo", init_method, config.collective_timeout);
+  struct Leave {  // the group goes, whatever happens
+    ~Leave() { distributed::destroy_process_group(); }
+  } leave;
+  std::shared_ptr<distributed::ProcessGroup> group = distributed::default_group();
+  if (group->size() != config.world_size) {
+    TP_THROW(Error, "tp::train: the plan is for ", config.world_size, " ranks but the job "
+             "launched ", group->size(), " (WORLD_SIZE); pass the same world size to both");
+  }
+  LaunchedRun run;
+  run.rank = group->rank();
+  const RankResult mine = train_rank<D>(run.rank, config, group, options);
+  run.ranks = all_gather_results(*group, mine);
+  return run;
 }
 
 }  // namespace tp::train

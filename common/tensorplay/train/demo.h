@@ -6,7 +6,8 @@
 //                 [--model mini|branchy|buffered|reordered|deep] [--hidden N]
 //                 [--depth N (deep)] [--micro-batches K]
 //                 [--batches N0,N1,...] [--divide-by-active-ranks]
-//                 [--json FILE] [--trace FILE] [--worker (lesson 01)]
+//                 [--json FILE] [--trace FILE] [--init-method URL]
+//                 [--collective-timeout MS] [--worker (lesson 01)]
 //                 [the stage's own flags]
 //
 // Columns: step; the reference's loss (mean over the ranks' micro-batches);
@@ -15,13 +16,23 @@
 // where a rank had no batch left); and the largest |DDP - reference| over
 // all ranks at that step. Before it, the buckets when the stage has them;
 // after it, the final parameter norms and the largest differences.
-// --json FILE writes the same numbers, every rank included (schema in demo.cc).
+// --collective-timeout MS bounds the rendezvous and every collective
+// (default 10000). --json FILE writes the same numbers, every rank included (schema in demo.cc).
 // --trace FILE records every rank's timeline (tp::trace), writes it as one
 // Chrome trace (open it in ui.perfetto.dev) and prints the last step as an
 // ASCII timeline.
 // --worker (a lesson whose DemoSpec has a worker: lesson 01) runs the ranks
 // through the lesson's own rank worker (worker.h) instead of the kit's
 // trainer: the same table and verdict, without collective counts or trace.
+//
+// One process or one per rank: by default the demo forks its own W ranks
+// (file:// rendezvous, one machine). Started by a launcher, one process per
+// rank (tprun --nproc-per-node 2 ... -- demo_07 --init-method env://), each
+// process is one rank: WORLD_SIZE is the world size, every rank trains its
+// part, all results are gathered, and rank 0 prints the table (and writes
+// --json and --trace); the others print one line. RANK set in the
+// environment without --init-method is an error: each launched process
+// would otherwise start a whole job of its own.
 #pragma once
 
 #include <cstdio>
@@ -29,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorplay/multiprocessing/error_file.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/ddp_trainer.h"
 #include "tensorplay/train/reference.h"
@@ -38,6 +50,7 @@ namespace tp::train {
 
 struct DemoArgs {
   RunConfig config;
+  std::string init_method;  // empty: spawn the ranks here; else one rank of a launched job
   std::string json_path;   // empty: no JSON
   std::string trace_path;  // empty: no trace
   bool worker = false;     // --worker: the ranks ran the lesson's own worker
@@ -111,8 +124,12 @@ int demo_main(int argc, char** argv, const DemoSpec<typename D::Options>& spec) 
                  spec.stage.c_str());
     return 2;
   }
+  if (args.worker && !args.init_method.empty()) {
+    std::fprintf(stderr, "demo %s: --worker starts its own ranks; drop --init-method\n",
+                 spec.stage.c_str());
+    return 2;
+  }
   try {
-    ReferenceResult reference = train_reference(args.config);
     typename D::Options options = spec.options;
     if (spec.adapt) spec.adapt(args.config, options);
     std::vector<RankResult> ranks;
@@ -125,11 +142,21 @@ int demo_main(int argc, char** argv, const DemoSpec<typename D::Options>& spec) 
       for (size_t r = 0; r < results.size(); ++r) {
         ranks.push_back(as_rank_result(static_cast<int>(r), results[r]));
       }
-    } else {
+    } else if (args.init_method.empty()) {
       ranks = run_ddp<D>(args.config, options);
+    } else {
+      LaunchedRun run = run_launched_rank<D>(args.config, options, args.init_method);
+      if (run.rank != 0) {
+        std::printf("demo %s: rank %d of %d trained; rank 0 prints the table\n",
+                    spec.stage.c_str(), run.rank, args.config.world_size);
+        return 0;
+      }
+      ranks = std::move(run.ranks);
     }
+    ReferenceResult reference = train_reference(args.config);
     report_demo(spec.stage, spec.title, args, reference, ranks, spec.advice);
   } catch (const std::exception& error) {
+    multiprocessing::record_error(error);  // for tprun, when it started this rank
     std::fprintf(stderr, "demo %s: %s\n", spec.stage.c_str(), error.what());
     return 1;
   }

@@ -12,13 +12,15 @@
 //     the parameter's name and shape, in named_parameters() order.
 //   - serialize()/parse_rank_result() round-trip a RankResult exactly
 //     (hexadecimal floats), which is how ranks send results to the parent
-//     through spawn().
+//     through spawn(), or to each other through all_gather_results() when a
+//     launcher started them (one process per rank, tprun).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "tensorplay/distributed/process_group.h"
 #include "tensorplay/nn/module.h"
 #include "tensorplay/tensor.h"
 #include "tensorplay/trace.h"
@@ -93,6 +95,12 @@ uint64_t allreduces_in_step(const RankResult& rank, int64_t micro_batches, int64
 std::string serialize(const RankResult& result);
 // REQUIRES: text came from serialize(); throws tp::Error otherwise.
 RankResult parse_rank_result(const std::string& text);
+
+// Every rank's result, in rank order, on every rank of `group`: two
+// all-gathers (the lengths, then the serialized bytes padded to the longest).
+// A collective: every rank of the group must call it.
+std::vector<RankResult> all_gather_results(distributed::ProcessGroup& group,
+                                           const RankResult& mine);
 
 // Euclidean norm over all values of all parameters.
 double norm(const Snapshot& snapshot);

@@ -1,0 +1,83 @@
+// The rendezvous in a store (Note [Rendezvous in a store]) and Gloo's view
+// of a tp Store.
+#include "store_rendezvous.h"
+
+#include <thread>
+
+#include "tensorplay/error.h"
+
+namespace tp::distributed::detail {
+
+using std::chrono::milliseconds;
+
+namespace {
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    out += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+  }
+  return ranks.empty() ? "none" : out;
+}
+
+std::string size_key(int rank) { return "tp/size/" + std::to_string(rank); }
+
+}  // namespace
+
+void meet_in_store(Store& store, int rank, int size, milliseconds timeout, const char* caller) {
+  const int64_t claims = store.add("tp/claim/" + std::to_string(rank), 1);
+  if (claims > 1) {
+    TP_THROW(DistributedError, caller, ": rank ", rank, " of ", size, ": rank ", rank,
+             " was already claimed in ", store.describe(),
+             ": two processes were given the same RANK, or an earlier job with the same "
+             "address (or job id) is still running; give each process its own rank and "
+             "each job its own MASTER_PORT or job id");
+  }
+  store.set(size_key(rank), std::to_string(size));
+
+  std::vector<bool> seen(static_cast<std::size_t>(size), false);
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    std::vector<int> arrived, missing;
+    for (int r = 0; r < size; ++r) {
+      if (!seen[r] && store.check({size_key(r)})) {
+        const std::string theirs = store.get(size_key(r), timeout);
+        if (theirs != std::to_string(size)) {
+          TP_THROW(DistributedError, caller, ": rank ", rank, ": the ranks disagree on the "
+                   "world size: rank ", r, " was started with world size ", theirs,
+                   ", this rank with ", size, " (", store.describe(),
+                   "); start every rank with the same WORLD_SIZE");
+        }
+        seen[r] = true;
+      }
+      (seen[r] ? arrived : missing).push_back(r);
+    }
+    if (missing.empty()) return;
+    if (std::chrono::steady_clock::now() - start >= timeout) {
+      TP_THROW(TimeoutError, caller, ": rank ", rank, " of ", size, " waited ",
+               timeout.count(), " ms for the others at rendezvous in ", store.describe(),
+               "; arrived: ", ranks_text(arrived), "; missing: ", ranks_text(missing),
+               ". Did every rank start, with the same master address (or redis:// and job "
+               "id) and WORLD_SIZE?");
+    }
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+}
+
+void GlooStoreAdapter::set(const std::string& key, const std::vector<char>& data) {
+  store_.set("gloo/" + key, std::string(data.begin(), data.end()));
+}
+
+std::vector<char> GlooStoreAdapter::get(const std::string& key) {
+  const std::string value = store_.get("gloo/" + key, timeout_);
+  return std::vector<char>(value.begin(), value.end());
+}
+
+void GlooStoreAdapter::wait(const std::vector<std::string>& keys,
+                            const std::chrono::milliseconds& timeout) {
+  std::vector<std::string> prefixed;
+  for (const std::string& key : keys) prefixed.push_back("gloo/" + key);
+  store_.wait(prefixed, timeout);
+}
+
+}  // namespace tp::distributed::detail

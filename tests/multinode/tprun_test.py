@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""tools/tprun on one machine: environment, a failing rank, signals, bad options.
+
+    tprun_test.py TPRUN
+
+Ranks here are small shell scripts, so each case takes well under a second
+(plus tprun's 0.5 s settle window where a rank fails). After each case no
+process of the case may be left: every rank runs `sleep` under a marker
+argument, and the test looks for it in /proc.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+TPRUN = sys.argv[1]
+MARKER = f"tprun-test-{os.getpid()}"  # in every rank's command line
+
+
+def fail(message):
+    print(f"FAIL: {message}")
+    sys.exit(1)
+
+
+def leftovers():
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if MARKER in cmd and "tprun_test.py" not in cmd:
+            found.append((int(pid), cmd.strip()))
+    return found
+
+
+def check_nothing_left(case):
+    for _ in range(40):  # a killed process may take a moment to be reaped
+        if not leftovers():
+            return
+        time.sleep(0.05)
+    fail(f"{case}: processes left: {leftovers()}")
+
+
+def rank_script(body):
+    # $0 is the marker, so every process of the rank carries it.
+    return ["sh", "-c", body, MARKER]
+
+
+def run(args, timeout=30):
+    start = time.monotonic()
+    r = subprocess.run([TPRUN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=timeout)
+    return r, time.monotonic() - start
+
+
+# 1. The environment of each rank, as torchrun sets it.
+r, _ = run(["--nnodes", "3", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr",
+            "10.1.2.3", "--master-port", "29555", "--job-id", "j", "--",
+            *rank_script('echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK '
+                         '$MASTER_ADDR $MASTER_PORT $TP_JOB_ID"')])
+lines = sorted(r.stdout.split("\n")[:-1])
+expected = ["2 0 6 2 1 10.1.2.3 29555 j", "3 1 6 2 1 10.1.2.3 29555 j"]
+if r.returncode != 0 or lines != expected:
+    fail(f"environment: exit {r.returncode}, lines {lines}, expected {expected}\n{r.stderr}")
+print("environment: ranks 2 and 3 of 6 on node 1 get RANK, LOCAL_RANK, WORLD_SIZE, ... right")
+
+# 2. A failing rank is named with its message; the others are ended at once.
+r, seconds = run(["--nproc-per-node", "3", "--",
+                  *rank_script('if [ "$RANK" = 1 ]; then echo "boom from rank 1" >&2; exit 3; '
+                               'fi; sleep 60')])
+want = "tprun: rank 1 (local rank 1 on node 0) failed: exit code 3: boom from rank 1"
+if r.returncode != 1 or want not in r.stderr:
+    fail(f"failing rank: exit {r.returncode}, stderr:\n{r.stderr}")
+if "[rank 1] boom from rank 1" not in r.stderr:
+    fail(f"failing rank: its stderr was not passed through:\n{r.stderr}")
+if seconds > 10:
+    fail(f"failing rank: tprun took {seconds:.1f} s (the others sleep 60 s)")
+check_nothing_left("failing rank")
+print(f"a failing rank: named with its message, the others ended; {seconds:.2f} s")
+
+# 3. A rank killed by a signal.
+r, seconds = run(["--nproc-per-node", "2", "--",
+                  *rank_script('if [ "$RANK" = 0 ]; then kill -9 $$; fi; sleep 60')])
+if r.returncode != 1 or "rank 0 (local rank 0 on node 0) failed: killed by signal 9 " \
+                        "(SIGKILL)" not in r.stderr:
+    fail(f"killed rank: exit {r.returncode}, stderr:\n{r.stderr}")
+check_nothing_left("killed rank")
+print(f"a rank killed by SIGKILL: named; {seconds:.2f} s")
+
+# 4. SIGTERM and SIGINT to tprun reach every rank (and what they started).
+for sig in (signal.SIGTERM, signal.SIGINT):
+    p = subprocess.Popen([TPRUN, "--nproc-per-node", "2", "--grace", "1", "--",
+                          *rank_script(f"sleep 60 & wait")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    for _ in range(100):  # until both ranks and their sleeps run
+        if len(leftovers()) >= 4:
+            break
+        time.sleep(0.05)
+    start = time.monotonic()
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=30)
+    seconds = time.monotonic() - start
+    if p.returncode != 128 + sig or f"got {sig.name}" not in err:
+        fail(f"{sig.name}: exit {p.returncode}, stderr:\n{err}")
+    check_nothing_left(sig.name)
+    print(f"{sig.name} to tprun: forwarded, every rank and child gone, exit {p.returncode}; "
+          f"{seconds:.2f} s")
+
+# 5. tprun killed outright: its ranks die with it (PR_SET_PDEATHSIG).
+p = subprocess.Popen([TPRUN, "--nproc-per-node", "2", "--", *rank_script("exec sleep 60")],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+for _ in range(100):
+    if len(leftovers()) >= 2:
+        break
+    time.sleep(0.05)
+p.kill()
+p.wait()
+check_nothing_left("tprun killed")
+print("tprun killed with SIGKILL: its ranks go too")
+
+# 6. Bad options: exit 2, naming the option, nothing started.
+for args, words in [
+        (["--nnodes", "2", "--node-rank", "2", "--", "true"], "--node-rank 2 is out of range"),
+        (["--master-port", "70000", "--", "true"], "--master-port 70000 is not a port"),
+        (["--nproc-per-node", "2"], "no program to run"),
+        (["--", "/nonexistent/program"], "cannot start /nonexistent/program")]:
+    r, _ = run(args)
+    if r.returncode != 2 or words not in r.stderr:
+        fail(f"bad options {args}: exit {r.returncode}, stderr:\n{r.stderr}")
+print("bad options: exit 2 with the option named")

@@ -1,0 +1,123 @@
+// redis:// rendezvous against a real redis-server, which
+// tests/multinode/with_redis.py starts and names in TP_TEST_REDIS
+// ("127.0.0.1:PORT"): world sizes 1 to 4, jobs side by side on one server,
+// job ids reused, keys cleaned up, and a server that is not there.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "tensorplay/distributed/init.h"
+#include "tensorplay/distributed/redis_store.h"
+#include "tensorplay/error.h"
+#include "tensorplay/multiprocessing/spawn.h"
+#include "tensorplay/tensor.h"
+#include "test_util.h"
+
+namespace dist = tp::distributed;
+namespace mp = tp::multiprocessing;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr milliseconds kTimeout{20000};  // success cases: generous on a loaded machine
+
+// "redis://127.0.0.1:PORT" of the server with_redis.py started.
+std::string server() {
+  const char* where = std::getenv("TP_TEST_REDIS");
+  REQUIRE_MESSAGE(where != nullptr, "run me through tests/multinode/with_redis.py");
+  return std::string("redis://") + where;
+}
+
+// A job id no other test run uses.
+std::string job(const std::string& name) {
+  return "tp-test-" + std::to_string(::getpid()) + "-" + name;
+}
+
+using test_util::check_sum;
+using test_util::spawn_error_of;
+using test_util::spawn_ranks;
+
+}  // namespace
+
+TEST_CASE("redis:// meets and all-reduces at world sizes 1 to 4") {
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    const std::string method = server() + "/" + job("w" + std::to_string(world));
+    spawn_ranks(world, [&](int rank) {
+      dist::init_process_group("gloo", rank, world, method, kTimeout);
+      check_sum(rank, world);
+      dist::destroy_process_group();
+    });
+  }
+}
+
+TEST_CASE("redis:// takes the job id from TP_JOB_ID, and without one says how to give it") {
+  const std::string bare = server();
+  const std::string id = job("from-env");  // here: job() reads the process id
+  spawn_ranks(2, [&](int rank) {
+    ::setenv("TP_JOB_ID", id.c_str(), 1);
+    dist::init_process_group("gloo", rank, 2, bare, kTimeout);
+    check_sum(rank, 2);
+    dist::destroy_process_group();
+  });
+  ::unsetenv("TP_JOB_ID");
+  CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 2, bare, kTimeout),
+                       doctest::Contains("names no job id, and TP_JOB_ID is not set"),
+                       tp::DistributedError);
+}
+
+TEST_CASE("two jobs on one redis-server at once never mix, given different job ids") {
+  // Four processes, two jobs of two ranks: process p is rank p % 2 of job p / 2.
+  const std::string base = server() + "/" + job("side-by-side-");
+  spawn_ranks(4, [&](int p) {
+    dist::init_process_group("gloo", p % 2, 2, base + std::to_string(p / 2), kTimeout);
+    check_sum(p % 2, 2);  // 3 in each job; a mixed job of four would give 10
+    dist::destroy_process_group();
+  });
+}
+
+TEST_CASE("a job id is free again once its job ended: the keys are deleted") {
+  const std::string method = server() + "/" + job("reused");
+  for (int run = 0; run < 2; ++run) {
+    spawn_ranks(2, [&](int rank) {
+      dist::init_process_group("gloo", rank, 2, method, kTimeout);
+      check_sum(rank, 2);
+      dist::destroy_process_group();
+    });
+  }
+}
+
+TEST_CASE("two processes of one job id claiming the same rank fail at once, naming it") {
+  const std::string method = server() + "/" + job("claimed-twice");
+  const mp::SpawnError e = test_util::spawn_error_of([&] {
+    spawn_ranks(3, [&](int p) {  // processes 0 and 1 both say rank 0
+      dist::init_process_group("gloo", p == 2 ? 1 : 0, 2, method, kTimeout);
+      // The job that formed stays (and keeps its keys) until the loser's
+      // error ends every process: its claim must meet the winner's.
+      std::this_thread::sleep_for(std::chrono::seconds(30));
+    });
+  });
+  CHECK(std::string(e.what()).find("rank 0 was already claimed in the redis-server at ") !=
+        std::string::npos);
+}
+
+TEST_CASE("a redis-server that is not there is an error naming its address") {
+  const std::string where = std::getenv("TP_TEST_REDIS");
+  // The server's port plus one: nobody listens there (with_redis.py picked
+  // a free port; the next one is free too on a test machine, or refused).
+  const std::string host = where.substr(0, where.rfind(':'));
+  const int port = std::stoi(where.substr(where.rfind(':') + 1)) + 1;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(
+      dist::RedisStore(host, port, "job", milliseconds(2000)),
+      doctest::Contains(doctest::String(("cannot reach the redis-server at " + host + ":" +
+                                         std::to_string(port))
+                                            .c_str())),
+      tp::DistributedError);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
