@@ -25,6 +25,10 @@ def free_port():
 
 
 def main():
+    # meson ends a test that times out (or a ./kit test that is stopped) with
+    # SIGTERM; by default Python would die without its `finally`, leaving the
+    # server (in a session of its own) running. Exit through it instead.
+    signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(128 + sig))
     server = shutil.which("redis-server")
     if server is None:
         print("SKIPPED: redis-server is not installed (Debian package redis-server; "

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "network.h"
+#include "rank_list.h"
 #include "rendezvous_dir.h"
 #include "store_rendezvous.h"
 #include "tensorplay/error.h"
@@ -106,14 +107,6 @@ constexpr const char* kWho = "tp::distributed::ProcessGroupGloo";
 // number: when it returns, every rank has connected.
 std::string marker_path(const std::string& dir, int rank) {
   return dir + "/tp-rank-" + std::to_string(rank) + ".arrived";
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    out += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
-  }
-  return out;
 }
 
 [[noreturn]] void marker_write_failed(const std::string& path, int rank, int err) {
@@ -193,7 +186,8 @@ void wait_for_all_ranks(const std::string& dir, int rank, int size, milliseconds
     if (std::chrono::steady_clock::now() - start >= timeout) {
       TP_THROW(DistributedError, kWho, ": rank ", rank, " of ", size, " waited ",
                timeout.count(), " ms for the others at rendezvous in '", dir,
-               "'; arrived: ", rank_list(arrived), "; missing: ", rank_list(missing),
+               "'; arrived: ", detail::rank_list(arrived),
+               "; missing: ", detail::rank_list(missing),
                ". Did every rank start and call init_process_group with the same "
                "file:// directory and world size?");
     }
@@ -315,7 +309,9 @@ void check_at_wait(bool check_in_flight_writes, Work& work, const Tensor& tensor
           changed_element(issued->data(), target.data, i, target.dtype),
           " changed; the collective reads and writes the tensor until wait() returns, so a "
           "write in between (a division before the wait, say) races with it and gives a "
-          "different wrong answer from run to run. [seen in checker mode: "
+          "different wrong answer from run to run. (Or a second collective on the same "
+          "tensor was issued before this one was waited for, and its wait() wrote its "
+          "result first: one collective per tensor at a time.) [seen in checker mode: "
           "GlooOptions::check_in_flight_writes]"));
     }
     std::memcpy(target.data, sent.data, target.nbytes);

@@ -2,6 +2,8 @@
 // of a tp Store.
 #include "store_rendezvous.h"
 
+#include "rank_list.h"
+
 #include <thread>
 
 #include "tensorplay/error.h"
@@ -11,14 +13,6 @@ namespace tp::distributed::detail {
 using std::chrono::milliseconds;
 
 namespace {
-
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    out += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
-  }
-  return ranks.empty() ? "none" : out;
-}
 
 std::string size_key(int rank) { return "tp/size/" + std::to_string(rank); }
 
@@ -56,7 +50,8 @@ void meet_in_store(Store& store, int rank, int size, milliseconds timeout, const
     if (std::chrono::steady_clock::now() - start >= timeout) {
       TP_THROW(TimeoutError, caller, ": rank ", rank, " of ", size, " waited ",
                timeout.count(), " ms for the others at rendezvous in ", store.describe(),
-               "; arrived: ", ranks_text(arrived), "; missing: ", ranks_text(missing),
+               "; arrived: ", detail::rank_list(arrived),
+               "; missing: ", detail::rank_list(missing),
                ". Did every rank start, with the same master address (or redis:// and job "
                "id) and WORLD_SIZE?");
     }

@@ -15,12 +15,14 @@ void Work::wait() {
   // stage blocks ("every bucket is launched before the first wait").
   trace::Span span("wait", "comm", {{"seq", static_cast<int64_t>(seq_)}});
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!done_ && multiprocessing::current_rank() < 0) {
+  if (multiprocessing::current_rank() < 0) {
     done_cv_.wait(lock, [this] { return done_; });
-  } else if (!done_) {
+  } else {
     // Shown by spawn when a job hangs or a collective times out: "rank 0
     // (waiting in allreduce #3)" is the first clue to which collective a rank
-    // skipped.
+    // skipped. Set even when the work is done already: each wait is progress
+    // to spawn's watch (Note [Progress, not a deadline] in spawn.cc), and the
+    // collective becomes the rank's last.
     std::string status = collective_ + " #" + std::to_string(seq_);
     if (rank_ != multiprocessing::current_rank()) {
       status += " (group rank " + std::to_string(rank_) + ")";  // a subgroup

@@ -242,8 +242,12 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
     validate(args.config);
     // Before the run, not after it: a run of minutes must not end in "cannot
     // write". A full disk can still show only when the file is written.
-    if (!args.json_path.empty()) check_writable(args.json_path, "the --json file");
-    if (!args.trace_path.empty()) check_writable(args.trace_path, "the --trace file");
+    // Launched, only rank 0 writes them (another host may not have the path).
+    const char* launched_rank = std::getenv("RANK");
+    const bool writes = args.init_method.empty() || launched_rank == nullptr ||
+                        std::string(launched_rank) == "0";
+    if (writes && !args.json_path.empty()) check_writable(args.json_path, "the --json file");
+    if (writes && !args.trace_path.empty()) check_writable(args.trace_path, "the --trace file");
   } catch (const Error& e) {
     usage(stage, 2, e.what());
   }

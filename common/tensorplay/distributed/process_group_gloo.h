@@ -74,7 +74,10 @@ class ProcessGroupGloo : public ProcessGroup {
   // Rendezvous through files in rendezvous_dir (created if missing); returns
   // when all size ranks have connected. REQUIRES: 1 <= size, 0 <= rank < size.
   // Throws tp::DistributedError with a fix when the directory cannot be
-  // created or written or a rank does not arrive within options.timeout;
+  // created or written (a full disk named as such), when no TCP endpoint can
+  // be opened on 127.0.0.1 (no loopback interface), when ranks were given
+  // different world sizes or two processes the same rank, or when a rank
+  // does not arrive within options.timeout;
   // tp::PeerFailedError when a connection broke while connecting (another
   // rank left), tp::TimeoutError when Gloo's own rendezvous timed out.
   ProcessGroupGloo(const std::string& rendezvous_dir, int rank, int size,

@@ -178,6 +178,7 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
   run.print("stage " + spec.stage + " checker (" + spec.title + ")\n");
   bool passed = true;
   size_t skipped = 0;  // in a launched job: cases of other world sizes, and scenarios
+  size_t ran = 0;      // cases, scenarios and worker cases judged
   for (size_t i = 0; i < spec.cases.size() && passed; ++i) {
     if (run.only >= 0 && static_cast<size_t>(run.only) != i) continue;
     const CheckCase<typename D::Options>& c = spec.cases[i];
@@ -218,6 +219,7 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
       findings.push_back(finding_from_error(spec.stage, error));
     }
     passed = findings.empty();
+    ++ran;
     report_case(run, describe(c), findings, &comparison);
   }
   for (size_t i = 0; i < spec.scenarios.size() && passed; ++i) {
@@ -228,6 +230,7 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
     }
     const std::vector<Finding> findings = run_scenario(spec.stage, spec.scenarios[i]);
     passed = findings.empty();
+    ++ran;
     report_case(run, "scenario: " + spec.scenarios[i].label, findings, nullptr);
   }
   for (size_t i = 0; i < n_workers && passed; ++i) {
@@ -249,7 +252,17 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
       findings.push_back(finding_from_error(spec.stage, error));
     }
     passed = findings.empty();
+    ++ran;
     report_case(run, "worker: " + describe(c), findings, nullptr);
+  }
+  if (launched && ran == 0) {
+    // A checker that judged nothing must not say PASS.
+    std::fprintf(stderr, "checker: rank %d: nothing to check: %s this job's world size %d "
+                 "(see --list; the cases' world sizes are in their descriptions); run another "
+                 "world size, or the checker without --init-method\n", launched->rank(),
+                 run.only >= 0 ? "--only's case, scenario or worker case cannot run at"
+                               : "no case has", launched->size());
+    return 2;
   }
   if (launched) {
     run.print(detail::cat(skipped, " cases, scenarios and worker cases skipped: they need "

@@ -16,8 +16,8 @@
 //   - run_workers() spawns config.world_size processes, each running the
 //     worker on a fresh rendezvous, and returns their results in rank order.
 //     A rank's exception, crash or hang comes back as
-//     tp::multiprocessing::SpawnError naming the rank (the job's deadline is
-//     config.job_timeout).
+//     tp::multiprocessing::SpawnError naming the rank (a job in which no rank
+//     makes progress for config.job_timeout is a hang).
 //   - check_workers() compares them with the reference trainer for the same
 //     plan: every rank's loss at every step, its final parameters and its
 //     final buffers. It returns no finding when all match within
