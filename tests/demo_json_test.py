@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs a lesson demo with --json and checks the numbers it reports.
 
-    demo_json_test.py DEMO_EXE
+    demo_json_test.py DEMO_EXE [--expect-worker]
 
 The JSON must list every rank at every step, agree with the printed table,
 and show DDP matching the reference within the tolerance it states. A second
@@ -18,6 +18,7 @@ import sys
 import tempfile
 
 WORLD, STEPS = 3, 5
+EXPECT_WORKER = False  # --expect-worker: the demo must have --worker (lesson 01)
 
 
 def fail(message):
@@ -116,6 +117,8 @@ def check_worker(demo, trainer_data):
     order), and no collective counts (a worker records none)."""
     usage = subprocess.run([demo, "--help"], capture_output=True, text=True, timeout=60).stdout
     if "--worker" not in usage:
+        if EXPECT_WORKER:  # the lesson has a worker exercise: its flag must not vanish
+            fail("this lesson's demo has no --worker flag (its DemoSpec lost its worker)")
         return
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "demo.json")
@@ -212,4 +215,5 @@ def check_accumulation(demo, k=3, steps=2):
 
 
 if __name__ == "__main__":
+    EXPECT_WORKER = "--expect-worker" in sys.argv[2:]
     main(sys.argv[1])

@@ -332,24 +332,26 @@ TEST_CASE("spawn turns a hang into a SpawnError naming the ranks still running a
 
 TEST_CASE("a job that keeps making progress runs past SpawnOptions::timeout") {
   // The demo's 20000 steps take minutes: only a job without progress is a
-  // hang. Each rank waits 30 times, 50 ms each: 1.5 s, three times the limit.
+  // hang. Each rank makes progress every 50 ms for 4 s, well past the 1.5 s
+  // limit; the limit leaves room for a rank starved of the CPU for a second
+  // on a loaded 2-core machine (500 ms did not: seen failing under load).
   mp::SpawnOptions options;
-  options.timeout = milliseconds(500);
+  options.timeout = milliseconds(1500);
   const auto start = std::chrono::steady_clock::now();
   const auto payloads = mp::spawn(
       options,
       [](int rank) {
-        for (int i = 0; i < 30; ++i) {
+        for (int i = 0; i < 40; ++i) {
           mp::set_rank_waiting("allreduce #" + std::to_string(i));
-          std::this_thread::sleep_for(milliseconds(25));
+          std::this_thread::sleep_for(milliseconds(50));
           mp::set_rank_waiting("");
-          std::this_thread::sleep_for(milliseconds(25));
+          std::this_thread::sleep_for(milliseconds(50));
         }
         return std::to_string(rank);
       },
       2);
   CHECK(payloads == std::vector<std::string>{"0", "1"});
-  CHECK(seconds_since(start) >= 1.5);
+  CHECK(seconds_since(start) >= 4.0);
 }
 
 TEST_CASE("a job where no rank is in a collective times out saying every rank was computing") {
@@ -373,7 +375,9 @@ TEST_CASE("a collective timeout says where the other ranks were: stopped, or ret
               ::raise(SIGSTOP);  // as `kill -STOP`, or a debugger's breakpoint
             }
             mp::set_rank_waiting("allreduce #2");
-            std::this_thread::sleep_for(milliseconds(500));  // rank 1 stops meanwhile
+            // Rank 1 stops meanwhile; ample time even for a rank starved of
+            // the CPU on a loaded machine.
+            std::this_thread::sleep_for(milliseconds(1500));
             throw tp::TimeoutError("allreduce #2 on rank 0 timed out");
           },
           2);
@@ -393,7 +397,7 @@ TEST_CASE("a collective timeout says where the other ranks were: stopped, or ret
             mp::set_rank_waiting("");
             if (rank == 1) return;  // skipped allreduce #2
             mp::set_rank_waiting("allreduce #2");
-            std::this_thread::sleep_for(milliseconds(300));
+            std::this_thread::sleep_for(milliseconds(1000));  // rank 1 returns meanwhile
             throw tp::TimeoutError("allreduce #2 on rank 0 timed out");
           },
           2);

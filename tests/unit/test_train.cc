@@ -440,6 +440,25 @@ TEST_CASE("diagnose finds nothing wrong with a run equal to the reference, ragge
   CHECK(train::diagnose(uneven, ragged, perfect_ranks(uneven, ragged), 1e-5).empty());
 }
 
+TEST_CASE("diagnose: a tiny float32 difference after a thousand matching steps is called rounding") {
+  // `./kit demo 01 --steps 20000` (a correct stage 01, float32) first differs
+  // by 1.2e-5 at step 3547: rounding compounding, not a bug.
+  RunConfig c = small_config(2);
+  c.steps = 1100;
+  const ReferenceResult ref = train::train_reference(c);
+  REQUIRE(ref.losses[1].size() == 1100);
+  auto ranks = perfect_ranks(c, ref);
+  ranks[1].losses[1050] += 2e-5;
+  CHECK(joined(train::diagnose(c, ref, ranks, 1e-5)).find("float32 rounding") != std::string::npos);
+  // Early, or large, it is not.
+  ranks = perfect_ranks(c, ref);
+  ranks[1].losses[5] += 2e-5;
+  CHECK(joined(train::diagnose(c, ref, ranks, 1e-5)).find("float32 rounding") == std::string::npos);
+  ranks = perfect_ranks(c, ref);
+  ranks[1].losses[1050] += 0.1;
+  CHECK(joined(train::diagnose(c, ref, ranks, 1e-5)).find("float32 rounding") == std::string::npos);
+}
+
 TEST_CASE("diagnose: a non-finite value is named first, and never matches") {
   const RunConfig c = small_config(2);
   const ReferenceResult ref = train::train_reference(c);

@@ -130,13 +130,15 @@ void write_marker(const std::string& dir, int rank, int size) {
   const std::string temporary = mine + ".writing-" + std::to_string(::getpid());
   const int fd = ::open(temporary.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
   if (fd < 0) marker_write_failed(temporary, rank, errno);
+  // A few bytes into a fresh file: one write() writes them all or fails (a
+  // short count here can only mean the disk filled up).
   const std::string text = std::to_string(size) + "\n";
   const ssize_t n = ::write(fd, text.data(), text.size());
-  const int write_err = n < 0 ? errno : (n != static_cast<ssize_t>(text.size()) ? ENOSPC : 0);
-  if (::close(fd) != 0 && write_err == 0) marker_write_failed(temporary, rank, errno);
-  if (write_err != 0) {
+  int err = n < 0 ? errno : (n != static_cast<ssize_t>(text.size()) ? ENOSPC : 0);
+  if (::close(fd) != 0 && err == 0) err = errno;  // some filesystems report ENOSPC here
+  if (err != 0) {
     ::unlink(temporary.c_str());
-    marker_write_failed(temporary, rank, write_err);
+    marker_write_failed(temporary, rank, err);
   }
   // link(), not rename(): it fails if the marker exists, so two processes
   // given the same rank cannot both get through.
