@@ -1,0 +1,188 @@
+// tp::cuda runtime: devices, streams, events and memory (see
+// tensorplay/cuda/runtime.h). Compiled only when the kit is built with CUDA;
+// no_cuda.cc stands in for it otherwise.
+#include "tensorplay/cuda/runtime.h"
+
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+
+#include "check.h"
+
+namespace tp::cuda {
+
+namespace {
+
+// cudaGetDeviceCount is asked once per process: the answer (and CUDA's
+// reason when it fails, e.g. "no CUDA-capable device is detected") does not
+// change while the process runs.
+struct Probe {
+  int count = 0;
+  std::string reason;
+};
+
+const Probe& probe() {
+  static const Probe result = [] {
+    Probe p;
+    const cudaError_t status = cudaGetDeviceCount(&p.count);
+    if (status != cudaSuccess) {
+      p.count = 0;
+      p.reason = std::string("no usable CUDA device: cudaGetDeviceCount: ") +
+                 cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")";
+      (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    } else if (p.count == 0) {
+      p.reason = "no usable CUDA device: cudaGetDeviceCount found none";
+    }
+    return p;
+  }();
+  return result;
+}
+
+void require_available(const char* fn) {
+  if (!is_available()) TP_THROW(Error, "tp::cuda::", fn, ": ", unavailable_reason());
+}
+
+// The calling thread's current stream; empty handle: the default stream.
+thread_local Stream t_current;
+
+}  // namespace
+
+bool is_built() { return true; }
+bool is_available() { return probe().count > 0; }
+std::string unavailable_reason() { return probe().reason; }
+int device_count() { return probe().count; }
+
+int current_device() {
+  require_available("current_device");
+  int device = 0;
+  TP_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+void set_device(int device) {
+  require_available("set_device");
+  TP_CHECK(device >= 0 && device < device_count(), "tp::cuda::set_device: device ", device,
+           " does not exist; this machine has ", device_count(), " CUDA device(s)");
+  TP_CUDA_CHECK(cudaSetDevice(device));
+}
+
+void synchronize_device() {
+  require_available("synchronize_device");
+  TP_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+std::string device_name(int device) {
+  require_available("device_name");
+  cudaDeviceProp prop{};
+  TP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  const auto gib = static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);
+  return detail::cat(prop.name, " (sm_", prop.major, prop.minor, ", ",
+                     static_cast<long>(gib + 0.5), " GiB)");
+}
+
+// ---- streams ------------------------------------------------------------------
+
+struct Stream::Owner {
+  cudaStream_t stream = nullptr;
+  ~Owner() {
+    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  }
+};
+
+Stream Stream::create(int priority) {
+  require_available("Stream::create");
+  Stream s;
+  s.owner_ = std::make_shared<Owner>();
+  // Non-blocking: the legacy default stream would otherwise wait for this
+  // stream's work (and it for the default stream's), serialising exactly the
+  // overlap a communication stream exists for.
+  TP_CUDA_CHECK(cudaStreamCreateWithPriority(&s.owner_->stream, cudaStreamNonBlocking, priority));
+  return s;
+}
+
+StreamHandle Stream::handle() const { return owner_ ? owner_->stream : nullptr; }
+
+void Stream::wait(const Event& event) const {
+  TP_CUDA_CHECK(cudaStreamWaitEvent(handle(), event.handle(), 0));
+}
+
+void Stream::synchronize() const { TP_CUDA_CHECK(cudaStreamSynchronize(handle())); }
+
+Stream current_stream() { return t_current; }
+
+StreamGuard::StreamGuard(const Stream& stream) : previous_(t_current) { t_current = stream; }
+StreamGuard::~StreamGuard() { t_current = previous_; }
+
+// ---- events -------------------------------------------------------------------
+
+struct Event::Owner {
+  cudaEvent_t event = nullptr;
+  ~Owner() {
+    if (event != nullptr) (void)cudaEventDestroy(event);
+  }
+};
+
+Event::Event(bool timing) : owner_(std::make_shared<Owner>()) {
+  require_available("Event");
+  TP_CUDA_CHECK(cudaEventCreateWithFlags(&owner_->event,
+                                         timing ? cudaEventDefault : cudaEventDisableTiming));
+}
+
+EventHandle Event::handle() const { return owner_->event; }
+
+void Event::record(const Stream& stream) const {
+  TP_CUDA_CHECK(cudaEventRecord(owner_->event, stream.handle()));
+}
+
+bool Event::query() const {
+  const cudaError_t status = cudaEventQuery(owner_->event);
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // "not ready" is an answer, not an error
+    return false;
+  }
+  TP_CUDA_CHECK(status);
+  return true;
+}
+
+void Event::synchronize() const { TP_CUDA_CHECK(cudaEventSynchronize(owner_->event)); }
+
+float Event::elapsed_ms(const Event& start) const {
+  float ms = 0;
+  TP_CUDA_CHECK(cudaEventElapsedTime(&ms, start.owner_->event, owner_->event));
+  return ms;
+}
+
+// ---- memory -------------------------------------------------------------------
+
+Allocation allocate(std::size_t nbytes) {
+  require_available("allocate");
+  Allocation a;
+  a.stream = current_stream().handle();
+  TP_CUDA_CHECK(cudaGetDevice(&a.device));
+  if (nbytes == 0) return a;  // an empty tensor owns no memory
+  // Stream-ordered: cudaFree would wait for the whole device, stalling the
+  // host behind every all-reduce in flight each time a temporary dies.
+  TP_CUDA_CHECK(cudaMallocAsync(&a.data, nbytes, a.stream));
+  return a;
+}
+
+void deallocate(const Allocation& allocation) noexcept {
+  if (allocation.data == nullptr) return;
+  // A destructor cannot throw; a failure here means the context is already
+  // broken, and the next checked call reports that.
+  (void)cudaFreeAsync(allocation.data, allocation.stream);
+}
+
+std::shared_ptr<void> allocate_pinned(std::size_t nbytes) {
+  require_available("allocate_pinned");
+  void* data = nullptr;
+  TP_CUDA_CHECK(cudaMallocHost(&data, nbytes == 0 ? 1 : nbytes));
+  return std::shared_ptr<void>(data, [](void* p) { (void)cudaFreeHost(p); });
+}
+
+void copy_async(void* dst, const void* src, std::size_t nbytes, const Stream& stream) {
+  if (nbytes == 0) return;
+  TP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream.handle()));
+}
+
+}  // namespace tp::cuda
