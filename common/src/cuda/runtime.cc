@@ -4,8 +4,12 @@
 #include "tensorplay/cuda/runtime.h"
 
 #include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
-#include <mutex>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 
 #include "check.h"
 
@@ -13,28 +17,86 @@ namespace tp::cuda {
 
 namespace {
 
-// cudaGetDeviceCount is asked once per process: the answer (and CUDA's
-// reason when it fails, e.g. "no CUDA-capable device is detected") does not
-// change while the process runs.
+// Note [Asking in a child]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// The CUDA runtime does not survive fork(): once a process has touched CUDA
+// (and cudaGetDeviceCount does: it initialises the driver), a child forked
+// from it fails its first CUDA call with "initialization error". The kit's
+// ranks are forked children (tp::multiprocessing::spawn), and the demo and
+// the checkers ask is_available() before they spawn. So the question is put
+// to a short-lived child of our own, which answers through a pipe and exits:
+// the asking process stays free of CUDA, and its ranks can use it. (PyTorch
+// asks NVML instead, for the same reason.) Asked once per process; the
+// answer, with CUDA's reason when there is no device, does not change.
 struct Probe {
   int count = 0;
   std::string reason;
 };
 
-const Probe& probe() {
-  static const Probe result = [] {
-    Probe p;
-    const cudaError_t status = cudaGetDeviceCount(&p.count);
+Probe ask_cuda_in_child() {
+  int fds[2];
+  if (::pipe(fds) != 0) return {0, std::string("no usable CUDA device: pipe: ") + std::strerror(errno)};
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return {0, std::string("no usable CUDA device: fork: ") + std::strerror(errno)};
+  }
+  if (pid == 0) {  // the child: one question, then _exit (no destructors, no atexit)
+    ::close(fds[0]);
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    std::string answer = std::to_string(status == cudaSuccess ? count : 0) + "\n";
     if (status != cudaSuccess) {
-      p.count = 0;
-      p.reason = std::string("no usable CUDA device: cudaGetDeviceCount: ") +
-                 cudaGetErrorString(status) + " (" + cudaGetErrorName(status) + ")";
-      (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
-    } else if (p.count == 0) {
-      p.reason = "no usable CUDA device: cudaGetDeviceCount found none";
+      answer += std::string("cudaGetDeviceCount: ") + cudaGetErrorString(status) + " (" +
+                cudaGetErrorName(status) + ")";
     }
+    const char* p = answer.data();
+    size_t left = answer.size();
+    while (left > 0) {
+      const ssize_t n = ::write(fds[1], p, left);
+      if (n <= 0) break;
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string answer;
+  char buf[512];
+  for (;;) {
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n > 0) {
+      answer.append(buf, static_cast<size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(fds[0]);
+  int wstatus = 0;
+  while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  Probe p;
+  const size_t newline = answer.find('\n');
+  if (newline == std::string::npos) {
+    p.reason = "no usable CUDA device: the process that asked CUDA ended without an answer" +
+               std::string(WIFSIGNALED(wstatus) ? " (killed by signal " +
+                                                      std::to_string(WTERMSIG(wstatus)) + ")"
+                                                : "");
     return p;
-  }();
+  }
+  p.count = std::atoi(answer.substr(0, newline).c_str());
+  if (p.count <= 0) {
+    p.count = 0;
+    const std::string cause = answer.substr(newline + 1);
+    p.reason = "no usable CUDA device: " +
+               (cause.empty() ? std::string("cudaGetDeviceCount found none") : cause);
+  }
+  return p;
+}
+
+const Probe& probe() {
+  static const Probe result = ask_cuda_in_child();
   return result;
 }
 

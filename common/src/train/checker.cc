@@ -73,6 +73,14 @@ CheckerRun parse_checker_args(int argc, char** argv) {
       run.repeat = number(1, 1000, "a number of runs from 1 to 1000");
     } else if (arg == "--list") {
       run.list = true;
+    } else if (arg == "--device") {
+      const std::string device = value();
+      if (device == "cuda") {
+        run.device = Device{DeviceType::CUDA, -1};
+      } else if (device != "cpu") {
+        std::fprintf(stderr, "checker: --device expects cpu or cuda, got '%s'\n", device.c_str());
+        std::exit(2);
+      }
     } else if (arg == "--init-method") {
       run.init_method = value();
       if (run.init_method.rfind("file://", 0) == 0) {
@@ -85,7 +93,7 @@ CheckerRun parse_checker_args(int argc, char** argv) {
       std::fprintf(stderr,
                    "checker: unknown argument '%s'\n"
                    "usage: %s [--list] [--only N] [--repeat N] [--expect-fail MUTANT_FILE] "
-                   "[--init-method URL]\n",
+                   "[--init-method URL] [--device cpu|cuda]\n",
                    arg.c_str(), argv[0]);
       std::exit(2);
     }

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "tensorplay/cuda/runtime.h"
+#include "tensorplay/distributed/init.h"
 #include "tensorplay/error.h"
 
 namespace tp::train {
@@ -18,8 +20,56 @@ std::string to_string(ModelKind kind) {
   return "unknown model";
 }
 
+std::string to_string(Backend backend) {
+  switch (backend) {
+    case Backend::Auto: return "auto";
+    case Backend::Gloo: return "gloo";
+    case Backend::NCCL: return "nccl";
+  }
+  return "unknown backend";
+}
+
+Backend resolved_backend(const RunConfig& config) {
+  if (config.backend != Backend::Auto) return config.backend;
+  if (config.device.type != DeviceType::CUDA) return Backend::Gloo;
+  return distributed::nccl_is_built() && config.world_size <= cuda::device_count()
+             ? Backend::NCCL
+             : Backend::Gloo;
+}
+
+Device device_for_rank(const RunConfig& config, int rank) {
+  if (config.device.type != DeviceType::CUDA) return config.device;
+  return Device{DeviceType::CUDA, rank % cuda::device_count()};
+}
+
+namespace {
+
+// A CUDA plan needs a GPU here, and NCCL needs one GPU per rank.
+void validate_device(const RunConfig& config, const char* who) {
+  if (config.device.type == DeviceType::CUDA && !cuda::is_available()) {
+    TP_THROW(Error, who, ": device cuda: ", cuda::unavailable_reason());
+  }
+  if (config.backend != Backend::NCCL) return;
+  if (config.device.type != DeviceType::CUDA) {
+    TP_THROW(Error, who, ": backend nccl moves CUDA tensors only; train on device cuda, or "
+             "use backend gloo on the CPU");
+  }
+  if (!distributed::nccl_is_built()) {
+    TP_THROW(Error, who, ": backend nccl: tensorplay was built without NCCL; use backend "
+             "gloo, which stages CUDA tensors through host memory");
+  }
+  if (config.world_size > cuda::device_count()) {
+    TP_THROW(Error, who, ": backend nccl needs a GPU per rank, and ", config.world_size,
+             " ranks share ", cuda::device_count(), " GPU(s) here (NCCL refuses two ranks on "
+             "one GPU); use backend gloo, which stages CUDA tensors through host memory");
+  }
+}
+
+}  // namespace
+
 void validate(const RunConfig& config) {
   constexpr const char* who = "tp::train::RunConfig";
+  validate_device(config, who);
   TP_CHECK_GE(config.world_size, 1, who, ": world_size must be at least 1");
   TP_CHECK_GE(config.batch_size, 1, who, ": batch_size must be at least 1");
   TP_CHECK_GE(config.deep_depth, 1, who, ": deep_depth must be at least 1");
@@ -119,7 +169,12 @@ data::SyntheticRegressionOptions data_options(const RunConfig& config) {
 
 data::Batch micro_batch(const data::SyntheticRegression& dataset, const RunConfig& config,
                         int rank, int64_t i) {
-  return dataset.shard(i, rank, config.world_size, config.batch_size);
+  data::Batch batch = dataset.shard(i, rank, config.world_size, config.batch_size);
+  if (config.device == kCPU) return batch;
+  // The data set lives on the CPU (it is the reference's too); each rank
+  // copies its rows to its GPU, as a DataLoader's batches are moved.
+  const Device device = device_for_rank(config, rank);
+  return {batch.x.to(device), batch.y.to(device)};
 }
 
 std::string describe(const RunConfig& config) {
@@ -145,7 +200,10 @@ std::string describe(const RunConfig& config) {
              : config.buffer_sync == BufferSync::EveryStep ? " buffers-every-step"
                                                               : " buffers-at-construction")
           : "",
-      config.per_rank_seed ? " per-rank seeds" : " shared seed");
+      config.per_rank_seed ? " per-rank seeds" : " shared seed",
+      config.device.type == DeviceType::CUDA
+          ? " cuda (" + to_string(resolved_backend(config)) + ")"
+          : "");
 }
 
 }  // namespace tp::train

@@ -29,7 +29,8 @@ const std::vector<DemoFlag>* g_stage_flags = nullptr;
                "                  [--depth N (deep)] [--micro-batches K]\n"
                "                  [--batches N0,N1,...] [--divide-by-active-ranks]\n"
                "                  [--json FILE] [--trace FILE] [--init-method URL]\n"
-               "                  [--collective-timeout MS]",
+               "                  [--collective-timeout MS] [--device cpu|cuda]\n"
+               "                  [--backend auto|gloo|nccl]",
                stage.c_str());
   if (g_stage_flags != nullptr) {
     for (const DemoFlag& f : *g_stage_flags) {
@@ -219,6 +220,24 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
     } else if (flag == "--collective-timeout") {
       args.config.collective_timeout =
           std::chrono::milliseconds(parse_count(stage, flag, value(), 100, 3600000));
+    } else if (flag == "--device") {
+      const std::string d = value();
+      if (d == "cuda") {
+        args.config.device = Device{DeviceType::CUDA, -1};
+      } else if (d != "cpu") {
+        usage(stage, 2, "--device expects cpu or cuda, got '" + d + "'");
+      }
+    } else if (flag == "--backend") {
+      const std::string b = value();
+      if (b == "auto") {
+        args.config.backend = Backend::Auto;
+      } else if (b == "gloo") {
+        args.config.backend = Backend::Gloo;
+      } else if (b == "nccl") {
+        args.config.backend = Backend::NCCL;
+      } else {
+        usage(stage, 2, "--backend expects auto, gloo or nccl, got '" + b + "'");
+      }
     } else if (flag == "--trace") {
       args.trace_path = value();
       args.config.trace = true;
@@ -534,7 +553,10 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
     << ", \"lr\": " << json_number(config.lr)
     << ", \"momentum\": " << json_number(config.momentum) << ", \"dtype\": \""
     << to_string(config.dtype) << "\", \"per_rank_seed\": "
-    << (config.per_rank_seed ? "true" : "false") << ", \"tolerance\": " << json_number(tolerance)
+    << (config.per_rank_seed ? "true" : "false") << ", \"device\": \""
+    << (config.device.type == DeviceType::CUDA ? "cuda" : "cpu") << "\", \"backend\": \""
+    << to_string(resolved_backend(config)) << "\""
+    << ", \"tolerance\": " << json_number(tolerance)
     << "},\n  \"steps\": [\n";
   for (size_t s = 0; s < rows.size(); ++s) {
     const StepRow& row = rows[s];

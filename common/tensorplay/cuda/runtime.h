@@ -46,7 +46,9 @@ using EventHandle = CUevent_st*;
 
 // True when the kit was compiled with CUDA.
 bool is_built();
-// True when is_built() and at least one CUDA device can be used.
+// True when is_built() and at least one CUDA device can be used. Asked in a
+// forked child, so that the caller stays free to fork ranks that use CUDA
+// (CUDA does not survive fork: Note [Asking in a child] in runtime.cc).
 bool is_available();
 // Why is_available() is false: "tensorplay was built without CUDA (...)" or
 // "no usable CUDA device: cudaGetDeviceCount: <CUDA's message>"; empty when

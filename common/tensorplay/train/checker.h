@@ -37,6 +37,12 @@
 //   - Checker mode: every case runs with RunConfig::check_in_flight_writes,
 //     every scenario's group with GlooOptions::check_in_flight_writes, so a
 //     tensor written while its collective is in flight fails every run.
+//   - `--device cuda`: every case's ranks train on CUDA tensors (the
+//     reference stays on the CPU): NCCL where each rank has a GPU of its own,
+//     else Gloo staging through host memory, so W = 2 and 4 share one GPU.
+//     Scenarios and worker cases (CPU groups of their own) are skipped, and
+//     the report says so. Without a usable GPU it prints why and returns 77,
+//     the exit code test harnesses count as "skipped": nothing was judged.
 //   - `--init-method URL` (env://, tcp://, redis://): one process per rank,
 //     started by a launcher (tprun). The processes form one group (RANK and
 //     WORLD_SIZE from the environment) and run the cases whose world size is
@@ -54,6 +60,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorplay/cuda/runtime.h"
 #include "tensorplay/distributed/init.h"
 #include "tensorplay/distributed/process_group.h"
 #include "tensorplay/multiprocessing/error_file.h"
@@ -135,6 +142,7 @@ struct CheckerRun {
   int repeat = 1;           // --repeat N
   bool list = false;        // --list
   std::string init_method;  // --init-method URL: one rank of a launched job
+  Device device = kCPU;     // --device cuda: every case's ranks train on the GPU
   bool quiet = false;       // a launched job's ranks but 0 print nothing
   std::string report;       // everything printed so far in this repetition
   std::string first_cause;  // the failing case's first finding: fact, then likely cause
@@ -181,11 +189,13 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
   size_t ran = 0;      // cases, scenarios and worker cases judged
   for (size_t i = 0; i < spec.cases.size() && passed; ++i) {
     if (run.only >= 0 && static_cast<size_t>(run.only) != i) continue;
-    const CheckCase<typename D::Options>& c = spec.cases[i];
-    if (launched && c.config.world_size != launched->size()) {
+    if (launched && spec.cases[i].config.world_size != launched->size()) {
       ++skipped;
       continue;
     }
+    CheckCase<typename D::Options> on_device = spec.cases[i];
+    on_device.config.device = run.device;
+    const CheckCase<typename D::Options>& c = on_device;
     std::vector<Finding> findings;
     Comparison comparison;
     try {
@@ -224,7 +234,7 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
   }
   for (size_t i = 0; i < spec.scenarios.size() && passed; ++i) {
     if (run.only >= 0 && static_cast<size_t>(run.only) != n_cases + i) continue;
-    if (launched) {
+    if (launched || run.device != kCPU) {
       ++skipped;
       continue;
     }
@@ -235,7 +245,7 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
   }
   for (size_t i = 0; i < n_workers && passed; ++i) {
     if (run.only >= 0 && static_cast<size_t>(run.only) != n_cases + n_scenarios + i) continue;
-    if (launched) {
+    if (launched || run.device != kCPU) {
       ++skipped;
       continue;
     }
@@ -263,6 +273,17 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
                  run.only >= 0 ? "--only's case, scenario or worker case cannot run at"
                                : "no case has", launched->size());
     return 2;
+  }
+  if (run.device != kCPU && !launched) {
+    if (ran == 0) {
+      std::fprintf(stderr, "checker: --device cuda: nothing to check: --only names a scenario "
+                   "or worker case, which run on the CPU only\n");
+      return 2;
+    }
+    if (skipped > 0) {
+      run.print(detail::cat(skipped, " scenarios and worker cases skipped: they run on the CPU "
+                            "only (run the checker without --device for those)\n"));
+    }
   }
   if (launched) {
     run.print(detail::cat(skipped, " cases, scenarios and worker cases skipped: they need "
@@ -303,6 +324,13 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
     std::fprintf(stderr, "checker: --only %d: there are %zu cases, scenarios and worker cases "
                  "(see --list)\n", run.only, n_cases + n_scenarios + n_workers);
     return 2;
+  }
+  if (run.device != kCPU && !cuda::is_available()) {
+    // Exit code 77: "skipped" to Meson and to ./kit gpu-check. Nothing was
+    // judged, so it must not read as a pass.
+    std::printf("stage %s checker: --device cuda: skipped, nothing was checked: %s\n",
+                spec.stage.c_str(), cuda::unavailable_reason().c_str());
+    return 77;
   }
   std::shared_ptr<distributed::ProcessGroup> launched;  // --init-method: this job's group
   if (!run.init_method.empty()) {

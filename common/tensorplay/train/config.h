@@ -58,6 +58,16 @@ enum class Divisor {
   ActiveRanks,       // the ranks still taking part in this step
 };
 
+// The collective backend of every DDP rank's process group.
+enum class Backend {
+  Auto,  // Gloo on the CPU; on CUDA, NCCL when the kit has it and every rank has
+         // a GPU of its own, else Gloo
+  Gloo,  // Gloo; CUDA tensors are staged through pinned host memory, so several
+         // ranks may share one GPU
+  NCCL,  // NCCL: CUDA tensors only, one GPU per rank
+};
+std::string to_string(Backend backend);  // "auto", "gloo", "nccl"
+
 // When rank 0's buffers are copied to every rank (DDP's broadcast_buffers).
 enum class BufferSync {
   None,            // never: each rank's buffers start from its own seed and evolve alone
@@ -88,6 +98,11 @@ struct RunConfig {
   // numbers are the same either way; the reference does not care.
   bool zero_grad_set_to_none = true;
   Dtype dtype = kFloat32;  // of the model and the data
+  // Where every DDP rank trains: the CPU, or CUDA (rank r on GPU r % the
+  // number of GPUs). The reference trainer always runs on the CPU, and a
+  // rank's results come back as CPU values, so the comparison is the same.
+  Device device = kCPU;
+  Backend backend = Backend::Auto;
   ModelKind model_kind = ModelKind::MiniMLP;
   BufferSync buffer_sync = BufferSync::AtConstruction;
   // Rank 0 seeds the global generator with model_seed before building the
@@ -137,6 +152,11 @@ int active_ranks(const RunConfig& config, int64_t step);
 int divisor_at(const RunConfig& config, int64_t step);
 
 // ---- what each rank builds ------------------------------------------------
+// The backend the ranks use: `backend` with Auto resolved (see Backend).
+Backend resolved_backend(const RunConfig& config);
+// The device rank `rank` trains on: config.device, with a CUDA index
+// rank % device count.
+Device device_for_rank(const RunConfig& config, int rank);
 // The seed rank `rank` uses before building its model.
 uint64_t model_seed_for_rank(const RunConfig& config, int rank);
 // The model of the plan, built from the global generator (seed it first).

@@ -11,9 +11,13 @@
 //     the last when the stage has it, join() around the loop for uneven
 //     inputs.
 //   - train_rank() is the training loop of one rank, walking the plan of
-//     config.h; run_ddp() spawns config.world_size ranks, each with a Gloo
-//     process group on a fresh file:// rendezvous, and returns every rank's
-//     RankResult in rank order.
+//     config.h; run_ddp() spawns config.world_size ranks, each with a
+//     process group on a fresh file:// rendezvous (make_rank_group), and
+//     returns every rank's RankResult in rank order.
+//   - On a CUDA plan (RunConfig::device) each rank selects its GPU, builds
+//     its model on the CPU from the seed and moves it there, and copies its
+//     batches there; the group is NCCL or Gloo staging CUDA tensors
+//     (resolved_backend). Results are CPU values, as on the CPU.
 //   - A plan the stage cannot run (accumulation without no_sync for a stage
 //     that syncs inside backward, uneven inputs without join, parameters
 //     without gradients without unused_parameters) throws tp::Error saying
@@ -33,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorplay/cuda/runtime.h"
 #include "tensorplay/data.h"
 #include "tensorplay/distributed/init.h"
 #include "tensorplay/distributed/process_group_gloo.h"
@@ -71,6 +76,14 @@ concept DataParallelModel =
       { ddp.bucket_assignment() } -> std::convertible_to<std::vector<std::vector<int64_t>>>;
     });
 
+// Rank `rank`'s process group for a job of `config` meeting in the fresh
+// directory `rendezvous_dir`: Gloo (with the plan's timeout and checker
+// mode) or NCCL, as resolved_backend(config) says. A CUDA rank selects its
+// GPU (device_for_rank) first.
+std::shared_ptr<distributed::ProcessGroup> make_rank_group(const RunConfig& config,
+                                                           const std::string& rendezvous_dir,
+                                                           int rank);
+
 // Throws tp::Error when stage D cannot run this plan (see the contract).
 template <DataParallelModel D>
 void check_plan_fits_stage(const RunConfig& config) {
@@ -108,8 +121,15 @@ RankResult train_rank(int rank, const RunConfig& config,
     trace::enable(rank);
     trace::set_thread_name("main");
   }
+  // Built on the CPU from the seed, exactly as the reference builds it, then
+  // moved: the same numbers start on every device. Kernels run on the
+  // thread's current GPU, so this rank's GPU is made current first.
+  if (config.device.type == DeviceType::CUDA) {
+    cuda::set_device(device_for_rank(config, rank).index);
+  }
   manual_seed(model_seed_for_rank(config, rank));
   std::shared_ptr<nn::Module> model = make_model(config);
+  if (config.device != kCPU) model->to(device_for_rank(config, rank));
 
   RankResult result;
   result.rank = rank;
@@ -202,9 +222,8 @@ std::vector<RankResult> run_ddp(const RunConfig& config,
   multiprocessing::SpawnOptions spawn_options;
   spawn_options.timeout = config.job_timeout;
   auto body = [&](int rank) -> std::string {
-    auto group = std::make_shared<distributed::ProcessGroupGloo>(
-        rendezvous.path(), rank, config.world_size,
-        distributed::GlooOptions{config.collective_timeout, config.check_in_flight_writes});
+    std::shared_ptr<distributed::ProcessGroup> group =
+        make_rank_group(config, rendezvous.path(), rank);
     return serialize(train_rank<D>(rank, config, group, options));
   };
   std::vector<std::string> payloads =
@@ -229,7 +248,8 @@ template <DataParallelModel D>
 LaunchedRun run_launched_rank(const RunConfig& config, const typename D::Options& options,
                               const std::string& init_method) {
   check_plan_fits_stage<D>(config);
-  distributed::init_process_group("gloo", init_method, config.collective_timeout);
+  distributed::init_process_group(to_string(resolved_backend(config)), init_method,
+                                  config.collective_timeout);
   struct Leave {  // the group goes, whatever happens
     ~Leave() { distributed::destroy_process_group(); }
   } leave;

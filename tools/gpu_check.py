@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""./kit gpu-check: the CUDA path checked in one command, with a summary to paste.
+
+Runs, from a build configured with CUDA (./kit gpu-check configures and
+builds it first):
+  1. the GPU unit tests: CUDA tensors and ops against the CPU, the NCCL
+     group, the Gloo group staging CUDA tensors;
+  2. stage 03's checker on CUDA tensors (check_03_solution --device cuda):
+     NCCL at W = 1, Gloo-staged at W = 2, 3 and 4 on one GPU;
+  3. lesson 03's demo on CUDA with a trace: does it match the reference, and
+     do all-reduces run on the GPU while backward kernels run (the trace's
+     device spans, taken from CUDA events)?
+  4. the stage-03 step on the GPU against the CPU (bench_gpu_step).
+Each step has a time limit; the whole check takes a few minutes on one GPU.
+Without a usable GPU it says why, checks nothing and exits 77 ("skipped").
+
+Usage: gpu_check.py BUILD_DIR [--out DIR]
+Exit code: 0 every step passed; 1 a step failed; 77 no GPU here.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+SKIP = 77
+
+
+def run(argv, limit_s):
+    """(exit code, combined output, seconds); exit code None on a timeout."""
+    start = time.monotonic()
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=limit_s)
+        return p.returncode, p.stdout, time.monotonic() - start
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return None, out, time.monotonic() - start
+
+
+def last_line(text, containing=""):
+    lines = [l for l in text.strip().splitlines() if containing in l]
+    return lines[-1].strip() if lines else ""
+
+
+def overlap_from_trace(path):
+    """From the demo's Chrome trace: on each rank's GPU, the last step's
+    backward span on the compute stream and the all-reduce spans on the
+    communication stream (both from CUDA events). Returns (all-reduces,
+    how many started before backward ended, ms of all-reduce inside
+    backward), summed over ranks; None when the trace has no device spans."""
+    with open(path) as f:
+        events = json.load(f)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    device = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda"]
+    if not device:
+        return None
+    total = early = 0
+    hidden_us = 0.0
+    for pid in sorted({e["pid"] for e in device}):
+        mine = [e for e in device if e["pid"] == pid]
+        backwards = [e for e in mine if e["name"] == "backward"]
+        if not backwards:
+            continue
+        bwd = max(backwards, key=lambda e: e["ts"])  # the last step's
+        b0, b1 = bwd["ts"], bwd["ts"] + bwd["dur"]
+        for e in mine:
+            if e["name"] != "allreduce" or not (b0 <= e["ts"] <= b1 + 1e6):
+                continue
+            total += 1
+            if e["ts"] < b1:
+                early += 1
+                hidden_us += min(b1, e["ts"] + e["dur"]) - e["ts"]
+    return total, early, hidden_us / 1000.0
+
+
+def main():
+    args = sys.argv[1:]
+    if not args:
+        sys.exit(__doc__)
+    build = os.path.abspath(args[0])
+    out = os.path.join(build, "gpu-check")
+    if "--out" in args:
+        out = os.path.abspath(args[args.index("--out") + 1])
+    os.makedirs(out, exist_ok=True)
+    exe = lambda rel: os.path.join(build, rel)
+    started = time.monotonic()
+    rows = []  # (step, verdict, seconds, detail)
+
+    def step(name, argv, limit_s, judge=None):
+        if not os.path.exists(argv[0]):
+            rows.append((name, "FAIL", 0.0, f"{os.path.relpath(argv[0], build)} was not built"))
+            print(f"gpu-check: {name}: FAIL ({argv[0]} was not built)", flush=True)
+            return None
+        print(f"gpu-check: {name} ...", flush=True)
+        code, text, secs = run(argv, limit_s)
+        with open(os.path.join(out, name.replace(" ", "_") + ".log"), "w") as f:
+            f.write(text)
+        if code is None:
+            verdict, detail = "FAIL", f"no answer within {limit_s} s (a hang?)"
+        elif code == SKIP:
+            verdict, detail = "SKIP", last_line(text, "skipped") or "skipped"
+        elif code != 0:
+            verdict, detail = "FAIL", f"exit code {code}: {last_line(text)}"
+        else:
+            verdict, detail = "PASS", ""
+        if judge is not None and verdict == "PASS":
+            verdict, detail = judge(text)
+        rows.append((name, verdict, secs, detail))
+        print(f"gpu-check: {name}: {verdict} ({secs:.1f} s) {detail}", flush=True)
+        if verdict == "FAIL":
+            print("  " + "\n  ".join(text.strip().splitlines()[-15:]), flush=True)
+        return text
+
+    # 0. Is there a GPU at all? The CUDA tensor test answers 77 when not.
+    # (Its main says so before doctest runs; --list-test-cases runs nothing.)
+    probe = exe("tests/test_cuda_tensor")
+    if not os.path.exists(probe):
+        print(f"gpu-check: {probe} was not built: is {build} configured with CUDA "
+              "(meson configure -Dcuda=enabled)?")
+        return 1
+    code, text, _ = run([probe, "--list-test-cases"], 120)
+    if code != 0:
+        reason = last_line(text, "skipped") or f"the probe exited with {code}: {last_line(text)}"
+        print(f"gpu-check: skipped, nothing was checked: {reason}")
+        return SKIP if code == SKIP else 1
+    gpu = "a GPU"
+    code, text, _ = run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                         "--format=csv,noheader"], 30) if shutil.which("nvidia-smi") else (1, "", 0)
+    if code == 0 and text.strip():
+        gpu = "; ".join(l.strip() for l in text.strip().splitlines())
+
+    step("unit: CUDA tensors", [exe("tests/test_cuda_tensor")], 120)
+    step("unit: NCCL group", [exe("tests/test_nccl")], 120)
+    step("unit: Gloo staging CUDA", [exe("tests/test_cuda_gloo")], 120)
+    step("checker 03 on CUDA", [exe("tests/check_03_solution"), "--device", "cuda"], 240)
+
+    demo_json = os.path.join(out, "demo_03.json")
+    trace = os.path.join(out, "demo_03_trace.json")
+
+    def judge_demo(text):
+        with open(demo_json) as f:
+            matches = json.load(f)["final"]["matches_reference"]
+        if not matches:
+            return "FAIL", "DDP on CUDA differs from the reference: " + last_line(text, "verdict")
+        seen = overlap_from_trace(trace)
+        if seen is None:
+            return "FAIL", "the trace has no CUDA-event spans"
+        total, early, hidden_ms = seen
+        detail = (f"matches the reference; {early} of {total} all-reduces started on the GPU "
+                  f"while backward ran ({hidden_ms:.2f} ms of them inside backward)")
+        return ("PASS" if early > 0 else "FAIL"), detail
+
+    step("demo 03 on CUDA with a trace",
+         [exe("lessons/demo_03"), "--device", "cuda", "--world-size", "2", "--model", "deep",
+          "--depth", "8", "--hidden", "256", "--batch", "64", "--steps", "5",
+          "--json", demo_json, "--trace", trace], 180, judge_demo)
+
+    def judge_bench(text):
+        try:
+            data = json.loads(text[text.index("{"):])
+        except ValueError:
+            return "FAIL", "bench_gpu_step printed no JSON"
+        times = {b["name"]: b["real_time"] for b in data["benchmarks"]
+                 if b.get("run_type") == "iteration"}
+        unit = data["benchmarks"][0].get("time_unit", "ms") if data["benchmarks"] else "ms"
+        detail = "; ".join(f"{n}: {t:.2f} {unit}" for n, t in times.items())
+        return "PASS", detail
+
+    step("bench: stage-03 step, GPU vs CPU",
+         [exe("bench/bench_gpu_step"), "--benchmark_format=json"], 240, judge_bench)
+
+    failed = [r for r in rows if r[1] == "FAIL"]
+    total_s = time.monotonic() - started
+    print()
+    print(f"## ./kit gpu-check ({'FAILED' if failed else 'passed'}, {total_s:.0f} s)")
+    print()
+    print(f"GPU: {gpu}")
+    print()
+    print("| step | result | time | detail |")
+    print("|---|---|---|---|")
+    for name, verdict, secs, detail in rows:
+        print(f"| {name} | {verdict} | {secs:.1f} s | {detail.replace('|', '/')} |")
+    print()
+    print(f"logs and the trace (open it in ui.perfetto.dev): {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
