@@ -60,13 +60,13 @@ def overlap_from_trace(path):
     hidden_us = 0.0
     for pid in sorted({e["pid"] for e in device}):
         mine = [e for e in device if e["pid"] == pid]
-        backwards = [e for e in mine if e["name"] == "backward"]
+        backwards = [e for e in mine if e["name"] == "gpu backward"]
         if not backwards:
             continue
         bwd = max(backwards, key=lambda e: e["ts"])  # the last step's
         b0, b1 = bwd["ts"], bwd["ts"] + bwd["dur"]
         for e in mine:
-            if e["name"] != "allreduce" or not (b0 <= e["ts"] <= b1 + 1e6):
+            if e["name"] != "gpu allreduce" or not (b0 <= e["ts"] <= b1 + 1e6):
                 continue
             total += 1
             if e["ts"] < b1:

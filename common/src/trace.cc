@@ -190,6 +190,24 @@ std::vector<Event> events() {
   return copy;
 }
 
+int64_t now_us() {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return now_us_locked(r);
+}
+
+uint64_t detail::generation() {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.generation;
+}
+
+int detail::current_pid() {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.pid;
+}
+
 void set_thread_name(const std::string& name) {
   t_thread.name = name;
   // Tracing off: remember the name; it is registered with this thread's tid

@@ -48,6 +48,10 @@ struct Event {
 
 namespace detail {
 extern std::atomic<bool> g_enabled;
+// For device_trace.cc: the number of enable() calls so far, and the pid
+// (rank) passed to the last.
+uint64_t generation();
+int current_pid();
 }
 
 inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed); }
@@ -61,6 +65,9 @@ void clear();
 std::vector<Event> events();
 
 void set_thread_name(const std::string& name);
+
+// Microseconds since enable(), on the clock of every event's ts_us.
+int64_t now_us();
 
 // A zero-length event.
 void instant(const char* name, const char* category,

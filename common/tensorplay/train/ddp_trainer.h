@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorplay/cuda/device_trace.h"
 #include "tensorplay/cuda/runtime.h"
 #include "tensorplay/data.h"
 #include "tensorplay/distributed/init.h"
@@ -148,18 +149,23 @@ RankResult train_rank(int rank, const RunConfig& config,
   data::SyntheticRegression dataset(data_options(config));
   optim::SGD optimizer(ddp.parameters(), {config.lr, config.momentum});
   const int64_t k_micro = config.micro_batches;
+  const bool on_gpu = config.device.type == DeviceType::CUDA;  // GPU spans in the trace
   // [snippet:rank-step]
   auto micro_step = [&](int64_t i) {
     data::Batch batch = micro_batch(dataset, config, rank, i);
     Tensor loss;
     {
       trace::Span span("forward", "compute", {{"micro", i}});
+      trace::DeviceSpan gpu("gpu forward", cuda::current_stream(), "compute stream",
+                            {{"micro", i}}, on_gpu);
       loss = mse_loss(ddp(batch.x), batch.y);
     }
     result.losses.push_back(loss.item());
     // The parameters this micro-batch leaves without a gradient (lesson 05).
     result.unreached_per_micro.push_back(unreached_parameters(loss, ddp.named_parameters()));
     trace::Span span("backward", "compute", {{"micro", i}});
+    trace::DeviceSpan gpu("gpu backward", cuda::current_stream(), "compute stream",
+                          {{"micro", i}}, on_gpu);
     // Accumulating K micro-batches averages their losses.
     (k_micro == 1 ? loss : mul(loss, 1.0 / static_cast<double>(k_micro))).backward();
   };
@@ -207,6 +213,8 @@ RankResult train_rank(int rank, const RunConfig& config,
   if (config.trace) {
     trace::disable();
     result.events = trace::events();
+    // The GPU's own spans (device_trace.h), once its work has finished.
+    for (trace::Event& e : trace::device_events()) result.events.push_back(std::move(e));
   }
   return result;
 }
