@@ -498,8 +498,9 @@ void check_one_gpu_per_rank(Store& store, int rank, int size, int device, millis
         TP_THROW(DistributedError, kWho, ": rank ", rank, ": NCCL cannot put two ranks on "
                  "one GPU (ranks ", q, " and ", r, " are both on cuda:", all[q].device,
                  all[q].device == w.device ? std::string() : cat(" (cuda:", w.device, " to rank ", r, ")"),
-                 " of host ", w.host, ", PCI ", w.bus_id, "); give each rank its own GPU, or "
-                 "use the gloo backend, which stages CUDA tensors through host memory");
+                 " of host ", w.host, "); give each rank its own GPU, or use the gloo backend, "
+                 "which stages CUDA tensors through host memory [both ranks see the GPU with "
+                 "PCI bus id ", w.bus_id, "]");
       }
     }
     all.push_back(std::move(w));

@@ -14,6 +14,9 @@
 //     is a tp::DistributedError on every rank, before NCCL is called: NCCL
 //     cannot run them; the gloo backend can (it stages CUDA tensors through
 //     host memory).
+//     Not bounded: ncclCommInitRank itself (blocking mode), which a rank
+//     that dies between the rendezvous and it leaves its peers waiting in
+//     (spawn's watch, or tprun, ends such a job).
 //   - Rank r uses GPU options.device, or (r % device_count()) when that is
 //     -1; the constructor makes it the calling thread's current device, and
 //     every collective sets it again on the issuing thread.
