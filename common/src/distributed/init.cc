@@ -5,7 +5,9 @@
 // rendezvous directory) before any rank waits on another, so bad input is an
 // error at once, never a hang. What only the ranks together can check (a
 // rank missing, two ranks with one rank number, world sizes that disagree)
-// is the rendezvous's job (ProcessGroupGloo), bounded by the timeout.
+// is the rendezvous's job (ProcessGroupGloo, ProcessGroupNCCL), bounded by
+// the timeout. Backend "nccl" is built by nccl_backend.h's make_nccl_group,
+// which a build without NCCL replaces by a stand-in that says why not.
 #include "tensorplay/distributed/init.h"
 
 #include <cerrno>

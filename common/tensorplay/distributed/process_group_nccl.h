@@ -33,9 +33,11 @@
 //     role; also TP_NCCL_BLOCKING_WAIT=1 through init_process_group) wait()
 //     also blocks the host until the collective finished. A barrier's
 //     wait() always blocks the host: that is what a barrier is for.
-//   - Tensors (their storage) stay alive in the Work until wait() or until
-//     the collective completed, whichever is first; they must not be
-//     written until wait() (the contract of process_group.h).
+//   - The group keeps the tensors' storage alive until the collective has
+//     completed on the GPU (or failed), so a tensor dropped before wait() is
+//     not freed under NCCL; tensors must not be written until wait() (the
+//     contract of process_group.h). is_completed() turns true when the
+//     watchdog sees the collective done on the GPU (within a few ms).
 //   - Errors: a watchdog thread polls the collectives in flight every 2 ms.
 //     One that runs longer than options.timeout fails with tp::TimeoutError
 //     ("allreduce #7 on rank 1 timed out after 2000 ms (NCCL; ...)"); an
