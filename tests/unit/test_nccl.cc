@@ -220,3 +220,20 @@ TEST_CASE("NCCL rejects CPU tensors and tensors on another GPU, naming the colle
       },
       1));
 }
+
+TEST_CASE("NCCL: a missing rank 0 is a timeout naming the key of its ncclUniqueId") {
+  tp::TempDir dir("tp-nccl-no-rank0");
+  const std::vector<std::string> results = mp::spawn(
+      [&](int rank) -> std::string {
+        if (rank == 0) return "absent";  // never joins
+        try {
+          dist::init_process_group("nccl", rank, 2, dir.file_init_method(), milliseconds(1000));
+        } catch (const tp::TimeoutError& e) {
+          return e.what();
+        }
+        return "no timeout";
+      },
+      2);
+  CHECK_MESSAGE(results[1].find("waited 1000 ms for rank 0's ncclUniqueId under key "
+                                "'nccl/unique_id'") != std::string::npos, results[1]);
+}

@@ -557,9 +557,12 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int s
   impl_->device = device;
   impl_->store = std::move(store);
   Store& s = *impl_->store;
+  // Rank 0's ncclUniqueId first: a missing rank 0 is a timeout naming its
+  // key. Then the claims and world sizes (Note [Rendezvous in a store]),
+  // then Note [One GPU per rank], all before NCCL sees the id.
+  const ncclUniqueId id = exchange_unique_id(s, rank, options_.timeout);
   detail::meet_in_store(s, rank, size, options_.timeout, kWho);
   check_one_gpu_per_rank(s, rank, size, device, options_.timeout);
-  const ncclUniqueId id = exchange_unique_id(s, rank, options_.timeout);
 
   cuda::set_device(device);
   const std::string context = cat(kWho, ": rank ", rank, " of ", size, " on cuda:", device);

@@ -6,11 +6,12 @@
 // Contract:
 //   - Rendezvous through a tp::distributed::Store that every rank reaches
 //     (env://'s TCPStore, redis://'s RedisStore, or file://'s directory
-//     store): the ranks claim their ranks and agree on the world size (Note
-//     [Rendezvous in a store]), publish (host, GPU) and check that no two
-//     share a GPU, then rank 0 makes the ncclUniqueId and publishes it and
-//     the others read it, each within options.timeout (tp::TimeoutError
-//     naming the missing rank or key and the timeout). Two ranks on one GPU
+//     store): rank 0 makes the ncclUniqueId and publishes it, the others
+//     read it (a missing rank 0: tp::TimeoutError naming the key and the
+//     timeout); the ranks claim their ranks and agree on the world size
+//     (Note [Rendezvous in a store]: tp::TimeoutError listing the missing
+//     ranks), publish (host, GPU) and check that no two share a GPU; each
+//     step within options.timeout. Two ranks on one GPU
 //     is a tp::DistributedError on every rank, before NCCL is called: NCCL
 //     cannot run them; the gloo backend can (it stages CUDA tensors through
 //     host memory).
