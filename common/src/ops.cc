@@ -10,6 +10,11 @@
 //      gradient of the output. Rules run with grad mode off and may use ops.
 // A rule computes a gradient only where one is wanted (its next function is
 // not null): no work for inputs such as the data batch x.
+//
+// On CUDA: inputs must share a device (an op given two throws, naming both);
+// step 2 then calls the op's CUDA kernel (cuda/kernels.h) instead of the CPU
+// loop, and the output, like every gradient a rule makes, lives on the
+// inputs' device. The rules themselves are the same code for both.
 
 #include "tensorplay/ops.h"
 
@@ -23,10 +28,15 @@
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/autograd/node.h"
 
+#include "cuda/kernels.h"
+
 namespace tp {
 namespace {
 
 using autograd::Node;
+namespace cuda_kernels = cuda::kernels;
+using cuda_kernels::Binary;
+using cuda_kernels::Unary;
 
 // ---- helpers ------------------------------------------------------------------
 
@@ -55,12 +65,21 @@ void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
            to_string(b.shape()), " must be equal");
 }
 
-// defined + same dtype, for binary ops.
+void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  TP_CHECK(a.device() == b.device(), op, ": tensors on ", to_string(a.device()), " and ",
+           to_string(b.device()), "; move one with .to(...)");
+}
+
+// defined + same device + same dtype, for binary ops.
 void check_binary(const char* op, const Tensor& a, const Tensor& b) {
   check_defined(op, a);
   check_defined(op, b);
+  check_same_device(op, a, b);
   check_same_dtype(op, a, b);
 }
+
+// True when x lives on a CUDA device: its op runs the CUDA kernel.
+bool is_cuda(const Tensor& x) { return x.device().type == DeviceType::CUDA; }
 
 // The values of x as a contiguous tensor without autograd history: x itself
 // when already contiguous (no copy), else a copy. Kernels read through this,
@@ -213,7 +232,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   TP_CHECK(a.numel() < INT_MAX && b.numel() < INT_MAX,
            "tp::matmul: shapes ", to_string(a.shape()), " and ", to_string(b.shape()),
            " are too large for 32-bit BLAS indices");
-  Tensor out = matmul_kernel(a, b);
+  Tensor out = is_cuda(a) ? cuda_kernels::matmul(a, b) : matmul_kernel(a, b);
   if (!needs_grad({a, b})) return out;
   return with_grad_fn(out, std::make_shared<MatmulBackward>(a, b), {a, b});
 }
@@ -333,9 +352,13 @@ Tensor add(const Tensor& a, const Tensor& b) {
            " and ", to_string(b.shape()), " do not broadcast; add takes equal "
            "shapes, or a (n, m) matrix plus a (m) bias");
   // same shapes: a, b, out are all the same shape
-  Tensor out = same_shape
-                   ? binary_kernel(a, b, [](auto x, auto y) { return x + y; })
-                   : add_bias_kernel(a, b);
+  Tensor out;
+  if (is_cuda(a)) {
+    out = same_shape ? cuda_kernels::binary(Binary::Add, a, b) : cuda_kernels::add_bias(a, b);
+  } else {
+    out = same_shape ? binary_kernel(a, b, [](auto x, auto y) { return x + y; })
+                     : add_bias_kernel(a, b);
+  }
   if (!needs_grad({a, b})) return out;
   return with_grad_fn(out, std::make_shared<AddBackward>(!same_shape), {a, b});
 }
@@ -344,7 +367,8 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   check_binary("tp::sub", a, b);
   check_same_shape("tp::sub", a, b);
   // a, b, out are the same shape
-  Tensor out = binary_kernel(a, b, [](auto x, auto y) { return x - y; });
+  Tensor out = is_cuda(a) ? cuda_kernels::binary(Binary::Sub, a, b)
+                          : binary_kernel(a, b, [](auto x, auto y) { return x - y; });
   if (!needs_grad({a, b})) return out;
   return with_grad_fn(out, std::make_shared<SubBackward>(), {a, b});
 }
@@ -353,7 +377,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   check_binary("tp::mul", a, b);
   check_same_shape("tp::mul", a, b);
   // a, b, out are the same shape
-  Tensor out = binary_kernel(a, b, [](auto x, auto y) { return x * y; });
+  Tensor out = is_cuda(a) ? cuda_kernels::binary(Binary::Mul, a, b)
+                          : binary_kernel(a, b, [](auto x, auto y) { return x * y; });
   if (!needs_grad({a, b})) return out;
   return with_grad_fn(out, std::make_shared<MulBackward>(a, b), {a, b});
 }
@@ -361,7 +386,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor mul(const Tensor& a, double s) {
   check_defined("tp::mul", a);
   // a and out are the same shape
-  Tensor out = dispatch(a.dtype(), [&](auto tag) {
+  Tensor out = is_cuda(a) ? cuda_kernels::unary(Unary::MulScalar, a, s) : dispatch(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T scale = static_cast<T>(s);
     return unary_kernel(a, [scale](T x) { return x * scale; });
@@ -373,7 +398,7 @@ Tensor mul(const Tensor& a, double s) {
 Tensor div(const Tensor& a, double s) {
   check_defined("tp::div", a);
   // a and out are the same shape
-  Tensor out = dispatch(a.dtype(), [&](auto tag) {
+  Tensor out = is_cuda(a) ? cuda_kernels::unary(Unary::DivScalar, a, s) : dispatch(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T divisor = static_cast<T>(s);
     return unary_kernel(a, [divisor](T x) { return x / divisor; });
@@ -395,6 +420,7 @@ class ReluBackward : public Node {
   std::string name() const override { return "ReluBackward"; }
   std::vector<Tensor> apply(const Tensor& grad_out) override {
     // grad_out, a_ and the result are the same shape
+    if (is_cuda(grad_out)) return {cuda_kernels::binary(Binary::ReluGrad, grad_out, a_)};
     return {binary_kernel(grad_out, a_, [](auto g, auto x) {
       return x > 0 ? g : decltype(g){0};
     })};
@@ -423,7 +449,8 @@ class SquareBackward : public Node {
 Tensor relu(const Tensor& a) {
   check_defined("tp::relu", a);
   // a and out are the same shape
-  Tensor out = unary_kernel(a, [](auto x) { return x > 0 ? x : decltype(x){0}; });
+  Tensor out = is_cuda(a) ? cuda_kernels::unary(Unary::Relu, a)
+                          : unary_kernel(a, [](auto x) { return x > 0 ? x : decltype(x){0}; });
   if (!needs_grad({a})) return out;
   return with_grad_fn(out, std::make_shared<ReluBackward>(a), {a});
 }
@@ -431,7 +458,8 @@ Tensor relu(const Tensor& a) {
 Tensor square(const Tensor& a) {
   check_defined("tp::square", a);
   // a and out are the same shape
-  Tensor out = unary_kernel(a, [](auto x) { return x * x; });
+  Tensor out = is_cuda(a) ? cuda_kernels::unary(Unary::Square, a)
+                          : unary_kernel(a, [](auto x) { return x * x; });
   if (!needs_grad({a})) return out;
   return with_grad_fn(out, std::make_shared<SquareBackward>(a), {a});
 }
@@ -504,6 +532,7 @@ class SumBackward : public Node {
   SumBackward(Shape shape, Dtype dtype) : shape_(std::move(shape)), dtype_(dtype) {}
   std::string name() const override { return "SumBackward"; }
   std::vector<Tensor> apply(const Tensor& grad_out) override {
+    if (is_cuda(grad_out)) return {cuda_kernels::fill_from_scalar(grad_out, shape_, 1.0)};
     return {full(shape_, grad_out.item(), dtype_)};
   }
 
@@ -519,6 +548,7 @@ class SumDimBackward : public Node {
   SumDimBackward(int64_t n, int64_t m, int64_t dim) : n_(n), m_(m), dim_(dim) {}
   std::string name() const override { return "SumDimBackward"; }
   std::vector<Tensor> apply(const Tensor& grad_out) override {
+    if (is_cuda(grad_out)) return {cuda_kernels::expand(grad_out, n_, m_, dim_)};
     return {expand_kernel(grad_out, n_, m_, dim_)};
   }
 
@@ -536,6 +566,8 @@ class MeanBackward : public Node {
   std::string name() const override { return "MeanBackward"; }
   std::vector<Tensor> apply(const Tensor& grad_out) override {
     const auto n = static_cast<double>(numel_of(shape_));
+    // Without item() on CUDA: the host need not wait for the loss.
+    if (is_cuda(grad_out)) return {cuda_kernels::fill_from_scalar(grad_out, shape_, n)};
     return {full(shape_, grad_out.item() / n, dtype_)};
   }
 
@@ -548,7 +580,8 @@ class MeanBackward : public Node {
 
 Tensor sum(const Tensor& a) {
   check_defined("tp::sum", a);
-  Tensor out = full({}, sum_kernel(a), a.dtype());  // a is any shape; out is ()
+  // a is any shape; out is ()
+  Tensor out = is_cuda(a) ? cuda_kernels::sum_all(a, 1.0) : full({}, sum_kernel(a), a.dtype());
   if (!needs_grad({a})) return out;
   return with_grad_fn(out, std::make_shared<SumBackward>(a.shape(), a.dtype()), {a});
 }
@@ -560,7 +593,7 @@ Tensor sum(const Tensor& a, int64_t dim) {
   TP_CHECK(dim >= -2 && dim <= 1, "tp::sum: dim ", dim, " is out of range for shape ",
            to_string(a.shape()), "; use 0 (over rows) or 1 (over columns)");
   const int64_t d = dim < 0 ? dim + 2 : dim;
-  Tensor out = sum_dim_kernel(a, d);
+  Tensor out = is_cuda(a) ? cuda_kernels::sum_dim(a, d) : sum_dim_kernel(a, d);
   if (!needs_grad({a})) return out;
   return with_grad_fn(out, std::make_shared<SumDimBackward>(a.size(0), a.size(1), d),
                       {a});
@@ -572,7 +605,9 @@ Tensor mean(const Tensor& a) {
   TP_CHECK(n > 0, "tp::mean: the tensor of shape ", to_string(a.shape()),
            " has no elements, so its mean is undefined");
   // a is any shape; out is ()
-  Tensor out = full({}, sum_kernel(a) / static_cast<double>(n), a.dtype());
+  const auto count = static_cast<double>(n);
+  Tensor out = is_cuda(a) ? cuda_kernels::sum_all(a, count)
+                          : full({}, sum_kernel(a) / count, a.dtype());
   if (!needs_grad({a})) return out;
   return with_grad_fn(out, std::make_shared<MeanBackward>(a.shape(), a.dtype()), {a});
 }

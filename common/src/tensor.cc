@@ -10,6 +10,12 @@
 //   4. Tensor's methods and the factories.
 // The math ops (matmul, add, ...) live in ops.cc; Tensor::matmul & co. forward
 // there. The autograd engine lives in autograd/engine.cc.
+//
+// CUDA tensors: each method that touches values checks where the tensor
+// lives and, on a CUDA device, calls its counterpart in cuda/kernels.h (one
+// strided kernel family, compiled by nvcc) instead of the CPU loop. Reading
+// values on the host (item, to_vector, to_string, norm) copies to the CPU
+// first.
 
 #include "tensorplay/tensor.h"
 
@@ -21,7 +27,10 @@
 #include "tensorplay/autograd/engine.h"
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/autograd/node.h"
+#include "tensorplay/cuda/runtime.h"
 #include "tensorplay/ops.h"
+
+#include "cuda/kernels.h"
 
 namespace tp {
 
@@ -47,6 +56,19 @@ std::string to_string(Device device) {
   if (device.type == DeviceType::CPU) return "cpu";
   if (device.index < 0) return "cuda";
   return detail::cat("cuda:", device.index);
+}
+
+Device parse_device(const std::string& text) {
+  if (text == "cpu") return kCPU;
+  if (text == "cuda") return Device{DeviceType::CUDA, -1};
+  const std::string prefix = "cuda:";
+  if (text.size() > prefix.size() && text.compare(0, prefix.size(), prefix) == 0) {
+    const std::string digits = text.substr(prefix.size());
+    bool all_digits = digits.size() <= 4;
+    for (char c : digits) all_digits = all_digits && c >= '0' && c <= '9';
+    if (all_digits) return Device{DeviceType::CUDA, std::stoi(digits)};
+  }
+  TP_THROW(Error, "tp::parse_device: '", text, "' is not a device; write cpu, cuda or cuda:N");
 }
 
 std::string to_string(const Shape& shape) {
@@ -81,14 +103,33 @@ static constexpr std::align_val_t kStorageAlignment{64};
 
 Storage::Storage(std::size_t nbytes, Device device)
     : data_(nullptr), nbytes_(nbytes), device_(device) {
-  TP_CHECK(device.type == DeviceType::CPU, "tp::Storage: device ",
-           tp::to_string(device),
-           " requested, but this build has no CUDA path; create tensors on the "
-           "CPU (tp::kCPU)");
-  data_ = ::operator new(nbytes, kStorageAlignment);
+  if (device.type == DeviceType::CPU) {
+    device_ = kCPU;  // one spelling of the CPU, so == compares devices
+    data_ = ::operator new(nbytes, kStorageAlignment);
+    return;
+  }
+  TP_CHECK(cuda::is_available(), "tp::Storage: ", tp::to_string(device),
+           " requested, but ", cuda::unavailable_reason());
+  const int current = cuda::current_device();
+  const int index = device.index < 0 ? current : device.index;
+  // Memory is ordered on the current stream, which belongs to the current
+  // device: allocating for another device would need a stream of that one.
+  TP_CHECK(index == current, "tp::Storage: cuda:", index,
+           " requested while this thread's current device is cuda:", current,
+           "; call tp::cuda::set_device(", index, ") first");
+  const cuda::Allocation allocation = cuda::allocate(nbytes);  // 256-byte aligned
+  data_ = allocation.data;
+  cuda_stream_ = allocation.stream;
+  device_ = Device{DeviceType::CUDA, index};
 }
 
-Storage::~Storage() { ::operator delete(data_, kStorageAlignment); }
+Storage::~Storage() {
+  if (device_.type == DeviceType::CPU) {
+    ::operator delete(data_, kStorageAlignment);
+  } else {
+    cuda::deallocate({data_, static_cast<cuda::StreamHandle>(cuda_stream_), device_.index});
+  }
+}
 
 // ---- the two tools: dtype dispatch and strided iteration -----------------------
 
@@ -173,6 +214,40 @@ T* storage_base(const TensorImpl& t) {
   return static_cast<T*>(t.storage->data());
 }
 
+bool on_cuda(const TensorImpl& t) { return t.storage->device().type == DeviceType::CUDA; }
+
+// Throws unless a tensor on `device` can be made here: names fn (the factory
+// or op that asked) and, for CUDA, why CUDA cannot be used.
+void check_device_usable(Device device, const char* fn) {
+  if (device.type == DeviceType::CPU) return;
+  TP_CHECK(cuda::is_available(), fn, ": a tensor on ", tp::to_string(device),
+           " was requested, but ", cuda::unavailable_reason());
+}
+
+// device with index -1 made concrete (the current CUDA device).
+Device resolve(Device device, const char* fn) {
+  if (device.type == DeviceType::CPU) return kCPU;
+  check_device_usable(device, fn);
+  if (device.index < 0) device.index = cuda::current_device();
+  return device;
+}
+
+// Uninitialized contiguous tensor; fn names the factory for messages.
+Tensor make_empty(const Shape& shape, Dtype dtype, Device device, const char* fn) {
+  for (int64_t size : shape) {
+    TP_CHECK(size >= 0, fn, ": negative size ", size, " in shape ", tp::to_string(shape));
+  }
+  check_device_usable(device, fn);
+  const int64_t n = numel_of(shape);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(
+      static_cast<std::size_t>(n) * element_size(dtype), device);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
 const TensorImpl& checked(const Tensor& t, const char* fn) {
   TP_CHECK(t.defined(), fn,
            ": called on an undefined tensor (a default-constructed tp::Tensor); "
@@ -253,7 +328,7 @@ class NarrowBackward : public autograd::Node {
       : input_shape_(std::move(input_shape)), dtype_(dtype), dim_(dim), start_(start) {}
   std::string name() const override { return "NarrowBackward"; }
   std::vector<Tensor> apply(const Tensor& grad_out) override {
-    Tensor grad_input = zeros(input_shape_, dtype_);
+    Tensor grad_input = zeros(input_shape_, dtype_, grad_out.device());
     grad_input.narrow(dim_, start_, grad_out.size(dim_)).copy_(grad_out);
     return {grad_input};
   }
@@ -273,6 +348,20 @@ class TBackward : public autograd::Node {
   std::vector<Tensor> apply(const Tensor& grad_out) override {
     return {grad_out.t()};
   }
+};
+
+// Forward: out = input.to(device)   (the same values on another device)
+// Backward: grad_input = grad_out.to(input's device)
+class ToDeviceBackward : public autograd::Node {
+ public:
+  explicit ToDeviceBackward(Device input_device) : input_device_(input_device) {}
+  std::string name() const override { return "ToDeviceBackward"; }
+  std::vector<Tensor> apply(const Tensor& grad_out) override {
+    return {grad_out.to(input_device_)};
+  }
+
+ private:
+  Device input_device_;
 };
 
 // Forward: out = input.clone()   (also contiguous() when it copies)
@@ -385,6 +474,7 @@ double Tensor::item() const {
   TP_CHECK(n == 1, "tp::Tensor::item: the tensor has ", n, " elements (shape ",
            tp::to_string(t.shape), "); item() needs exactly one. Reduce it first, "
            "e.g. with sum() or mean()");
+  if (on_cuda(t)) return detach().cpu().item();
   return dispatch(t.dtype, [&](auto tag) {
     using T = decltype(tag);
     return static_cast<double>(storage_base<T>(t)[t.offset]);
@@ -393,6 +483,7 @@ double Tensor::item() const {
 
 std::vector<double> Tensor::to_vector() const {
   const TensorImpl& t = checked(*this, "tp::Tensor::to_vector");
+  if (on_cuda(t)) return detach().cpu().to_vector();
   std::vector<double> values;
   values.reserve(static_cast<std::size_t>(numel_of(t.shape)));
   dispatch(t.dtype, [&](auto tag) {
@@ -484,7 +575,7 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   const TensorImpl& t = checked(*this, "tp::Tensor::clone");
-  Tensor out = empty(t.shape, t.dtype);
+  Tensor out = make_empty(t.shape, t.dtype, t.storage->device(), "tp::Tensor::clone");
   out.copy_(*this);  // copy_ records nothing
   if (should_record(*this)) record(out, std::make_shared<CloneBackward>(), *this);
   return out;
@@ -497,10 +588,25 @@ Tensor Tensor::detach() const {
 
 Tensor Tensor::to(Dtype dtype) const {
   const TensorImpl& t = checked(*this, "tp::Tensor::to");
-  Tensor out = empty(t.shape, dtype);
+  Tensor out = make_empty(t.shape, dtype, t.storage->device(), "tp::Tensor::to");
   out.copy_(*this);
   return out;
 }
+
+Tensor Tensor::to(Device device) const {
+  const TensorImpl& t = checked(*this, "tp::Tensor::to");
+  const Device target = resolve(device, "tp::Tensor::to");
+  if (target == t.storage->device()) return *this;
+  Tensor out = make_empty(t.shape, t.dtype, target, "tp::Tensor::to");
+  out.copy_(*this);  // copy_ records nothing
+  if (should_record(*this)) {
+    record(out, std::make_shared<ToDeviceBackward>(t.storage->device()), *this);
+  }
+  return out;
+}
+
+Tensor Tensor::cpu() const { return to(kCPU); }
+Tensor Tensor::cuda() const { return to(Device{DeviceType::CUDA, -1}); }
 
 // ---- in-place -------------------------------------------------------------------------
 
@@ -508,6 +614,10 @@ Tensor& Tensor::zero_() { return fill_(0.0); }
 
 Tensor& Tensor::fill_(double value) {
   const TensorImpl& t = checked_for_write(*this, "tp::Tensor::fill_");
+  if (on_cuda(t)) {
+    cuda::kernels::fill(*this, value);
+    return *this;
+  }
   dispatch(t.dtype, [&](auto tag) {
     using T = decltype(tag);
     T* base = storage_base<T>(t);
@@ -527,14 +637,42 @@ static Tensor unaliased_source(const TensorImpl& dst, const Tensor& src) {
   return s.storage == dst.storage && !same_view ? src.detach().clone() : src;
 }
 
+// copy_ between two devices (at least one a CUDA device). The bytes cross
+// in one tp::cuda::copy_async between two contiguous tensors of dst's
+// dtype: src converted (and made contiguous) on its own device first, and
+// dst itself when contiguous, else a staging tensor on dst's device that is
+// then copied into the view. The host waits for the stream, as PyTorch's
+// blocking copy does: a CPU destination is then readable, and a CPU source
+// (which cudaMemcpyAsync may still read) free to change or die.
+static void copy_across_devices(Tensor& dst, const Tensor& src) {
+  const Tensor packed = src.dtype() == dst.dtype() && src.is_contiguous()
+                            ? src.detach()
+                            : src.detach().to(dst.dtype());
+  const Tensor landing = dst.is_contiguous()
+                             ? dst.detach()
+                             : make_empty(dst.shape(), dst.dtype(), dst.device(),
+                                          "tp::Tensor::copy_");
+  cuda::copy_async(landing.data_ptr(), packed.data_ptr(), landing.nbytes());
+  cuda::current_stream().synchronize();
+  if (!landing.is_alias_of(dst)) dst.copy_(landing);  // same device now
+}
+
 Tensor& Tensor::copy_(const Tensor& source) {
   const TensorImpl& dst = checked_for_write(*this, "tp::Tensor::copy_");
   TP_CHECK(source.defined(), "tp::Tensor::copy_: the source is an undefined tensor");
+  TP_CHECK(dst.shape == source.shape(), "tp::Tensor::copy_: shapes ",
+           tp::to_string(dst.shape), " (destination) and ", tp::to_string(source.shape()),
+           " (source) differ; copy_ needs equal shapes");
+  if (!(source.device() == dst.storage->device())) {
+    copy_across_devices(*this, source);
+    return *this;
+  }
   const Tensor src = unaliased_source(dst, source);
   const TensorImpl& s = *src.impl();
-  TP_CHECK(dst.shape == s.shape, "tp::Tensor::copy_: shapes ", tp::to_string(dst.shape),
-           " (destination) and ", tp::to_string(s.shape),
-           " (source) differ; copy_ needs equal shapes");
+  if (on_cuda(dst)) {
+    cuda::kernels::copy(*this, src);
+    return *this;
+  }
   dispatch(dst.dtype, [&](auto dst_tag) {
     using D = decltype(dst_tag);
     dispatch(s.dtype, [&](auto src_tag) {
@@ -551,12 +689,19 @@ Tensor& Tensor::copy_(const Tensor& source) {
 Tensor& Tensor::add_(const Tensor& other_view, double alpha) {
   const TensorImpl& dst = checked_for_write(*this, "tp::Tensor::add_");
   TP_CHECK(other_view.defined(), "tp::Tensor::add_: the other tensor is undefined");
+  TP_CHECK(other_view.device() == dst.storage->device(), "tp::Tensor::add_: tensors on ",
+           tp::to_string(dst.storage->device()), " and ", tp::to_string(other_view.device()),
+           "; move one with .to(...)");
   const Tensor other = unaliased_source(dst, other_view);
   const TensorImpl& o = *other.impl();
   TP_CHECK(dst.shape == o.shape, "tp::Tensor::add_: shapes ", tp::to_string(dst.shape),
            " and ", tp::to_string(o.shape), " differ; add_ needs equal shapes");
   TP_CHECK(dst.dtype == o.dtype, "tp::Tensor::add_: dtypes ", tp::to_string(dst.dtype),
            " and ", tp::to_string(o.dtype), " differ; convert one with .to()");
+  if (on_cuda(dst)) {
+    cuda::kernels::add_scaled(*this, other, alpha);
+    return *this;
+  }
   dispatch(dst.dtype, [&](auto tag) {
     using T = decltype(tag);
     T* out = storage_base<T>(dst);
@@ -570,6 +715,10 @@ Tensor& Tensor::add_(const Tensor& other_view, double alpha) {
 
 Tensor& Tensor::mul_(double value) {
   const TensorImpl& t = checked_for_write(*this, "tp::Tensor::mul_");
+  if (on_cuda(t)) {
+    cuda::kernels::scale(*this, value, /*divide=*/false);
+    return *this;
+  }
   dispatch(t.dtype, [&](auto tag) {
     using T = decltype(tag);
     T* base = storage_base<T>(t);
@@ -583,6 +732,10 @@ Tensor& Tensor::mul_(double value) {
 // x * (1/3) can differ from x / 3 in the last bit.
 Tensor& Tensor::div_(double value) {
   const TensorImpl& t = checked_for_write(*this, "tp::Tensor::div_");
+  if (on_cuda(t)) {
+    cuda::kernels::scale(*this, value, /*divide=*/true);
+    return *this;
+  }
   dispatch(t.dtype, [&](auto tag) {
     using T = decltype(tag);
     T* base = storage_base<T>(t);
@@ -602,6 +755,7 @@ Tensor Tensor::mean() const { return tp::mean(*this); }
 
 double Tensor::norm() const {
   const TensorImpl& t = checked(*this, "tp::Tensor::norm");
+  if (on_cuda(t)) return detach().cpu().norm();
   double sum_sq = 0.0;  // accumulate in double for both dtypes
   dispatch(t.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -710,7 +864,13 @@ std::string Tensor::to_string() const {
   const TensorImpl& t = *impl_;
   std::ostringstream out;
   out << "tensor(";
-  print_values(out, t, 0, t.offset, numel_of(t.shape) > kPrintThreshold);
+  if (on_cuda(t)) {
+    const Tensor host = detach().cpu();
+    print_values(out, *host.impl(), 0, 0, numel_of(t.shape) > kPrintThreshold);
+    out << ", device='" << tp::to_string(t.storage->device()) << '\'';
+  } else {
+    print_values(out, t, 0, t.offset, numel_of(t.shape) > kPrintThreshold);
+  }
   out << ", dtype=" << tp::to_string(t.dtype);
   if (t.grad_fn) {
     out << ", grad_fn=<" << t.grad_fn->name() << '>';
@@ -723,33 +883,32 @@ std::string Tensor::to_string() const {
 
 // ---- factories -------------------------------------------------------------------------
 
-Tensor empty(const Shape& shape, Dtype dtype) {
-  for (int64_t size : shape) {
-    TP_CHECK(size >= 0, "tp::empty: negative size ", size, " in shape ",
-             tp::to_string(shape));
+Tensor empty(const Shape& shape, Dtype dtype, Device device) {
+  return make_empty(shape, dtype, device, "tp::empty");
+}
+
+Tensor zeros(const Shape& shape, Dtype dtype, Device device) {
+  Tensor out = make_empty(shape, dtype, device, "tp::zeros");
+  return out.fill_(0.0);
+}
+
+Tensor ones(const Shape& shape, Dtype dtype, Device device) {
+  Tensor out = make_empty(shape, dtype, device, "tp::ones");
+  return out.fill_(1.0);
+}
+
+Tensor full(const Shape& shape, double value, Dtype dtype, Device device) {
+  Tensor out = make_empty(shape, dtype, device, "tp::full");
+  return out.fill_(value);
+}
+
+Tensor tensor(const std::vector<double>& values, const Shape& shape, Dtype dtype,
+              Device device) {
+  if (device.type != DeviceType::CPU) {
+    check_device_usable(device, "tp::tensor");
+    return tensor(values, shape, dtype, kCPU).to(device);  // built on the host, then copied
   }
-  const int64_t n = numel_of(shape);
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(
-      static_cast<std::size_t>(n) * element_size(dtype), kCPU);
-  impl->shape = shape;
-  impl->strides = contiguous_strides(shape);
-  impl->dtype = dtype;
-  return Tensor(std::move(impl));
-}
-
-Tensor zeros(const Shape& shape, Dtype dtype) { return full(shape, 0.0, dtype); }
-
-Tensor ones(const Shape& shape, Dtype dtype) { return full(shape, 1.0, dtype); }
-
-Tensor full(const Shape& shape, double value, Dtype dtype) {
-  Tensor out = empty(shape, dtype);
-  out.fill_(value);
-  return out;
-}
-
-Tensor tensor(const std::vector<double>& values, const Shape& shape, Dtype dtype) {
-  Tensor out = empty(shape, dtype);
+  Tensor out = make_empty(shape, dtype, kCPU, "tp::tensor");
   const int64_t n = numel_of(shape);
   TP_CHECK(static_cast<int64_t>(values.size()) == n, "tp::tensor: got ",
            values.size(), " values for shape ", tp::to_string(shape), ", which holds ",
@@ -766,7 +925,7 @@ Tensor tensor(const std::vector<double>& values, const Shape& shape, Dtype dtype
 
 Tensor zeros_like(const Tensor& t) {
   TP_CHECK(t.defined(), "tp::zeros_like: got an undefined tensor");
-  return zeros(t.shape(), t.dtype());
+  return zeros(t.shape(), t.dtype(), t.device());
 }
 
 }  // namespace tp

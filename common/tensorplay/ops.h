@@ -8,8 +8,17 @@
 //   - When grad mode is on (see autograd/grad_mode.h) and an input requires
 //     grad, the output gets a grad_fn whose backward rule is in ops.cc next
 //     to the forward kernel it reverses.
-//   - matmul runs through cblas (OpenBLAS): transposed views (t()) are passed
-//     to BLAS as transpose flags, never copied.
+//   - Inputs must share a device; an op given two throws ("tp::add: tensors
+//     on cpu and cuda:0; move one with .to(...)"). Outputs, and the
+//     gradients the backward rules make, live on the inputs' device. On CUDA
+//     the op is queued on the current stream; results equal the CPU's to
+//     rounding (float64 ~1e-15, float32 ~1e-7 relative), and repeat runs are
+//     bit-identical (reductions add in a fixed order, without atomics).
+//   - matmul runs through cblas (OpenBLAS), or cuBLAS on CUDA (plain FP32 for
+//     float32, no TF32): transposed views (t()) are passed to BLAS as
+//     transpose flags, never copied.
+//   - max_abs_diff and allclose compare tensors on any devices (CUDA values
+//     are copied to the CPU first).
 #pragma once
 
 #include "tensorplay/tensor.h"

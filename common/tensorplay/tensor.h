@@ -9,8 +9,19 @@
 //     shape, strides and storage offset (in elements) but aliases the bytes:
 //     narrow(), view(), flatten() and t() never copy. A DDP bucket is one flat
 //     tensor and each parameter's gradient slot is a view of it.
-//   - dtype is float32 or float64. device is CPU today; the field exists so a
-//     CUDA path can be added without changing signatures.
+//   - dtype is float32 or float64. device is the CPU (kCPU) or a CUDA device
+//     (kCUDA is cuda:0; Device{DeviceType::CUDA, -1} is the current one).
+//     Factories take a device; to(device), cpu() and cuda() move data. Every
+//     op of ops.h and every in-place method runs on the device of its
+//     inputs, and an op given tensors on two devices throws tp::Error naming
+//     both. Work on a CUDA tensor is queued on the calling thread's current
+//     stream (tp::cuda::current_stream()) and does not wait; item(),
+//     to_vector(), to_string(), norm() and a copy to the CPU wait for it.
+//     A CUDA tensor must live on the thread's current device
+//     (tp::cuda::set_device) when an op touches it.
+//   - Asking for a CUDA tensor where CUDA cannot be used (a build without
+//     it, a machine without a device) throws tp::Error naming the factory or
+//     op and tp::cuda::unavailable_reason().
 //   - In-place methods (zero_, fill_, copy_, add_, mul_, div_) write through
 //     views and never record autograd history; use them on gradients and
 //     under NoGradGuard.
@@ -48,9 +59,14 @@ struct Device {
   bool operator==(const Device&) const = default;
 };
 inline constexpr Device kCPU{DeviceType::CPU, -1};
+// The first CUDA device. (Device{DeviceType::CUDA, -1}: the current one.)
+inline constexpr Device kCUDA{DeviceType::CUDA, 0};
 
-// "cpu" or "cuda:0".
+// "cpu", "cuda:0", or "cuda" for the current CUDA device (index -1).
 std::string to_string(Device device);
+// The inverse of to_string: "cpu", "cuda" (index -1) or "cuda:N"; throws
+// tp::Error for anything else.
+Device parse_device(const std::string& text);
 
 using Shape = std::vector<int64_t>;
 using Strides = std::vector<int64_t>;
@@ -64,8 +80,14 @@ Strides contiguous_strides(const Shape& shape);
 
 // A block of bytes owned jointly by every tensor that views it.
 // Invariant: nbytes never changes after construction; data is 64-byte aligned.
+// On a CUDA device the bytes are device memory (tp::cuda::allocate: ordered
+// on the current stream, freed on it with tp::cuda::deallocate); device()
+// then names the device concretely (cuda:0, never index -1). A CUDA device
+// other than the current one is refused: set_device first.
 class Storage {
  public:
+  // Throws tp::Error with tp::cuda::unavailable_reason() when a CUDA device
+  // is asked for and CUDA cannot be used.
   Storage(std::size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -79,6 +101,8 @@ class Storage {
   void* data_;
   std::size_t nbytes_;
   Device device_;
+  // CUDA only: where and on which stream data_ was allocated.
+  void* cuda_stream_ = nullptr;
 };
 
 namespace autograd {
@@ -157,15 +181,19 @@ class Tensor {
   bool is_alias_of(const Tensor& other) const;
 
   // ---- data access -----------------------------------------------------
-  // Pointer to element 0 of this view. REQUIRES: defined().
+  // Pointer to element 0 of this view. REQUIRES: defined(). For a CUDA
+  // tensor it is a device pointer: pass it to kernels, cuBLAS or NCCL, never
+  // dereference it on the host (copy to the CPU with cpu() first).
   void* data_ptr() const;
   // Typed pointer. REQUIRES: T matches dtype() (float for Float32, double for
   // Float64); throws tp::Error otherwise.
   template <typename T>
   T* data_ptr() const;
-  // The single value of a one-element tensor, as double.
+  // The single value of a one-element tensor, as double. A CUDA tensor is
+  // copied to the CPU first (the host waits for the current stream).
   double item() const;
-  // All values in row-major order, as double (for tests and printing).
+  // All values in row-major order, as double (for tests and printing); a
+  // CUDA tensor's are copied to the CPU first, as for item().
   std::vector<double> to_vector() const;
 
   // ---- views (alias storage, differentiable) ---------------------------
@@ -185,15 +213,28 @@ class Tensor {
   Tensor clone() const;
   // Same storage, no autograd history, requires_grad false.
   Tensor detach() const;
-  // A contiguous copy converted to dtype (not differentiable).
+  // A contiguous copy converted to dtype, on the same device (not
+  // differentiable).
   Tensor to(Dtype dtype) const;
+  // A contiguous copy on `device` (same dtype); *this itself when it already
+  // lives there, as in PyTorch. Differentiable: the gradient goes back to
+  // this tensor's device. Device{CUDA, -1} means the current CUDA device.
+  Tensor to(Device device) const;
+  // to(kCPU).
+  Tensor cpu() const;
+  // to the current CUDA device.
+  Tensor cuda() const;
 
   // ---- in-place (no autograd history; return *this) --------------------
   Tensor& zero_();
   Tensor& fill_(double value);
   // Copies src's values into this view. REQUIRES: same shape; dtypes may differ.
   // A src that overlaps this view (a.copy_(a.t())) is read as it was before
-  // the call; so is add_'s other.
+  // the call; so is add_'s other. src may be on another device than this
+  // tensor: the copy goes through tp::cuda::copy_async on the current stream,
+  // and the host waits for that stream before copy_ returns (so a CPU
+  // destination can be read, and a CPU source changed, right away).
+  // add_'s other must be on this tensor's device.
   Tensor& copy_(const Tensor& src);
   // this += alpha * other. REQUIRES: same shape and dtype.
   Tensor& add_(const Tensor& other, double alpha = 1.0);
@@ -265,15 +306,18 @@ struct TensorImpl {
 };
 
 // ---- factories -----------------------------------------------------------
+// Each makes a contiguous tensor on `device` (CPU by default); a CUDA device
+// where CUDA cannot be used throws tp::Error naming the factory and why.
 // Uninitialized contiguous tensor.
-Tensor empty(const Shape& shape, Dtype dtype = kFloat32);
-Tensor zeros(const Shape& shape, Dtype dtype = kFloat32);
-Tensor ones(const Shape& shape, Dtype dtype = kFloat32);
-Tensor full(const Shape& shape, double value, Dtype dtype = kFloat32);
+Tensor empty(const Shape& shape, Dtype dtype = kFloat32, Device device = kCPU);
+Tensor zeros(const Shape& shape, Dtype dtype = kFloat32, Device device = kCPU);
+Tensor ones(const Shape& shape, Dtype dtype = kFloat32, Device device = kCPU);
+Tensor full(const Shape& shape, double value, Dtype dtype = kFloat32,
+            Device device = kCPU);
 // A tensor holding values (row-major). REQUIRES: values.size() == numel(shape).
 Tensor tensor(const std::vector<double>& values, const Shape& shape,
-              Dtype dtype = kFloat32);
-// A tensor of the same shape and dtype, filled with zeros.
+              Dtype dtype = kFloat32, Device device = kCPU);
+// A tensor of the same shape, dtype and device, filled with zeros.
 Tensor zeros_like(const Tensor& t);
 
 }  // namespace tp

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "tensorplay/cuda/runtime.h"
 #include "tensorplay/distributed/init.h"
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/error.h"
@@ -627,14 +628,45 @@ TEST_CASE("init_process_group names the init methods it knows") {
                        Contains("names no directory"), tp::DistributedError);
 }
 
-TEST_CASE("init_process_group rejects an unknown backend and explains the missing NCCL") {
+TEST_CASE("init_process_group rejects an unknown backend") {
   tp::TempDir dir;
   CHECK_THROWS_WITH_AS(dist::init_process_group("mpi", 0, 1, dir.file_init_method()),
-                       Contains("unknown backend 'mpi'; supported backends: gloo"),
+                       Contains("unknown backend 'mpi'; supported backends: gloo and nccl"),
                        tp::DistributedError);
-  CHECK_THROWS_WITH_AS(dist::init_process_group("nccl", 0, 1, dir.file_init_method()),
-                       Contains("built without NCCL; reconfigure with -Dnccl=enabled"),
-                       tp::DistributedError);
+}
+
+TEST_CASE("init_process_group(\"nccl\") says why NCCL cannot run here, or runs") {
+  // Runs everywhere, in a spawned rank: CUDA must not be initialised in the
+  // test process, whose later cases fork (Note [No CUDA in the parent] in
+  // cuda_test_util.h).
+  tp::TempDir dir;
+  const std::string outcome = mp::spawn(
+      [&](int rank) -> std::string {
+        try {
+          dist::init_process_group("nccl", rank, 1, dir.file_init_method());
+        } catch (const tp::DistributedError& e) {
+          return e.what();
+        }
+        const std::string backend = dist::default_group()->backend_name();
+        dist::destroy_process_group();
+        return "initialized " + backend;
+      },
+      1)[0];
+  if (!tp::cuda::is_built()) {
+    // Without CUDA there is no NCCL.
+    CHECK_MESSAGE(outcome.find("backend 'nccl' is not available: tensorplay was built without "
+                               "NCCL (") != std::string::npos, outcome);
+    CHECK_MESSAGE(outcome.find("use backend \"gloo\"") != std::string::npos, outcome);
+  } else if (outcome.rfind("initialized", 0) == 0) {
+    CHECK_EQ(outcome, "initialized nccl");  // NCCL and a GPU
+  } else if (outcome.find("built without NCCL") != std::string::npos) {
+    CHECK_MESSAGE(outcome.find("use backend \"gloo\"") != std::string::npos, outcome);
+  } else {
+    // NCCL, but no usable GPU (this machine's CI).
+    CHECK_MESSAGE(outcome.find("backend 'nccl' is not available: no usable CUDA device: ") !=
+                      std::string::npos, outcome);
+    CHECK_MESSAGE(outcome.find("use backend \"gloo\"") != std::string::npos, outcome);
+  }
 }
 
 TEST_CASE("init_process_group rejects a rendezvous directory it cannot write") {

@@ -23,6 +23,9 @@
 #include "tensorplay/tensor.h"
 #include "tensorplay/util/temp_dir.h"
 #include "test_util.h"
+// Private to the library; tested here because only the NCCL backend uses
+// it (init_process_group("nccl", ..., "file://DIR")), which needs a GPU.
+#include "../../common/src/distributed/dir_store.h"
 
 namespace dist = tp::distributed;
 namespace mp = tp::multiprocessing;
@@ -397,4 +400,26 @@ TEST_CASE("TP_DISTRIBUTED_DEBUG=DETAIL names both ranks' calls at once when they
             "its collective #1; rank 1 called allreduce MAX of 59069 float32 elements as its "
             "collective #1") != std::string::npos);
   CHECK(seconds_since(start) < 15.0);  // at once, not after the 20 s collective timeout
+}
+
+TEST_CASE("the directory store of file:// for NCCL: set, get, check, add across processes, timeout") {
+  tp::TempDir dir("tp-dir-store");
+  dist::detail::DirStore store(dir.path());
+  CHECK_FALSE(store.check({"nccl/unique_id"}));
+  store.set("nccl/unique_id", std::string("a\0b/%", 5));
+  CHECK(store.check({"nccl/unique_id"}));
+  CHECK_EQ(store.get("nccl/unique_id", milliseconds(10)), std::string("a\0b/%", 5));
+  CHECK_THROWS_WITH_AS(store.get("nccl/where/3", milliseconds(50)),
+                       doctest::Contains("key 'nccl/where/3' did not appear in the directory "
+                                         "store in '"),
+                       tp::TimeoutError);
+  // add() is atomic across processes: 4 ranks add 1 fifty times each.
+  CHECK_NOTHROW(mp::spawn(
+      [&](int) {
+        dist::detail::DirStore mine(dir.path());
+        for (int i = 0; i < 50; ++i) mine.add("tp/claim/0", 1);
+      },
+      4));
+  CHECK_EQ(store.add("tp/claim/0", 0), 200);
+  CHECK_NOTHROW(store.wait({"nccl/unique_id", "tp/claim/0"}, milliseconds(10)));
 }

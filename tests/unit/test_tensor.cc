@@ -5,10 +5,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/autograd/node.h"
+#include "tensorplay/cuda/runtime.h"
 #include "tensorplay/tensor.h"
 #include "tensorplay/ops.h"
 
@@ -51,14 +53,58 @@ TEST_CASE("dtypes and devices have names and element sizes") {
   CHECK(tp::to_string(tp::Device{tp::DeviceType::CUDA, 0}) == "cuda:0");
 }
 
-TEST_CASE("storage is 64-byte aligned and refuses CUDA in a CPU build") {
+TEST_CASE("storage is 64-byte aligned") {
   for (std::size_t nbytes : {1, 4, 100, 4096}) {
     tp::Storage storage(nbytes, tp::kCPU);
     CHECK(reinterpret_cast<std::uintptr_t>(storage.data()) % 64 == 0);
     CHECK(storage.nbytes() == nbytes);
+    CHECK(storage.device() == tp::kCPU);
   }
-  CHECK_THROWS_WITH_AS(tp::Storage(16, tp::Device{tp::DeviceType::CUDA, 0}),
-                       Contains("no CUDA path"), tp::Error);
+}
+
+TEST_CASE("devices print and parse as cpu, cuda and cuda:N") {
+  CHECK(tp::to_string(tp::kCUDA) == "cuda:0");
+  CHECK(tp::to_string(tp::Device{tp::DeviceType::CUDA, -1}) == "cuda");
+  CHECK(tp::parse_device("cpu") == tp::kCPU);
+  CHECK(tp::parse_device("cuda:0") == tp::kCUDA);
+  CHECK(tp::parse_device("cuda:3") == tp::Device{tp::DeviceType::CUDA, 3});
+  CHECK(tp::parse_device("cuda") == tp::Device{tp::DeviceType::CUDA, -1});
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", ""}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(tp::parse_device(bad), Contains("cpu, cuda or cuda:N"), tp::Error);
+  }
+}
+
+// Runs everywhere: where CUDA cannot be used (a build without it, a machine
+// without a device) every way of asking for a CUDA tensor throws, naming the
+// factory or op and CUDA's reason; where it can, the same calls succeed.
+TEST_CASE("asking for a CUDA tensor where CUDA is unavailable names the caller and why") {
+  const tp::Device cuda{tp::DeviceType::CUDA, 0};
+  if (tp::cuda::is_available()) {
+    CHECK(tp::zeros({2}, tp::kFloat32, cuda).device() == cuda);
+    CHECK(tp::ones({2}).to(cuda).cpu().to_vector() == Values{1, 1});
+    return;
+  }
+  const std::string reason = tp::cuda::unavailable_reason();
+  REQUIRE_FALSE(reason.empty());
+  CHECK_THROWS_WITH_AS(tp::Storage(16, cuda), Contains(reason.c_str()), tp::Error);
+  CHECK_THROWS_WITH_AS(tp::empty({2}, tp::kFloat32, cuda), Contains("tp::empty"), tp::Error);
+  CHECK_THROWS_WITH_AS(tp::zeros({2}, tp::kFloat32, cuda), Contains("tp::zeros"), tp::Error);
+  CHECK_THROWS_WITH_AS(tp::ones({2}, tp::kFloat64, cuda), Contains(reason.c_str()), tp::Error);
+  CHECK_THROWS_WITH_AS(tp::full({2}, 3.0, tp::kFloat32, cuda), Contains("tp::full"),
+                       tp::Error);
+  CHECK_THROWS_WITH_AS(tp::tensor({1, 2}, {2}, tp::kFloat32, cuda), Contains("tp::tensor"),
+                       tp::Error);
+  CHECK_THROWS_WITH_AS(tp::ones({2}).to(cuda), Contains("tp::Tensor::to"), tp::Error);
+  CHECK_THROWS_WITH_AS(tp::ones({2}).to(cuda), Contains(reason.c_str()), tp::Error);
+  CHECK_THROWS_WITH_AS(tp::ones({2}).cuda(), Contains(reason.c_str()), tp::Error);
+}
+
+TEST_CASE("to(device) and cpu() of a CPU tensor return the tensor itself") {
+  Tensor a = iota({2, 3});
+  CHECK(a.to(tp::kCPU).impl() == a.impl());
+  CHECK(a.cpu().impl() == a.impl());
+  CHECK(a.to(tp::Device{tp::DeviceType::CPU, 0}).impl() == a.impl());
 }
 
 // ---- factories -------------------------------------------------------------------

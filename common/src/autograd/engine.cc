@@ -146,7 +146,9 @@ void backward(const Tensor& root, const Tensor& grad) {
                       LaterCreatedFirst>
       ready;  // see Note [Ready order]
 
-  buffers[root_node.get()] = grad.defined() ? grad : ones(root.shape(), root.dtype());
+  // The implicit gradient 1 lives where the root does (a CUDA loss: on its GPU).
+  buffers[root_node.get()] =
+      grad.defined() ? grad : ones(root.shape(), root.dtype(), root.device());
   ready.push(root_node);
 
   // Step 2: run every node once, when all its gradients are in.

@@ -5,7 +5,9 @@
 // rendezvous directory) before any rank waits on another, so bad input is an
 // error at once, never a hang. What only the ranks together can check (a
 // rank missing, two ranks with one rank number, world sizes that disagree)
-// is the rendezvous's job (ProcessGroupGloo), bounded by the timeout.
+// is the rendezvous's job (ProcessGroupGloo, ProcessGroupNCCL), bounded by
+// the timeout. Backend "nccl" is built by nccl_backend.h's make_nccl_group,
+// which a build without NCCL replaces by a stand-in that says why not.
 #include "tensorplay/distributed/init.h"
 
 #include <cerrno>
@@ -13,6 +15,8 @@
 #include <mutex>
 #include <utility>
 
+#include "dir_store.h"
+#include "nccl_backend.h"
 #include "network.h"
 #include "rendezvous_dir.h"
 #include "tensorplay/distributed/process_group_gloo.h"
@@ -188,33 +192,62 @@ void init_process_group(const std::string& backend, int rank, int world_size,
     TP_THROW(DistributedError, kInit, ": rank ", rank, " is out of range for world_size ",
              world_size, "; pass a rank in 0 .. ", world_size - 1);
   }
-  if (backend == "nccl") {
-    TP_THROW(DistributedError, kInit, ": rank ", rank,
-             ": backend 'nccl' is not available: built without NCCL; reconfigure with "
-             "-Dnccl=enabled");
-  }
-  if (backend != "gloo") {
+  const bool nccl = backend == "nccl";
+  if (backend != "gloo" && !nccl) {
     TP_THROW(DistributedError, kInit, ": rank ", rank, ": unknown backend '", backend,
-             "'; supported backends: gloo (and nccl in a build with -Dnccl=enabled)");
+             "'; supported backends: gloo and nccl (CUDA tensors, one GPU per rank, in a "
+             "build with NCCL)");
+  }
+  if (nccl) {
+    if (const std::string why = detail::nccl_unavailable_reason(); !why.empty()) {
+      TP_THROW(DistributedError, kInit, ": rank ", rank, ": backend 'nccl' is not available: ",
+               why, why.find("gloo") == std::string::npos
+                        ? "; use backend \"gloo\" (it takes CPU tensors, and CUDA tensors "
+                          "staged through host memory)"
+                        : "");
+    }
   }
   if (timeout.count() <= 0) {
     TP_THROW(DistributedError, kInit, ": rank ", rank, ": timeout must be positive (got ",
              timeout.count(), " ms)");
   }
   const InitMethod method = parse_init_method(init_method, rank);
+  // PyTorch's TORCH_NCCL_BLOCKING_WAIT=1, or the kit's own name for it:
+  // Work::wait() of the NCCL backend then blocks the host too.
+  const auto blocking_wait = [] {
+    for (const char* name : {"TP_NCCL_BLOCKING_WAIT", "TORCH_NCCL_BLOCKING_WAIT"}) {
+      const char* value = std::getenv(name);
+      if (value != nullptr && std::string(value) == "1") return true;
+    }
+    return false;
+  };
   GlooOptions options;
   options.timeout = timeout;
   if (method.scheme == InitMethod::Scheme::File) {
     detail::prepare_rendezvous_dir(method.dir, rank, kInit);
+    if (nccl) {
+      // NCCL needs a Store (for its ncclUniqueId); file:// has a directory,
+      // which is one (dir_store.h).
+      g_default = with_context(cat(kInit, ": rank ", rank, " of ", world_size, ", ",
+                                   init_method, ": "), "", [&] {
+        return detail::make_nccl_group(std::make_shared<detail::DirStore>(method.dir), rank,
+                                       world_size, timeout, blocking_wait());
+      });
+      return;
+    }
     g_default = std::make_shared<ProcessGroupGloo>(method.dir, rank, world_size, options);
     return;
   }
-  // Note [Choosing the interface] (network.h).
-  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-  if (ifname != nullptr && *ifname != '\0') {
-    options.socket_ifname = ifname;
-  } else {
-    options.hostname = detail::local_address_towards(method.host, method.port, method.host_what);
+  if (!nccl) {
+    // Note [Choosing the interface] (network.h). NCCL chooses its own
+    // (NCCL_SOCKET_IFNAME).
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    if (ifname != nullptr && *ifname != '\0') {
+      options.socket_ifname = ifname;
+    } else {
+      options.hostname =
+          detail::local_address_towards(method.host, method.port, method.host_what);
+    }
   }
   const std::string context = cat(kInit, ": rank ", rank, " of ", world_size, ", ",
                                   method.origin, ": ");
@@ -232,6 +265,12 @@ void init_process_group(const std::string& backend, int rank, int world_size,
     store = with_context(context, "", [&] {
       return std::make_shared<RedisStore>(method.host, method.port, method.job_id, timeout);
     });
+  }
+  if (nccl) {
+    g_default = with_context(context, "", [&] {
+      return detail::make_nccl_group(store, rank, world_size, timeout, blocking_wait());
+    });
+    return;
   }
   g_default = with_context(context, "", [&] {
     return std::make_shared<ProcessGroupGloo>(store, rank, world_size, options);

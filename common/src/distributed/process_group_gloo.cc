@@ -15,6 +15,8 @@
 // [In-flight writes].
 // One thread, one queue: collectives run one at a time in issue order, the
 // CPU analogue of a CUDA communication stream.
+// CUDA tensors are staged through pinned host memory around the Gloo call:
+// Note [Staging CUDA tensors].
 #include "tensorplay/distributed/process_group_gloo.h"
 
 #include <fcntl.h>
@@ -42,17 +44,21 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "network.h"
 #include "rank_list.h"
 #include "rendezvous_dir.h"
 #include "store_rendezvous.h"
+#include "tensorplay/cuda/runtime.h"
 #include "tensorplay/error.h"
 #include "tensorplay/trace.h"
 
@@ -204,11 +210,8 @@ void check_tensor(const char* fn, int rank, const Tensor& t, const std::string& 
     TP_THROW(DistributedError, fn, ": rank ", rank, ": ", what,
              " is undefined; pass a tensor made by tp::zeros, tp::tensor or a model");
   }
-  if (t.device().type != DeviceType::CPU) {
-    TP_THROW(DistributedError, fn, ": rank ", rank, ": ", what, " is on ",
-             to_string(t.device()), " but the gloo backend works on CPU tensors; "
-             "move it to the CPU first");
-  }
+  // CPU tensors, and CUDA tensors staged through host memory (Note [Staging
+  // CUDA tensors]); a CUDA tensor exists only in a build with CUDA.
   if (t.dtype() != kFloat32 && t.dtype() != kFloat64) {
     TP_THROW(DistributedError, fn, ": rank ", rank, ": ", what, " has dtype ",
              to_string(t.dtype()), "; the gloo backend supports float32 and float64");
@@ -221,6 +224,57 @@ void check_tensor(const char* fn, int rank, const Tensor& t, const std::string& 
   }
 }
 
+// Note [Staging CUDA tensors]
+// Gloo reads and writes host memory only, and NCCL cannot put two ranks on
+// one GPU (ProcessGroupNCCL refuses it), so a job whose ranks share a GPU
+// (a laptop, a lesson on one card) runs its CUDA tensors' collectives on
+// the gloo backend, through pinned host buffers:
+//   1. At issue, on the calling thread: an event `ready` is recorded on the
+//      caller's current stream, after the kernels that wrote the tensor.
+//      The host does not wait.
+//   2. On the communication thread: the group's own communication stream
+//      for that GPU (non-blocking, made at first need) waits for `ready`,
+//      copies device -> pinned host buffer (cached per GPU, size and
+//      position in the collective), and the thread synchronises that stream
+//      (Gloo is about to read the host buffer);
+//   3. Gloo runs the collective on the host buffers, as for a CPU tensor;
+//   4. the stream copies host -> device and records an event `done`; the
+//      thread does not wait for it, and finishes the work.
+//   5. wait() returns once Gloo finished (as for a CPU tensor) and makes the
+//      caller's current stream wait for `done`: kernels queued after wait()
+//      see the result, with no device synchronisation.
+// The tensors' storage stays alive until `done` has completed (the
+// communication thread holds it in `retiring`), so memory freed by the
+// caller meanwhile is not reused under the copy back. A pinned buffer is
+// reused by the next collective of its size only after the copy back from
+// it: both run on the one communication stream of that GPU.
+// Checker mode (GlooOptions::check_in_flight_writes) does not take CUDA
+// tensors: its comparison at wait() would need a device synchronisation in
+// wait(), the very thing staging avoids; it refuses them at issue.
+// All of this is inert without CUDA: no CUDA tensor can exist then
+// (tp::cuda::is_built() is false), so no Staging is ever made.
+
+// A CUDA tensor's block, staged through a pinned host buffer.
+struct StagedBlock {
+  void* device_data = nullptr;  // the tensor's memory on its GPU
+  std::size_t nbytes = 0;
+  bool copy_in = false;   // device -> host before the collective
+  bool copy_out = false;  // host -> device after it
+  void* host = nullptr;   // the pinned buffer; set on the communication thread
+};
+
+// The CUDA side of one collective (Note [Staging CUDA tensors]).
+struct Staging {
+  explicit Staging(int device) : device(device) {}
+  const int device;
+  const cuda::Event ready;  // recorded at issue on the caller's current stream
+  std::vector<std::shared_ptr<StagedBlock>> blocks;
+  std::vector<std::shared_ptr<const void>> keep;  // the tensors' storage
+  // Recorded by the communication thread after the copies back, before the
+  // work finishes; read by wait() after it has.
+  std::optional<cuda::Event> done;
+};
+
 // What the communication thread needs of a tensor: its bytes, kept alive by
 // the storage handle. Not the Tensor itself: the communication thread never
 // touches a TensorImpl or the autograd graph, only memory it was handed.
@@ -230,11 +284,54 @@ struct Buffer {
   std::size_t numel = 0;
   std::size_t nbytes = 0;
   Dtype dtype = kFloat32;
+  std::shared_ptr<StagedBlock> staged;  // set for a CUDA tensor: Gloo works on its host copy
+
+  // The memory Gloo works on: the tensor's (or a checker-mode copy), or the
+  // pinned host buffer of a staged CUDA tensor.
+  void* ptr() const { return staged ? staged->host : data; }
 };
+
+bool is_cuda(const Tensor& t) { return t.device().type == DeviceType::CUDA; }
+
+// The Staging of a collective whose tensors are on CUDA `device` (Note
+// [Staging CUDA tensors], step 1 once every block is added: see arm()).
+std::shared_ptr<Staging> begin_staging(const char* fn, int rank, const Tensor& t,
+                                       bool check_in_flight_writes) {
+  if (check_in_flight_writes) {
+    TP_THROW(DistributedError, fn, ": rank ", rank, ": checker mode "
+             "(GlooOptions::check_in_flight_writes) does not take CUDA tensors (this one is on ",
+             to_string(t.device()), "): checking for writes at wait() would synchronise the "
+             "device; run the checker on CPU tensors, or turn checker mode off");
+  }
+  const int device = t.device().index < 0 ? cuda::current_device() : t.device().index;
+  return std::make_shared<Staging>(device);
+}
+
+// A staged block for CUDA tensor `t` in `staging`; the Buffer Gloo sees.
+Buffer staged_buffer(const char* fn, int rank, Staging& staging, const Tensor& t,
+                     bool copy_in, bool copy_out) {
+  const int device = t.device().index < 0 ? cuda::current_device() : t.device().index;
+  if (device != staging.device) {
+    TP_THROW(DistributedError, fn, ": rank ", rank, ": the tensors of one collective are on "
+             "cuda:", staging.device, " and cuda:", device, "; put them on one GPU");
+  }
+  auto block = std::make_shared<StagedBlock>();
+  block->device_data = t.data_ptr();
+  block->nbytes = t.nbytes();
+  block->copy_in = copy_in;
+  block->copy_out = copy_out;
+  staging.blocks.push_back(block);
+  staging.keep.push_back(t.storage());
+  return Buffer{t.storage(), nullptr, static_cast<std::size_t>(t.numel()), t.nbytes(),
+                t.dtype(), std::move(block)};
+}
+
+// Step 1: the blocks are read only after what the caller's stream queued so far.
+void arm(Staging& staging) { staging.ready.record(cuda::current_stream()); }
 
 Buffer buffer_of(const Tensor& t) {
   return Buffer{t.storage(), t.data_ptr(), static_cast<std::size_t>(t.numel()), t.nbytes(),
-                t.dtype()};
+                t.dtype(), nullptr};
 }
 
 // Note [In-flight writes]
@@ -468,7 +565,7 @@ gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
 template <typename T>
 void run_allreduce(const std::shared_ptr<gloo::Context>& context, const Buffer& buf,
                    ReduceOp op, uint32_t tag, milliseconds timeout) {
-  T* data = static_cast<T*>(buf.data);
+  T* data = static_cast<T*>(buf.ptr());
   gloo::AllreduceOptions opts(context);
   opts.setOutput(data, buf.numel);  // no separate input: reduce in place
   opts.setReduceFunction(reduce_function<T>(op));
@@ -500,6 +597,7 @@ struct ProcessGroupGloo::Impl {
     std::shared_ptr<Work> work;
     std::function<void(uint32_t tag)> body;  // the Gloo call; tag per Note [Gloo tags]
     uint32_t tag = 0;
+    std::shared_ptr<Staging> staging;  // CUDA tensors only: Note [Staging CUDA tensors]
   };
 
   Impl(int rank, int size, milliseconds timeout, bool check_collectives)
@@ -520,8 +618,10 @@ struct ProcessGroupGloo::Impl {
 
   // nbytes: the payload, recorded on the trace so a checker can tell which
   // bucket a collective carried.
+  // staging: for CUDA tensors (Note [Staging CUDA tensors]), else null.
   std::shared_ptr<Work> enqueue(const char* op, const char* queued_event, uint64_t nbytes,
-                                const Call& call, std::function<void(uint32_t)> body) {
+                                const Call& call, std::function<void(uint32_t)> body,
+                                std::shared_ptr<Staging> staging = nullptr) {
     const uint64_t seq = next_seq++;
     if (check_collectives) {
       body = [context = this->context, call, seq, timeout = this->timeout,
@@ -531,11 +631,19 @@ struct ProcessGroupGloo::Impl {
       };
     }
     auto work = std::make_shared<Work>(op, seq, rank);
+    if (staging) {
+      // Step 1, then step 5 at every wait(): the caller's stream (whichever
+      // thread waits) is ordered after the copy back.
+      arm(*staging);
+      work->set_on_wait([staging] {
+        if (staging->done) cuda::current_stream().wait(*staging->done);
+      });
+    }
     trace::instant(queued_event, "comm",
                    {{"seq", static_cast<int64_t>(seq)}, {"bytes", static_cast<int64_t>(nbytes)}});
     {
       std::lock_guard<std::mutex> lock(mutex);
-      queue.push_back(Task{op, seq, work, std::move(body), call.tag(seq)});
+      queue.push_back(Task{op, seq, work, std::move(body), call.tag(seq), std::move(staging)});
     }
     cv.notify_one();
     return work;
@@ -548,11 +656,64 @@ struct ProcessGroupGloo::Impl {
       {
         std::unique_lock<std::mutex> lock(mutex);
         cv.wait(lock, [this] { return stopping || !queue.empty(); });
-        if (queue.empty()) return;  // stopping, and every task has run
+        if (queue.empty()) break;  // stopping, and every task has run
         task = std::move(queue.front());
         queue.pop_front();
       }
       run(task);
+    }
+    retire(true);
+  }
+
+  // ---- staging CUDA tensors (Note [Staging CUDA tensors]); communication thread only
+
+  // The communication stream of `device`, made at first need.
+  const cuda::Stream& comm_stream(int device) {
+    auto it = comm_streams.find(device);
+    if (it == comm_streams.end()) it = comm_streams.emplace(device, cuda::Stream::create()).first;
+    return it->second;
+  }
+
+  // Steps 2: the blocks' bytes in pinned host buffers, ready for Gloo.
+  void stage_in(Staging& staging) {
+    cuda::set_device(staging.device);
+    const cuda::Stream& stream = comm_stream(staging.device);
+    stream.wait(staging.ready);
+    for (std::size_t i = 0; i < staging.blocks.size(); ++i) {
+      StagedBlock& block = *staging.blocks[i];
+      std::shared_ptr<void>& host = pinned[{staging.device, block.nbytes, i}];
+      if (!host) host = cuda::allocate_pinned(block.nbytes);
+      block.host = host.get();
+      if (block.copy_in) cuda::copy_async(block.host, block.device_data, block.nbytes, stream);
+    }
+    stream.synchronize();  // Gloo reads the host buffers next
+  }
+
+  // Step 4: the results back to the device, and `done` after them.
+  void stage_out(Staging& staging) {
+    const cuda::Stream& stream = comm_stream(staging.device);
+    for (const auto& block : staging.blocks) {
+      if (block->copy_out) cuda::copy_async(block->device_data, block->host, block->nbytes, stream);
+    }
+    staging.done.emplace();
+    staging.done->record(stream);
+    retiring.push_back(Retiring{*staging.done, staging.keep});
+  }
+
+  // Drops the storage of staged tensors whose copies back have run (all:
+  // waits for them first; at the end of the communication thread).
+  void retire(bool all) {
+    while (!retiring.empty()) {
+      try {
+        if (all) {
+          retiring.front().done.synchronize();
+        } else if (!retiring.front().done.query()) {
+          return;  // copies back complete in order: the rest are later
+        }
+      } catch (...) {
+        // A broken CUDA context: the copies will never run; let go.
+      }
+      retiring.pop_front();
     }
   }
 
@@ -582,7 +743,12 @@ struct ProcessGroupGloo::Impl {
     }
     std::exception_ptr error;
     try {
+      if (task.staging) {
+        retire(false);
+        stage_in(*task.staging);
+      }
       task.body(task.tag);
+      if (task.staging) stage_out(*task.staging);
     } catch (const gloo::IoException& e) {
       // The transport failed: a deadline passed or a connection broke.
       if (mentions_timeout(e.what())) {
@@ -631,6 +797,18 @@ struct ProcessGroupGloo::Impl {
   bool stopping = false;   // guarded by mutex; set by the destructor
 
   std::string failed;  // communication thread only: "allreduce #3" once one failed
+
+  // Note [Staging CUDA tensors]; communication thread only, all empty
+  // until a collective has a CUDA tensor.
+  struct Retiring {
+    cuda::Event done;                                // the copies back
+    std::vector<std::shared_ptr<const void>> keep;  // the storage they write
+  };
+  std::map<int, cuda::Stream> comm_streams;  // per GPU
+  // Pinned buffers by (GPU, size, position in the collective); a buffer is
+  // reused in issue order on its GPU's stream, so one per key suffices.
+  std::map<std::tuple<int, std::size_t, std::size_t>, std::shared_ptr<void>> pinned;
+  std::deque<Retiring> retiring;  // in the order of their copies back
 
   std::thread comm_thread;  // started last, once everything above exists
 };
@@ -771,9 +949,12 @@ ProcessGroupGloo::~ProcessGroupGloo() = default;  // Impl drains and joins
 std::shared_ptr<Work> ProcessGroupGloo::allreduce(const Tensor& tensor, ReduceOp op) {
   constexpr const char* fn = "tp::distributed::ProcessGroupGloo::allreduce";
   check_tensor(fn, rank(), tensor, "the tensor");
+  std::shared_ptr<Staging> staging;
+  if (is_cuda(tensor)) staging = begin_staging(fn, rank(), tensor, options_.check_in_flight_writes);
   ++counters_.allreduce;
   counters_.allreduce_elements += static_cast<uint64_t>(tensor.numel());
-  const Buffer buf = buffer_for_collective(tensor, options_.check_in_flight_writes);
+  const Buffer buf = staging ? staged_buffer(fn, rank(), *staging, tensor, true, true)
+                             : buffer_for_collective(tensor, options_.check_in_flight_writes);
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
   std::shared_ptr<Work> work = impl_->enqueue(
@@ -787,8 +968,9 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const Tensor& tensor, ReduceOp
         } else {
           run_allreduce<float>(context, buf, op, tag, timeout);
         }
-      });
-  check_at_wait(options_.check_in_flight_writes, *work, tensor, buf, rank());
+      },
+      staging);
+  if (!staging) check_at_wait(options_.check_in_flight_writes, *work, tensor, buf, rank());
   return work;
 }
 
@@ -800,8 +982,12 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root
              " is out of range for world size ", size(), "; pass a rank in 0 .. ",
              size() - 1);
   }
+  std::shared_ptr<Staging> staging;
+  if (is_cuda(tensor)) staging = begin_staging(fn, rank(), tensor, options_.check_in_flight_writes);
   ++counters_.broadcast;
-  const Buffer buf = buffer_for_collective(tensor, options_.check_in_flight_writes);
+  // Only the root's bytes are read; every rank's are written.
+  const Buffer buf = staging ? staged_buffer(fn, rank(), *staging, tensor, rank() == root, true)
+                             : buffer_for_collective(tensor, options_.check_in_flight_writes);
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
   std::shared_ptr<Work> work = impl_->enqueue(
@@ -813,12 +999,13 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root
         // Bytes, not elements: broadcast copies and never computes.
         gloo::BroadcastOptions opts(context);
         opts.setRoot(root);
-        opts.setOutput(static_cast<uint8_t*>(buf.data), buf.nbytes);  // in place
+        opts.setOutput(static_cast<uint8_t*>(buf.ptr()), buf.nbytes);  // in place
         opts.setTag(tag);
         opts.setTimeout(timeout);
         gloo::broadcast(opts);
-      });
-  check_at_wait(options_.check_in_flight_writes, *work, tensor, buf, rank());
+      },
+      staging);
+  if (!staging) check_at_wait(options_.check_in_flight_writes, *work, tensor, buf, rank());
   return work;
 }
 
@@ -840,10 +1027,19 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& out
                to_string(input.dtype()), "; every output must match the input");
     }
   }
+  std::shared_ptr<Staging> staging;
+  if (is_cuda(input)) staging = begin_staging(fn, rank(), input, false);
+  for (const Tensor& t : outputs) {
+    if (!staging && is_cuda(t)) staging = begin_staging(fn, rank(), t, false);
+  }
   ++counters_.allgather;
-  const Buffer in = buffer_of(input);
+  // Each CUDA tensor staged on its own; CPU ones (if mixed) used directly.
+  const auto buffer = [&](const Tensor& t, bool copy_in, bool copy_out) {
+    return is_cuda(t) ? staged_buffer(fn, rank(), *staging, t, copy_in, copy_out) : buffer_of(t);
+  };
+  const Buffer in = buffer(input, true, false);
   std::vector<Buffer> outs;
-  for (const Tensor& t : outputs) outs.push_back(buffer_of(t));
+  for (const Tensor& t : outputs) outs.push_back(buffer(t, false, true));
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
   return impl_->enqueue(
@@ -856,15 +1052,16 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& out
         // buffer and copy each block out.
         std::vector<uint8_t> staging(in.nbytes * outs.size());
         gloo::AllgatherOptions opts(context);
-        opts.setInput(static_cast<uint8_t*>(in.data), in.nbytes);
+        opts.setInput(static_cast<uint8_t*>(in.ptr()), in.nbytes);
         opts.setOutput(staging.data(), staging.size());
         opts.setTag(tag);
         opts.setTimeout(timeout);
         gloo::allgather(opts);
         for (std::size_t r = 0; r < outs.size(); ++r) {
-          std::memcpy(outs[r].data, staging.data() + r * in.nbytes, in.nbytes);
+          std::memcpy(outs[r].ptr(), staging.data() + r * in.nbytes, in.nbytes);
         }
-      });
+      },
+      staging);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::barrier() {

@@ -21,6 +21,18 @@ void check_name(const char* what, const std::string& name) {
            "' contains '.', which separates submodule names; pick a name without dots");
 }
 
+// Points t's TensorImpl at a contiguous copy of its values on device: the
+// same handle (every holder of it sees the move), a new storage. A view (a
+// DDP bucket slot) stops aliasing its base, as a moved tensor must.
+void move_in_place(const Tensor& t, Device device) {
+  const Tensor moved = t.detach().to(device);  // detach: no history, stays a leaf
+  TensorImpl& impl = *t.impl();
+  if (moved.storage() == impl.storage) return;  // already there
+  impl.storage = moved.storage();
+  impl.offset = 0;
+  impl.strides = moved.strides();
+}
+
 }  // namespace
 
 std::vector<Tensor> Module::parameters() const {
@@ -63,6 +75,15 @@ void Module::zero_grad(bool set_to_none) {
       p.grad().zero_();
     }
   }
+}
+
+Module& Module::to(Device device) {
+  for (const auto& [name, t] : named_parameters()) {
+    move_in_place(t, device);
+    if (t.impl()->grad) move_in_place(Tensor(t.impl()->grad), device);
+  }
+  for (const auto& [name, t] : named_buffers()) move_in_place(t, device);
+  return *this;
 }
 
 void Module::train(bool on) {

@@ -2,8 +2,13 @@
 //
 // Contract:
 //   - init_process_group(backend, rank, world_size, init_method) creates the
-//     default group. backend: "gloo" ("nccl" gives "built without NCCL;
-//     reconfigure with -Dnccl=enabled"). init_method, as in torch.distributed:
+//     default group. backend: "gloo" (CPU tensors, and CUDA tensors staged
+//     through host memory) or "nccl" (CUDA tensors, one GPU per rank:
+//     process_group_nccl.h; every init method below). Where NCCL cannot run
+//     (a build without it, or no usable CUDA device) "nccl" is a
+//     tp::DistributedError saying why, with backend "gloo" as the fix.
+//     TP_NCCL_BLOCKING_WAIT=1 (or TORCH_NCCL_BLOCKING_WAIT=1) makes the NCCL
+//     group's wait() block the host. init_method, as in torch.distributed:
 //       file://DIR          all ranks on one machine, a fresh directory per
 //                           job (see TempDir);
 //       env://              MASTER_ADDR and MASTER_PORT name rank 0's machine

@@ -10,6 +10,11 @@
 //     collectives in the same order, exactly as with torch.distributed.
 //   - Tensors must be contiguous and defined, and stay alive and untouched
 //     until wait() returns. The data is updated in place.
+//   - CUDA tensors: the collective reads them after the work queued so far
+//     on the issuing thread's current CUDA stream, and wait() orders the
+//     waiting thread's current stream after the result (gloo stages them
+//     through host memory; nccl runs on a communication stream and its
+//     wait() does not block the host: process_group_nccl.h).
 //   - Every collective has a timeout; when it expires, wait() throws
 //     tp::TimeoutError: "allreduce #7 on rank 1 timed out after 2000 ms ...".
 //     A collective that failed because another rank failed first (it left,

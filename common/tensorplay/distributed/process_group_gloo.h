@@ -29,9 +29,21 @@
 //     all-gather per collective, and catches what the tag cannot
 //     (Note [Gloo tags] in process_group_gloo.cc).
 //   - ReduceOp::AVG is SUM followed by division by size() on this rank.
+//   - CUDA tensors (a build with CUDA) are staged through pinned host memory
+//     on a communication stream of the group's own: the collective reads the
+//     tensor after the work queued so far on the issuing thread's current
+//     stream (an event; the host does not wait), and wait() returns once
+//     Gloo finished and makes the waiting thread's current stream wait for
+//     the copy back, so kernels queued after wait() see the result without a
+//     device synchronisation; the host reads it after a synchronisation, as
+//     always in CUDA. The tensors of one collective are on one GPU (CPU
+//     tensors may be mixed in an all-gather). Several ranks may share one
+//     GPU, which NCCL cannot do (Note [Staging CUDA tensors] in
+//     process_group_gloo.cc).
 //   - Checker mode (GlooOptions::check_in_flight_writes): a tensor written
 //     while its all-reduce or broadcast is in flight is an error at wait(),
-//     every time; the result lands in the tensor at wait().
+//     every time; the result lands in the tensor at wait(). CPU tensors
+//     only: a CUDA tensor in checker mode is a tp::DistributedError at issue.
 //   - Trace: when tp::trace is enabled, each collective records an instant
 //     "<op> queued" on the issuing thread and a span "<op>" on the
 //     communication thread.

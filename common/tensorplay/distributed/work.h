@@ -14,7 +14,16 @@
 //   - Output tensors may be read only after wait() returns.
 //   - A process group may attach a check to run at the first wait() (checker
 //     mode: Note [In-flight writes] in process_group_gloo.cc); what it throws,
-//     that wait() and every later one rethrow.
+//     that wait() and every later one rethrow. It may also attach a hook run
+//     by every wait() that returns normally (set_on_wait): the Gloo group's
+//     staged CUDA tensors make the caller's current CUDA stream wait there
+//     for the copy back (Note [Staging CUDA tensors]).
+//   - wait() and is_completed() are virtual, for a group whose collectives
+//     complete on a device rather than on a host thread: ProcessGroupNCCL's
+//     work (process_group_nccl.h) returns from wait() once the caller's CUDA
+//     stream is ordered after the collective, without blocking the host, and
+//     rethrows the error only when it is already known. Everything said
+//     above holds for the base class, which the Gloo group uses unchanged.
 #pragma once
 
 #include <condition_variable>
@@ -30,10 +39,13 @@ class Work {
  public:
   Work(std::string collective, uint64_t seq, int rank)
       : collective_(std::move(collective)), seq_(seq), rank_(rank) {}
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
 
   // Blocks until the collective finished; rethrows its error.
-  void wait();
-  bool is_completed() const;
+  virtual void wait();
+  virtual bool is_completed() const;
   // "allreduce", "broadcast", "allgather" or "barrier".
   const std::string& collective() const { return collective_; }
   // 1-based position of this collective in the group's issue order.
@@ -47,6 +59,19 @@ class Work {
   // waiters block until it is done. Set by the process group right after it
   // queues the collective, before the Work is handed to the caller.
   void set_on_first_wait(std::function<void()> check);
+  // Runs `hook` in every wait() that returns normally, on the waiting
+  // thread, after the first-wait check and outside the lock; what it throws,
+  // that wait() throws. Set like set_on_first_wait, before the Work is handed
+  // out; it is never changed afterwards.
+  void set_on_wait(std::function<void()> hook);
+
+ protected:
+  // The collective's error if it finished with one; null while it runs and
+  // once it succeeded. Never blocks.
+  std::exception_ptr error_if_finished() const;
+  // Tells spawn's watch that this rank waited for the collective (progress,
+  // and "waiting in allreduce #3" while `waiting`); a no-op outside spawn.
+  void report_waiting(bool waiting) const;
 
  private:
   const std::string collective_;
@@ -57,6 +82,7 @@ class Work {
   bool done_ = false;              // guarded by mutex_
   std::exception_ptr error_;       // guarded by mutex_; also what on_first_wait_ threw
   std::function<void()> on_first_wait_;  // guarded by mutex_; cleared by the wait() that runs it
+  std::function<void()> on_wait_;        // guarded by mutex_; set once, before hand-out
 };
 
 }  // namespace tp::distributed

@@ -8,6 +8,13 @@
 //   - Returned tensors are handles: changing their data changes the module.
 //   - forward() takes one tensor and returns one tensor (all kit models are
 //     feed-forward); operator() calls forward.
+//   - to(device) moves every parameter and buffer in place: each keeps its
+//     Tensor handle (the same TensorImpl), whose storage is replaced by a
+//     contiguous copy on the device, so hooks, optimizers and DDP holding the
+//     handles keep working. A parameter's .grad, if any, moves the same way.
+//     Nothing moves when a tensor is already there. Autograd history is not
+//     recorded (parameters stay leaves); optimizer state (SGD's momentum
+//     buffers) is not moved: build the optimizer after to(), as in PyTorch.
 //   - Not thread-safe.
 #pragma once
 
@@ -42,6 +49,10 @@ class Module {
 
   // Clears (set_to_none, the PyTorch default) or zeroes every parameter's grad.
   void zero_grad(bool set_to_none = true);
+
+  // Moves all parameters and buffers (and parameters' grads) to device, in
+  // place; see the contract above. Returns *this.
+  Module& to(Device device);
 
   void train(bool on = true);
   void eval() { train(false); }
