@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
+#include "../distributed/nccl_backend.h"
 #include "tensorplay/cuda/runtime.h"
-#include "tensorplay/distributed/init.h"
 #include "tensorplay/error.h"
 
 namespace tp::train {
@@ -32,7 +32,8 @@ std::string to_string(Backend backend) {
 Backend resolved_backend(const RunConfig& config) {
   if (config.backend != Backend::Auto) return config.backend;
   if (config.device.type != DeviceType::CUDA) return Backend::Gloo;
-  return distributed::nccl_is_built() && config.world_size <= cuda::device_count()
+  return distributed::detail::nccl_unavailable_reason().empty() &&
+                 config.world_size <= cuda::device_count()
              ? Backend::NCCL
              : Backend::Gloo;
 }
@@ -54,9 +55,8 @@ void validate_device(const RunConfig& config, const char* who) {
     TP_THROW(Error, who, ": backend nccl moves CUDA tensors only; train on device cuda, or "
              "use backend gloo on the CPU");
   }
-  if (!distributed::nccl_is_built()) {
-    TP_THROW(Error, who, ": backend nccl: tensorplay was built without NCCL; use backend "
-             "gloo, which stages CUDA tensors through host memory");
+  if (const std::string why = distributed::detail::nccl_unavailable_reason(); !why.empty()) {
+    TP_THROW(Error, who, ": backend nccl: ", why);
   }
   if (config.world_size > cuda::device_count()) {
     TP_THROW(Error, who, ": backend nccl needs a GPU per rank, and ", config.world_size,

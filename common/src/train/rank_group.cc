@@ -2,6 +2,8 @@
 #include <memory>
 #include <string>
 
+#include "../distributed/dir_store.h"
+#include "../distributed/nccl_backend.h"
 #include "tensorplay/cuda/runtime.h"
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/error.h"
@@ -17,8 +19,13 @@ std::shared_ptr<distributed::ProcessGroup> make_rank_group(const RunConfig& conf
   }
   switch (resolved_backend(config)) {
     case Backend::NCCL:
-      return distributed::new_nccl_group(rendezvous_dir, rank, config.world_size,
-                                         config.collective_timeout);
+      // NCCL's rendezvous needs only a key-value store: the job's fresh
+      // directory serves as one. wait() does not block the host (PyTorch's
+      // default): a collective that never completes is failed by the group's
+      // watchdog after the timeout, and the next wait or collective throws.
+      return distributed::detail::make_nccl_group(
+          std::make_shared<distributed::detail::DirStore>(rendezvous_dir), rank,
+          config.world_size, config.collective_timeout, /*blocking_wait=*/false);
     case Backend::Gloo:
     case Backend::Auto:
       break;
