@@ -133,7 +133,7 @@ def main():
 
     step("unit: CUDA tensors", [exe("tests/test_cuda_tensor")], 120)
     step("unit: NCCL group", [exe("tests/test_nccl")], 120)
-    step("unit: Gloo staging CUDA", [exe("tests/test_cuda_gloo")], 120)
+    step("unit: Gloo staging CUDA", [exe("tests/test_gloo_cuda")], 120)
     step("checker 03 on CUDA", [exe("tests/check_03_solution"), "--device", "cuda"], 240)
 
     demo_json = os.path.join(out, "demo_03.json")

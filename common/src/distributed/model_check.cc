@@ -78,11 +78,21 @@ void verify_same_tensors_on_all_ranks(ProcessGroup& group,
   const std::string prefix = tp::detail::cat(who, " (rank ", group.rank(), "): ");
   const std::string fix = "; every rank must build the same model before wrapping it in DDP";
 
+  // The table travels on the tensors' device: an NCCL group moves CUDA
+  // tensors only (as PyTorch's DDP builds its check on the module's device).
+  Device device = kCPU;
+  for (const auto& [name, t] : tensors) {
+    if (t.defined()) {
+      device = t.device();
+      break;
+    }
+  }
+
   // First the counts, so that the rows below have one shape on every rank
   // (an all-gather of unequal sizes would fail or hang).
   const auto count = static_cast<int64_t>(tensors.size());
   const std::vector<Tensor> counts =
-      allgather(group, full({1}, static_cast<double>(count), kFloat64));
+      allgather(group, full({1}, static_cast<double>(count), kFloat64, device));
   const auto rank0s = static_cast<int64_t>(counts[0].item());
   for (int r = 1; r < world_size; ++r) {
     const auto theirs = static_cast<int64_t>(counts[static_cast<std::size_t>(r)].item());
@@ -95,7 +105,7 @@ void verify_same_tensors_on_all_ranks(ProcessGroup& group,
 
   // Then every tensor's shape and dtype, compared with rank 0's.
   const std::vector<Tensor> rows =
-      allgather(group, tensor(rows_of(tensors), {count, kRowWidth}, kFloat64));
+      allgather(group, tensor(rows_of(tensors), {count, kRowWidth}, kFloat64, device));
   const std::vector<double> rank0_rows = rows[0].to_vector();
   for (int r = 0; r < world_size; ++r) {
     const std::vector<double> their_rows = rows[static_cast<std::size_t>(r)].to_vector();

@@ -10,6 +10,8 @@
 //     position by position, each tensor's shape and dtype (never the values:
 //     DDP broadcasts those next). Names are not compared; they only make the
 //     message readable ("fc2.weight here").
+//   - Its small tables live on the first defined tensor's device (CUDA
+//     parameters: the GPU, which an NCCL group needs), else on the CPU.
 //   - Collectives it issues, each waited for, the same number on every rank:
 //     exactly 1 allgather (the counts) when the lists are empty or their
 //     counts differ, else 2 (the counts, then one fixed-width row per tensor).
