@@ -386,11 +386,14 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor mul(const Tensor& a, double s) {
   check_defined("tp::mul", a);
   // a and out are the same shape
-  Tensor out = is_cuda(a) ? cuda_kernels::unary(Unary::MulScalar, a, s) : dispatch(a.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T scale = static_cast<T>(s);
-    return unary_kernel(a, [scale](T x) { return x * scale; });
-  });
+  const auto cpu_kernel = [&] {
+    return dispatch(a.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T scale = static_cast<T>(s);
+      return unary_kernel(a, [scale](T x) { return x * scale; });
+    });
+  };
+  Tensor out = is_cuda(a) ? cuda_kernels::unary(Unary::MulScalar, a, s) : cpu_kernel();
   if (!needs_grad({a})) return out;
   return with_grad_fn(out, std::make_shared<MulScalarBackward>(s), {a});
 }
@@ -398,11 +401,14 @@ Tensor mul(const Tensor& a, double s) {
 Tensor div(const Tensor& a, double s) {
   check_defined("tp::div", a);
   // a and out are the same shape
-  Tensor out = is_cuda(a) ? cuda_kernels::unary(Unary::DivScalar, a, s) : dispatch(a.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T divisor = static_cast<T>(s);
-    return unary_kernel(a, [divisor](T x) { return x / divisor; });
-  });
+  const auto cpu_kernel = [&] {
+    return dispatch(a.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T divisor = static_cast<T>(s);
+      return unary_kernel(a, [divisor](T x) { return x / divisor; });
+    });
+  };
+  Tensor out = is_cuda(a) ? cuda_kernels::unary(Unary::DivScalar, a, s) : cpu_kernel();
   if (!needs_grad({a})) return out;
   return with_grad_fn(out, std::make_shared<DivScalarBackward>(s), {a});
 }
