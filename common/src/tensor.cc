@@ -127,7 +127,7 @@ Storage::~Storage() {
   if (device_.type == DeviceType::CPU) {
     ::operator delete(data_, kStorageAlignment);
   } else {
-    cuda::deallocate({data_, static_cast<cuda::StreamHandle>(cuda_stream_), device_.index});
+    cuda::deallocate({data_, cuda_stream_, device_.index});
   }
 }
 
@@ -645,6 +645,10 @@ static Tensor unaliased_source(const TensorImpl& dst, const Tensor& src) {
 // blocking copy does: a CPU destination is then readable, and a CPU source
 // (which cudaMemcpyAsync may still read) free to change or die.
 static void copy_across_devices(Tensor& dst, const Tensor& src) {
+  // The copy is ordered on the current device's stream: the CUDA side must
+  // be on that device, as for every kernel.
+  if (dst.device().type == DeviceType::CUDA) cuda::kernels::check_current_device("tp::Tensor::copy_", dst);
+  if (src.device().type == DeviceType::CUDA) cuda::kernels::check_current_device("tp::Tensor::copy_", src);
   const Tensor packed = src.dtype() == dst.dtype() && src.is_contiguous()
                             ? src.detach()
                             : src.detach().to(dst.dtype());
@@ -803,6 +807,9 @@ void Tensor::set_grad(const Tensor& grad) const {
     TP_CHECK(grad.dtype() == t.dtype, "tp::Tensor::set_grad: the gradient has dtype ",
              tp::to_string(grad.dtype()), " but the tensor has dtype ",
              tp::to_string(t.dtype), "; convert it with .to()");
+    TP_CHECK(grad.device() == t.storage->device(), "tp::Tensor::set_grad: the gradient is on ",
+             tp::to_string(grad.device()), " but the tensor is on ",
+             tp::to_string(t.storage->device()), "; move it with .to()");
   }
   impl_->grad = grad.impl_ptr();
 }

@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorplay/cuda/runtime.h"
 #include "tensorplay/error.h"
 
 namespace tp {
@@ -101,8 +102,9 @@ class Storage {
   void* data_;
   std::size_t nbytes_;
   Device device_;
-  // CUDA only: where and on which stream data_ was allocated.
-  void* cuda_stream_ = nullptr;
+  // CUDA only: the stream data_ was allocated on (and is freed on), kept
+  // alive as long as this storage.
+  cuda::Stream cuda_stream_;
 };
 
 namespace autograd {

@@ -129,6 +129,9 @@ void backward(const Tensor& root, const Tensor& grad) {
              " and dtype ", to_string(grad.dtype()), " but the tensor has shape ",
              to_string(root.shape()), " and dtype ", to_string(root.dtype()),
              "; pass a gradient of the tensor's shape and dtype");
+    TP_CHECK(grad.device() == root.device(), "tp::Tensor::backward: the gradient is on ",
+             to_string(grad.device()), " but the tensor is on ", to_string(root.device()),
+             "; move the gradient with .to(", to_string(root.device()), ")");
   } else {
     TP_CHECK(root.numel() == 1,
              "tp::Tensor::backward: grad can be implicitly created only for "

@@ -52,6 +52,10 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
            to_string(grad_output.shape()), " and dtype ", to_string(grad_output.dtype()),
            " for a leaf of shape ", to_string(leaf.shape), " and dtype ",
            to_string(leaf.dtype), "; a backward rule returned a wrong shape");
+  TP_CHECK(grad_output.device() == leaf.storage->device(),
+           "tp::autograd::AccumulateGrad: got a gradient on ", to_string(grad_output.device()),
+           " for a leaf on ", to_string(leaf.storage->device()),
+           "; a backward rule returned it on the wrong device");
   if (!leaf.grad) {
     // First gradient: the leaf needs a private contiguous tensor. When the
     // engine holds the only handle to grad_output and its storage, nobody

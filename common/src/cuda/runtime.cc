@@ -147,7 +147,8 @@ std::string device_name(int device) {
 struct Stream::Owner {
   cudaStream_t stream = nullptr;
   ~Owner() {
-    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+    // Failures are cleared, not left as the thread's last error (see deallocate).
+    if (stream != nullptr && cudaStreamDestroy(stream) != cudaSuccess) (void)cudaGetLastError();
   }
 };
 
@@ -180,7 +181,7 @@ StreamGuard::~StreamGuard() { t_current = previous_; }
 struct Event::Owner {
   cudaEvent_t event = nullptr;
   ~Owner() {
-    if (event != nullptr) (void)cudaEventDestroy(event);
+    if (event != nullptr && cudaEventDestroy(event) != cudaSuccess) (void)cudaGetLastError();
   }
 };
 
@@ -219,20 +220,29 @@ float Event::elapsed_ms(const Event& start) const {
 Allocation allocate(std::size_t nbytes) {
   require_available("allocate");
   Allocation a;
-  a.stream = current_stream().handle();
+  a.stream = current_stream();
   TP_CUDA_CHECK(cudaGetDevice(&a.device));
   if (nbytes == 0) return a;  // an empty tensor owns no memory
   // Stream-ordered: cudaFree would wait for the whole device, stalling the
   // host behind every all-reduce in flight each time a temporary dies.
-  TP_CUDA_CHECK(cudaMallocAsync(&a.data, nbytes, a.stream));
+  TP_CUDA_CHECK(cudaMallocAsync(&a.data, nbytes, a.stream.handle()));
   return a;
 }
 
 void deallocate(const Allocation& allocation) noexcept {
   if (allocation.data == nullptr) return;
-  // A destructor cannot throw; a failure here means the context is already
-  // broken, and the next checked call reports that.
-  (void)cudaFreeAsync(allocation.data, allocation.stream);
+  // On the allocation's device: the legacy default stream (handle 0) is
+  // the current device's, and the free must be ordered on the right one.
+  int current = allocation.device;
+  (void)cudaGetDevice(&current);
+  if (current != allocation.device) (void)cudaSetDevice(allocation.device);
+  // A destructor cannot throw. A failure here means the context is already
+  // broken; clear it, so that the next launch's cudaGetLastError() does not
+  // report it as its own (the next synchronising call reports a real fault).
+  if (cudaFreeAsync(allocation.data, allocation.stream.handle()) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+  if (current != allocation.device) (void)cudaSetDevice(current);
 }
 
 std::shared_ptr<void> allocate_pinned(std::size_t nbytes) {

@@ -43,6 +43,8 @@ void SGD::step() {
       if (!buf.defined()) {
         buf = g.clone();  // buf = grad on the first step
       } else {
+        // Moved with its parameter (Module::to after a step): the buffer follows.
+        if (buf.device() != g.device()) buf = buf.to(g.device());
         buf.mul_(momentum).add_(g);  // buf = momentum * buf + grad
       }
       p.add_(buf, -lr);  // p -= lr * buf

@@ -134,7 +134,7 @@ class Event {
 // collective's tensor alive in its Work until wait()).
 struct Allocation {
   void* data = nullptr;
-  StreamHandle stream = nullptr;
+  Stream stream;  // shared: a stream outlives the memory ordered on it
   int device = 0;
 };
 Allocation allocate(std::size_t nbytes);
