@@ -41,7 +41,8 @@
 //     reference stays on the CPU): NCCL where each rank has a GPU of its own,
 //     else Gloo staging through host memory, so W = 2 and 4 share one GPU.
 //     Scenarios and worker cases (CPU groups of their own) are skipped, and
-//     the report says so. Without a usable GPU it prints why and returns 77,
+//     the report says so; so is checker mode (a race on a CUDA tensor is
+//     not caught on every run). Without a usable GPU it prints why and returns 77,
 //     the exit code test harnesses count as "skipped": nothing was judged.
 //   - `--init-method URL` (env://, tcp://, redis://): one process per rank,
 //     started by a launcher (tprun). The processes form one group (RANK and
@@ -168,7 +169,10 @@ std::vector<RankResult> run_case_ranks(const CheckCase<typename D::Options>& c,
                                        const std::shared_ptr<distributed::ProcessGroup>& launched) {
   if (!launched) {
     RunConfig checked = c.config;
-    checked.check_in_flight_writes = true;  // a write before wait() fails every run
+    // A write before wait() fails every run. Not on CUDA tensors: the check
+    // compares at wait(), which on a GPU would need the host to wait for the
+    // device, the very thing streams avoid (Note [Staging CUDA tensors]).
+    checked.check_in_flight_writes = c.config.device == kCPU;
     return run_ddp<D>(checked, c.options);
   }
   return all_gather_results(*launched,
