@@ -91,26 +91,35 @@ TEST_CASE("NCCL with one rank: all-reduce, broadcast, all-gather and barrier giv
 }
 
 TEST_CASE("NCCL: wait() orders the caller's stream after the collective, on a stream of its own") {
-  // A side stream as the caller's current stream: the collective must read
-  // what was queued there (the copy to the GPU) and wait() must order the
-  // copy back after it; cpu() waits for that stream only, never the device.
+  // A side stream as the caller's current stream. With one rank an
+  // all-reduce leaves values as they are, so an all-gather into zeros
+  // shows the order: the collective must read what the side stream queued
+  // (the copy to the GPU), and wait() must order the side stream after the
+  // copies into the outputs, or cpu() (which waits for the side stream
+  // only, never the device) would read zeros.
   tp::TempDir dir("tp-nccl-stream");
   CHECK_NOTHROW(mp::spawn(
       [&](int rank) {
         dist::init_process_group("nccl", rank, 1, dir.file_init_method(), kTimeout);
         const tp::cuda::Stream side = tp::cuda::Stream::create();
         const tp::cuda::StreamGuard guard(side);
+        constexpr int kCount = 20;
         std::vector<std::shared_ptr<dist::Work>> works;
-        std::vector<tp::Tensor> xs;
-        for (int i = 0; i < 20; ++i) {
-          xs.push_back(tp::full({1 << 16}, i, tp::kFloat32).to(cuda(0)));
-          works.push_back(dist::all_reduce(xs.back(), dist::ReduceOp::MAX, /*async_op=*/true));
+        std::vector<tp::Tensor> outs;
+        for (int i = 0; i < kCount; ++i) {
+          outs.push_back(tp::zeros({1 << 20}, tp::kFloat32, cuda(0)));
+          std::vector<tp::Tensor> out{outs.back()};
+          works.push_back(dist::all_gather(out, tp::full({1 << 20}, i + 1, tp::kFloat32, cuda(0)),
+                                           /*async_op=*/true));
         }
         for (auto& w : works) w->wait();
-        for (int i = 0; i < 20; ++i) {
-          const std::vector<double> got = xs[i].cpu().to_vector();
+        for (int i = 0; i < kCount; ++i) {
+          const std::vector<double> got = outs[i].cpu().to_vector();
           for (double v : got) {
-            if (v != i) throw tp::Error("tensor " + std::to_string(i) + " holds " + std::to_string(v));
+            if (v != i + 1) {
+              throw tp::Error("output " + std::to_string(i) + " holds " + std::to_string(v) +
+                              " after wait(), not " + std::to_string(i + 1));
+            }
           }
         }
         nccl_group().synchronize();

@@ -11,7 +11,9 @@
 //   - wait() may be called many times and from any thread; is_completed()
 //     never blocks. With tp::trace enabled, each wait() records a span
 //     "wait" (category "comm", arg seq) on the calling thread.
-//   - Output tensors may be read only after wait() returns.
+//   - Output tensors may be read only after wait() returns; a CUDA tensor
+//     by work queued after it on the waiting thread's current stream (the
+//     host: after synchronising that stream, as cpu() does).
 //   - A process group may attach a check to run at the first wait() (checker
 //     mode: Note [In-flight writes] in process_group_gloo.cc); what it throws,
 //     that wait() and every later one rethrow. It may also attach a hook run
