@@ -16,9 +16,12 @@
 //
 // The all-reduces run on the process group's communication thread, the CPU
 // analogue of a CUDA communication stream: the hooks only launch (queue) and
-// the callback only waits on each Work, so a CUDA process group whose Work
-// makes the compute stream wait on the communication stream can take its
-// place without changing this file.
+// the callback only waits on each Work. On a GPU (RunConfig::device, `./kit
+// demo 03 --device cuda`) the same file runs unchanged: the buckets live on
+// the parameters' device, ProcessGroupNCCL makes its communication stream
+// wait on an event recorded on the compute stream when a bucket is launched,
+// and each Work's wait() makes the compute stream wait on the communication
+// stream, without stopping the host (lesson 03, "On a GPU").
 //
 // What it deliberately is not: no no_sync (stage 04), no unused parameters
 // (stage 05: here a parameter that gets no gradient leaves its bucket

@@ -5,10 +5,11 @@
 // Note [No CUDA in the parent]
 // spawn() forks its ranks, and CUDA cannot be used in a child forked after
 // the parent initialised CUDA (every call fails with "initialization
-// error"). tp::cuda::is_available() calls cudaGetDeviceCount, which
-// initialises it. So the test process itself never calls CUDA: it asks a
-// spawned rank whether CUDA works, and every case that uses CUDA runs in
-// spawned ranks, even with one rank.
+// error"). tp::cuda::is_available() is safe (it asks in a child of its own:
+// Note [Asking in a child] in common/src/cuda/runtime.cc), but anything
+// that makes a CUDA tensor, stream or event is not. So the test process
+// itself never uses CUDA: it asks a spawned rank whether CUDA works, and
+// every case that uses CUDA runs in spawned ranks, even with one rank.
 #pragma once
 
 #include <cstdio>

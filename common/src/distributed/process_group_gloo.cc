@@ -60,6 +60,7 @@
 #include "store_rendezvous.h"
 #include "tensorplay/cuda/runtime.h"
 #include "tensorplay/error.h"
+#include "tensorplay/cuda/device_trace.h"
 #include "tensorplay/trace.h"
 
 namespace tp::distributed {
@@ -679,6 +680,7 @@ struct ProcessGroupGloo::Impl {
     cuda::set_device(staging.device);
     const cuda::Stream& stream = comm_stream(staging.device);
     stream.wait(staging.ready);
+    trace::DeviceSpan gpu("gpu copy to host", stream, "communication stream");
     for (std::size_t i = 0; i < staging.blocks.size(); ++i) {
       StagedBlock& block = *staging.blocks[i];
       std::shared_ptr<void>& host = pinned[{staging.device, block.nbytes, i}];
@@ -692,6 +694,7 @@ struct ProcessGroupGloo::Impl {
   // Step 4: the results back to the device, and `done` after them.
   void stage_out(Staging& staging) {
     const cuda::Stream& stream = comm_stream(staging.device);
+    trace::DeviceSpan gpu("gpu copy to device", stream, "communication stream");
     for (const auto& block : staging.blocks) {
       if (block->copy_out) cuda::copy_async(block->device_data, block->host, block->nbytes, stream);
     }

@@ -38,6 +38,7 @@
 #include "store_rendezvous.h"
 #include "tensorplay/cuda/runtime.h"
 #include "tensorplay/error.h"
+#include "tensorplay/cuda/device_trace.h"
 #include "tensorplay/trace.h"
 
 namespace tp::distributed {
@@ -272,6 +273,10 @@ struct ProcessGroupNCCL::Impl {
       ++issuing;
     }
     try {
+      // The collective as the GPU runs it, on the trace's communication row
+      // (tensorplay/cuda/device_trace.h); nothing when tracing is off.
+      trace::DeviceSpan gpu((std::string("gpu ") + op).c_str(), stream, "communication stream",
+                            {{"seq", static_cast<int64_t>(seq)}});
       launch();
       work->end.record(stream);
     } catch (...) {
