@@ -32,11 +32,11 @@ def main():
     if built_with_cuda:
         code, text = run([probe, "--list-test-cases"])
         if code == 0:
-            print("skipped: a GPU is usable here; ./kit gpu-check is the check on this machine")
+            print("SKIP: a GPU is usable here; ./kit gpu-check is the check on this machine")
             return 77
-        if code != 77 or "skipped" not in text:
-            sys.exit(f"FAIL: test_cuda_tensor without a GPU exited {code} (expected 77, saying "
-                     f"'skipped'):\n{text}")
+        if code != 77 or "SKIP:" not in text:
+            sys.exit(f"FAIL: test_cuda_tensor without a GPU exited {code} (expected 77, with a "
+                     f"'SKIP:' line giving the reason):\n{text}")
 
     code, text = run([sys.executable, os.path.join(source, "tools", "gpu_check.py"), build])
     if built_with_cuda:

@@ -45,44 +45,44 @@ def last_line(text, containing=""):
 
 
 def overlap_from_trace(path):
-    """From the demo's Chrome trace, per rank: the last step's backward as the
-    GPU ran it ("gpu backward", from CUDA events), and the communication that
-    ran meanwhile: the all-reduces on the GPU's communication stream (NCCL:
-    "gpu allreduce"; Gloo staging: "gpu copy to host" / "gpu copy to
-    device") and Gloo's own all-reduces on the host's communication thread
-    ("allreduce"). Returns (spans, how many started while backward ran, ms
-    of them inside backward), summed over ranks; None when the trace has no
-    GPU spans."""
+    """From the demo's Chrome trace, per rank, on the GPU's own clock (spans
+    from CUDA events): where the last step's backward kernels ended ("gpu
+    graph done", the engine's mark on the compute stream, before the
+    end-of-backward callback that waits), and the communication on the
+    GPU's communication stream (NCCL: "gpu allreduce"; Gloo staging: "gpu
+    copy to host" / "gpu copy to device"). A DDP that launches buckets from
+    its hooks has communication starting before backward's kernels end; one
+    that launches everything from the end-of-backward callback has none.
+    Returns (communication spans of that step, how many began before
+    backward's kernels ended, ms of them before that end), summed over
+    ranks; None when the trace has no GPU spans."""
     with open(path) as f:
         events = json.load(f)
     events = events["traceEvents"] if isinstance(events, dict) else events
-    spans = [e for e in events if e.get("ph") == "X"]
-    if not any(e.get("cat") == "cuda" for e in spans):
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda"]
+    if not gpu:
         return None
-
-    def is_comm(e):
-        if e.get("cat") == "cuda":
-            return e["name"] not in ("gpu forward", "gpu backward")
-        return e["name"] == "allreduce"
-
+    compute = ("gpu forward", "gpu backward", "gpu graph done")
     total = early = 0
     hidden_us = 0.0
-    for pid in sorted({e["pid"] for e in spans}):
-        mine = [e for e in spans if e["pid"] == pid]
+    for pid in sorted({e["pid"] for e in gpu}):
+        mine = [e for e in gpu if e["pid"] == pid]
         backwards = [e for e in mine if e["name"] == "gpu backward"]
         if not backwards:
             continue
         bwd = max(backwards, key=lambda e: e["ts"])  # the last step's
-        b0, b1 = bwd["ts"], bwd["ts"] + bwd["dur"]
+        b0, b_end = bwd["ts"], bwd["ts"] + bwd["dur"]
+        marks = [e["ts"] for e in mine if e["name"] == "gpu graph done" and b0 <= e["ts"] <= b_end]
+        if not marks:
+            continue
+        kernels_end = max(marks)
         for e in mine:
-            if not is_comm(e) or e["ts"] < b0:
-                continue
-            if e["ts"] > b1 + 1e6:  # a later step's
+            if e["name"] in compute or not (b0 <= e["ts"] <= b_end):
                 continue
             total += 1
-            if e["ts"] < b1:
+            if e["ts"] < kernels_end:
                 early += 1
-                hidden_us += min(b1, e["ts"] + e["dur"]) - e["ts"]
+                hidden_us += min(kernels_end, e["ts"] + e["dur"]) - e["ts"]
     return total, early, hidden_us / 1000.0
 
 
@@ -99,10 +99,15 @@ def main():
     started = time.monotonic()
     rows = []  # (step, verdict, seconds, detail)
 
-    def step(name, argv, limit_s, judge=None):
+    # A GPU is here (the probe below said so): a step that skips itself
+    # checked nothing, which is a failure of the check, unless `may_skip`
+    # gives the reason it may (NCCL not built).
+    def step(name, argv, limit_s, judge=None, may_skip=""):
         if not os.path.exists(argv[0]):
-            rows.append((name, "FAIL", 0.0, f"{os.path.relpath(argv[0], build)} was not built"))
-            print(f"gpu-check: {name}: FAIL ({argv[0]} was not built)", flush=True)
+            verdict = "SKIP" if may_skip else "FAIL"
+            detail = may_skip or f"{os.path.relpath(argv[0], build)} was not built"
+            rows.append((name, verdict, 0.0, detail))
+            print(f"gpu-check: {name}: {verdict} ({detail})", flush=True)
             return None
         print(f"gpu-check: {name} ...", flush=True)
         code, text, secs = run(argv, limit_s)
@@ -111,7 +116,8 @@ def main():
         if code is None:
             verdict, detail = "FAIL", f"no answer within {limit_s} s (a hang?)"
         elif code == SKIP:
-            verdict, detail = "SKIP", last_line(text, "skipped") or "skipped"
+            verdict = "FAIL"
+            detail = "skipped itself on a machine with a GPU: " + (last_line(text, "SKIP:") or "")
         elif code != 0:
             verdict, detail = "FAIL", f"exit code {code}: {last_line(text)}"
         else:
@@ -133,7 +139,7 @@ def main():
         return 1
     code, text, _ = run([probe, "--list-test-cases"], 120)
     if code != 0:
-        reason = last_line(text, "skipped") or f"the probe exited with {code}: {last_line(text)}"
+        reason = last_line(text, "SKIP:") or f"the probe exited with {code}: {last_line(text)}"
         print(f"gpu-check: skipped, nothing was checked: {reason}")
         return SKIP if code == SKIP else 1
     gpu = "a GPU"
@@ -143,7 +149,8 @@ def main():
         gpu = "; ".join(l.strip() for l in text.strip().splitlines())
 
     step("unit: CUDA tensors", [exe("tests/test_cuda_tensor")], 120)
-    step("unit: NCCL group", [exe("tests/test_nccl")], 120)
+    step("unit: NCCL group", [exe("tests/test_nccl")], 120,
+         may_skip="NCCL was not built (Meson's summary says why)")
     step("unit: Gloo staging CUDA", [exe("tests/test_gloo_cuda")], 120)
     step("checker 03 on CUDA", [exe("tests/check_03_solution"), "--device", "cuda"], 240)
 
@@ -181,10 +188,17 @@ def main():
             data = json.loads(text[text.index("{"):])
         except ValueError:
             return "FAIL", "bench_gpu_step printed no JSON"
-        times = {b["name"]: b["real_time"] for b in data["benchmarks"]
-                 if b.get("run_type") == "iteration"}
-        unit = data["benchmarks"][0].get("time_unit", "ms") if data["benchmarks"] else "ms"
-        detail = "; ".join(f"{n}: {t:.2f} {unit}" for n, t in times.items())
+        runs = [b for b in data["benchmarks"] if b.get("run_type") == "iteration"]
+        errors = [f"{b['name']}: {b.get('error_message', 'error')}" for b in runs
+                  if b.get("error_occurred")]
+        if errors or not runs:
+            return "FAIL", "; ".join(errors) or "no benchmark ran"
+        times = {b["name"]: (b["real_time"], b.get("time_unit", "ms")) for b in runs}
+        detail = "; ".join(f"{n}: {t:.2f} {u}" for n, (t, u) in times.items())
+        cpu = [t for n, (t, _) in times.items() if "device:0" in n]
+        gpu = [t for n, (t, _) in times.items() if "device:1" in n]
+        if cpu and gpu and gpu[0] > 0:
+            detail += f" (GPU {cpu[0] / gpu[0]:.1f}x the CPU's speed)"
         return "PASS", detail
 
     step("bench: stage-03 step, GPU vs CPU",

@@ -52,7 +52,7 @@ inline int devices() { return g_devices; }
 inline int main(const char* name, int argc, char** argv) {
   const Probe p = probe();
   if (p.devices == 0) {
-    std::printf("%s: skipped: %s\n", name, p.reason.c_str());
+    std::printf("SKIP: %s: no GPU here: %s\n", name, p.reason.c_str());
     return 77;
   }
   g_devices = p.devices;

@@ -409,7 +409,7 @@ TEST_CASE("work on a side stream is ordered by the copy back to the CPU") {
 
 int main(int argc, char** argv) {
   if (!tp::cuda::is_available()) {
-    std::printf("test_cuda_tensor: skipped: %s\n", tp::cuda::unavailable_reason().c_str());
+    std::printf("SKIP: test_cuda_tensor: no GPU here: %s\n", tp::cuda::unavailable_reason().c_str());
     return 77;  // Meson's "skipped"
   }
   doctest::Context context(argc, argv);

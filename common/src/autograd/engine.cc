@@ -21,6 +21,7 @@
 
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/autograd/node.h"
+#include "tensorplay/cuda/device_trace.h"
 #include "tensorplay/ops.h"
 #include "tensorplay/trace.h"
 
@@ -187,6 +188,13 @@ void backward(const Tensor& root, const Tensor& grad) {
     }
   }
 
+  // On a GPU the host only queued the kernels: the same mark as a zero-length
+  // span on the compute stream says when the GPU finished them (the trace's
+  // GPU rows, tensorplay/cuda/device_trace.h).
+  {
+    trace::DeviceSpan gpu("gpu graph done", cuda::current_stream(), "compute stream", {},
+                          root.device().type == DeviceType::CUDA);
+  }
   // [snippet:engine-callbacks]
   trace::instant("graph done", "autograd");  // Note [Phase marks]
   if (t_state.callbacks.empty()) return;

@@ -14,6 +14,7 @@ namespace tp::trace {
 namespace {
 
 struct Pending {
+  uint64_t id = 0;  // the DeviceSpan's, so a span closes its own entry
   std::string name;
   std::string row;
   std::vector<std::pair<std::string, int64_t>> args;
@@ -28,6 +29,7 @@ struct DeviceRecorder {
   int64_t base_us = -1;               // host time of `base`; -1: not tied yet
   std::optional<cuda::Event> base;    // completed at base_us
   uint64_t generation = 0;            // trace::enable() generation of base
+  uint64_t next_id = 1;               // of the next span
   std::map<std::string, int> rows;    // row label -> tid
 };
 
@@ -67,8 +69,9 @@ DeviceSpan::DeviceSpan(const char* name, const cuda::Stream& stream, const char*
   p.row = row;
   for (const Arg& a : args) p.args.emplace_back(a.key, a.value);
   p.begin.record(stream);
+  p.id = r.next_id++;
+  index_ = static_cast<int64_t>(p.id);
   r.spans.push_back(std::move(p));
-  index_ = static_cast<int64_t>(r.spans.size()) - 1;
   stream_ = stream;
 }
 
@@ -76,11 +79,15 @@ DeviceSpan::~DeviceSpan() {
   if (index_ < 0) return;
   DeviceRecorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (static_cast<size_t>(index_) >= r.spans.size()) return;  // a new recording began
+  // Found by id: device_events() or a new recording may have dropped it.
+  const auto it = std::find_if(r.spans.rbegin(), r.spans.rend(), [&](const Pending& p) {
+    return p.id == static_cast<uint64_t>(index_);
+  });
+  if (it == r.spans.rend()) return;
   try {
     cuda::Event end(true);
     end.record(stream_);
-    r.spans[static_cast<size_t>(index_)].end = std::move(end);
+    it->end = std::move(end);
   } catch (...) {
     // A destructor must not throw; the span stays open and is dropped.
   }

@@ -305,6 +305,14 @@ std::shared_ptr<Staging> begin_staging(const char* fn, int rank, const Tensor& t
              "device; run the checker on CPU tensors, or turn checker mode off");
   }
   const int device = t.device().index < 0 ? cuda::current_device() : t.device().index;
+  // The `ready` event is recorded on the caller's current stream, which
+  // belongs to the current device: it orders the copy after the kernels that
+  // wrote the tensor only when that is the tensor's device.
+  if (device != cuda::current_device()) {
+    TP_THROW(DistributedError, fn, ": rank ", rank, ": the tensor is on cuda:", device,
+             " but this thread's current device is cuda:", cuda::current_device(),
+             "; call tp::cuda::set_device(", device, ") first");
+  }
   return std::make_shared<Staging>(device);
 }
 

@@ -312,6 +312,7 @@ struct ProcessGroupNCCL::Impl {
   // Note [Failing the group].
   void fail(const std::shared_ptr<NcclWork>& culprit, std::exception_ptr error) {
     std::vector<std::shared_ptr<NcclWork>> others;
+    std::vector<bool> done_before_abort;  // per entry of others
     std::string first;
     {
       std::unique_lock<std::mutex> lock(mutex);
@@ -324,6 +325,17 @@ struct ProcessGroupNCCL::Impl {
         if (w != culprit) others.push_back(w);
       }
       in_flight.clear();
+      // Which of the others had completed before the abort: the abort makes
+      // the kernels in flight return, and their end events then complete
+      // too, which must not read as success.
+      for (const auto& w : others) {
+        bool done = false;
+        try {
+          done = w->launched.load(std::memory_order_acquire) && w->end.query();
+        } catch (...) {
+        }
+        done_before_abort.push_back(done);
+      }
       if (!aborting) {
         aborting = true;
         // A collective being issued is inside NCCL: let it return first,
@@ -337,22 +349,28 @@ struct ProcessGroupNCCL::Impl {
         }
       }
     }
+    // The aborted kernels may still be leaving the GPU: their tensors'
+    // memory (freed on its allocation stream, not after this one) is given
+    // back only once the communication stream has drained; if it cannot be
+    // drained, it is leaked rather than reused under a running kernel.
+    bool drained = false;
+    try {
+      stream.synchronize();
+      drained = true;
+    } catch (...) {
+    }
     culprit->finish(error);
-    culprit->release();
-    for (const auto& w : others) {
-      bool done = false;
-      try {
-        done = w->launched.load(std::memory_order_acquire) && w->end.query();
-      } catch (...) {
-      }
-      if (done) {
+    if (drained) culprit->release();
+    for (size_t i = 0; i < others.size(); ++i) {
+      const auto& w = others[i];
+      if (done_before_abort[i]) {
         w->finish();
       } else {
         w->finish(std::make_exception_ptr(PeerFailedError(cat(
             w->name(rank), " did not complete: ", first, " failed first on this rank and the "
             "NCCL communicator was aborted; see that collective's error"))));
       }
-      w->release();
+      if (drained) w->release();
     }
   }
 

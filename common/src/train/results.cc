@@ -231,10 +231,13 @@ std::vector<RankResult> all_gather_results(distributed::ProcessGroup& group,
                                            const RankResult& mine) {
   const std::string text = serialize(mine);
   const auto world = static_cast<std::size_t>(group.size());
+  // NCCL moves CUDA tensors only: there the tables travel on this rank's
+  // GPU (the current device), and to_vector()/cpu() bring them back.
+  const Device device = group.backend_name() == "nccl" ? Device{DeviceType::CUDA, -1} : kCPU;
   // The lengths first (a double holds any length exactly up to 2^53) ...
   std::vector<Tensor> lengths;
-  for (std::size_t r = 0; r < world; ++r) lengths.push_back(zeros({1}, kFloat64));
-  group.allgather(lengths, full({1}, static_cast<double>(text.size()), kFloat64))->wait();
+  for (std::size_t r = 0; r < world; ++r) lengths.push_back(zeros({1}, kFloat64, device));
+  group.allgather(lengths, full({1}, static_cast<double>(text.size()), kFloat64, device))->wait();
   std::size_t longest = 0;
   for (const Tensor& l : lengths) longest = std::max(longest, static_cast<std::size_t>(l.item()));
   // ... then the bytes, carried in float64 tensors: an all-gather copies
@@ -243,13 +246,14 @@ std::vector<RankResult> all_gather_results(distributed::ProcessGroup& group,
   Tensor packed = zeros({words}, kFloat64);
   std::memcpy(packed.data_ptr(), text.data(), text.size());
   std::vector<Tensor> gathered;
-  for (std::size_t r = 0; r < world; ++r) gathered.push_back(zeros({words}, kFloat64));
-  group.allgather(gathered, packed)->wait();
+  for (std::size_t r = 0; r < world; ++r) gathered.push_back(zeros({words}, kFloat64, device));
+  group.allgather(gathered, packed.to(device))->wait();
   std::vector<RankResult> results;
   for (std::size_t r = 0; r < world; ++r) {
     const auto n = static_cast<std::size_t>(lengths[r].item());
+    const Tensor bytes = gathered[r].cpu();  // waits for the gather on a GPU
     results.push_back(
-        parse_rank_result(std::string(static_cast<const char*>(gathered[r].data_ptr()), n)));
+        parse_rank_result(std::string(static_cast<const char*>(bytes.data_ptr()), n)));
   }
   return results;
 }

@@ -50,7 +50,7 @@ class DeviceSpan {
   DeviceSpan& operator=(const DeviceSpan&) = delete;
 
  private:
-  int64_t index_ = -1;  // slot in the pending list; -1: not recording
+  int64_t index_ = -1;  // id of its pending entry; -1: not recording
   cuda::Stream stream_;
 };
 

@@ -70,6 +70,14 @@ class ProcessGroup {
   // Completes once every rank has entered it.
   virtual std::shared_ptr<Work> barrier() = 0;
 
+  // Blocks the host until every collective issued so far has finished, and
+  // throws the group's failure if there was one. Nothing to do where wait()
+  // blocks the host (Gloo: a collective nobody waited for may still run);
+  // ProcessGroupNCCL, whose wait() only orders streams, waits for the GPU
+  // here. The trainer calls it before it reads a rank's final results, so a
+  // collective that failed after its wait() returned is not missed.
+  virtual void synchronize() {}
+
   const CollectiveCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
 

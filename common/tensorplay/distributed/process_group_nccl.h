@@ -103,7 +103,7 @@ class ProcessGroupNCCL : public ProcessGroup {
 
   // Blocks the host until every collective issued so far has finished;
   // throws the group's failure if there was one.
-  void synchronize();
+  void synchronize() override;
 
   // This rank's GPU.
   int device() const;

@@ -332,7 +332,7 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
   if (run.device != kCPU && !cuda::is_available()) {
     // Exit code 77: "skipped" to Meson and to ./kit gpu-check. Nothing was
     // judged, so it must not read as a pass.
-    std::printf("stage %s checker: --device cuda: skipped, nothing was checked: %s\n",
+    std::printf("SKIP: stage %s checker: --device cuda: skipped, nothing was checked: %s\n",
                 spec.stage.c_str(), cuda::unavailable_reason().c_str());
     return 77;
   }

@@ -206,6 +206,9 @@ RankResult train_rank(int rank, const RunConfig& config,
   } else {
     train_loop();
   }
+  // On a GPU the last step's collectives may still be finishing (an NCCL
+  // wait() only orders streams): a failure among them is thrown here.
+  group->synchronize();
   result.final_params = snapshot(ddp.named_parameters());
   result.final_buffers = snapshot(model->named_buffers());
   result.grad_storage = grad_storage_groups(ddp.parameters());
