@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "tensorplay/cuda/device_trace.h"
+#include "tensorplay/cuda/runtime.h"
 #include "tensorplay/error.h"
 #include "tensorplay/trace.h"
 #include "tensorplay/util/temp_dir.h"
@@ -421,4 +423,21 @@ TEST_CASE("events from another rank keep their thread names in the JSON and the 
   const std::string timeline = tp::trace::render_ascii(events, 20);
   CHECK(timeline.find("rank 3 comm") != std::string::npos);
   CHECK(timeline.find("rank 3 main") != std::string::npos);
+}
+
+TEST_CASE("GPU spans record nothing, and touch no CUDA, where no GPU is usable or when off") {
+  // The trainer opens them on every rank with `when` = "this rank trains on
+  // CUDA"; a CPU run, and any run on a machine without a GPU, must pass
+  // through them untouched (a CUDA call there would throw).
+  tp::trace::enable(0);
+  {
+    tp::trace::DeviceSpan off("gpu backward", tp::cuda::current_stream(), "compute stream", {},
+                              /*when=*/false);
+  }
+  if (!tp::cuda::is_available()) {
+    tp::trace::DeviceSpan on("gpu backward", tp::cuda::current_stream(), "compute stream");
+  }
+  tp::trace::disable();
+  CHECK(tp::trace::device_events().empty());
+  for (const tp::trace::Event& e : tp::trace::events()) CHECK(e.category != "cuda");
 }
