@@ -348,7 +348,11 @@ std::string render_ascii(const std::vector<Event>& events, int width) {
   for (const Event* e : order) {
     std::string& row = rows[{e->pid, e->tid}];
     if (e->phase == 'X') {
-      const char letter = e->name.empty() ? '?' : e->name[0];
+      // A GPU span ("gpu backward", device_trace.h) takes the letter of what
+      // it times, as its host counterpart does: b for backward on either row.
+      const bool gpu = e->category == "cuda" && e->name.rfind("gpu ", 0) == 0;
+      const std::string& name = e->name;
+      const char letter = name.size() <= (gpu ? 4u : 0u) ? '?' : name[gpu ? 4 : 0];
       legend[letter].insert(e->name);
       const int c0 = column(e->ts_us);
       const int c1 = std::max(c0, last_column(e->ts_us + std::max<int64_t>(e->dur_us, 0)));

@@ -95,8 +95,8 @@ std::string to_chrome_json(const std::vector<Event>& events);
 void write_chrome_json(const std::string& path);
 
 // A terminal timeline: one row per (pid, tid), `width` columns spanning the
-// whole recording, each span drawn with the first letter of its name, plus a
-// legend. Deterministic for a given event list.
+// whole recording, each span drawn with the first letter of its name (of
+// what follows "gpu " for a GPU span, category "cuda"), plus a legend. Deterministic for a given event list.
 std::string render_ascii(const std::vector<Event>& events, int width = 100);
 
 }  // namespace tp::trace

@@ -441,3 +441,19 @@ TEST_CASE("GPU spans record nothing, and touch no CUDA, where no GPU is usable o
   CHECK(tp::trace::device_events().empty());
   for (const tp::trace::Event& e : tp::trace::events()) CHECK(e.category != "cuda");
 }
+
+TEST_CASE("a GPU span is drawn with the letter of what it times") {
+  tp::trace::Event host;
+  host.name = "backward";
+  host.category = "compute";
+  host.dur_us = 10;
+  host.thread = "main";
+  tp::trace::Event gpu = host;
+  gpu.name = "gpu backward";
+  gpu.category = "cuda";
+  gpu.tid = 1000;
+  gpu.thread = "gpu-compute-stream";
+  const std::string timeline = tp::trace::render_ascii({host, gpu}, 10);
+  CHECK(timeline.find("rank 0 gpu-compute-stream |bbbbbbbbbb|") != std::string::npos);
+  CHECK(timeline.find("b = backward, gpu backward") != std::string::npos);
+}
