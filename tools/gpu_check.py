@@ -41,7 +41,8 @@ def run(argv, limit_s):
 
 def last_line(text, containing=""):
     lines = [l for l in text.strip().splitlines() if containing in l]
-    return lines[-1].strip() if lines else ""
+    line = lines[-1].strip() if lines else ""
+    return line[len("SKIP: "):] if line.startswith("SKIP: ") else line
 
 
 def overlap_from_trace(path):
@@ -148,11 +149,21 @@ def main():
     if code == 0 and text.strip():
         gpu = "; ".join(l.strip() for l in text.strip().splitlines())
 
-    step("unit: CUDA tensors", [exe("tests/test_cuda_tensor")], 120)
-    step("unit: NCCL group", [exe("tests/test_nccl")], 120,
+    def judge_doctest(text):
+        # "[doctest] test cases: 24 | 24 passed | 0 failed | 1 skipped"
+        parts = [c.strip() for c in last_line(text, "test cases:").split("test cases:")[-1].split("|")]
+        parts = [p for p in parts if p]
+        return "PASS", f"{parts[0]} test cases: {', '.join(parts[1:])}" if parts else ""
+
+    def judge_checker(text):
+        return "PASS", last_line(text, "stage 03")
+
+    step("unit: CUDA tensors", [exe("tests/test_cuda_tensor")], 120, judge_doctest)
+    step("unit: NCCL group", [exe("tests/test_nccl")], 120, judge_doctest,
          may_skip="NCCL was not built (Meson's summary says why)")
-    step("unit: Gloo staging CUDA", [exe("tests/test_gloo_cuda")], 120)
-    step("checker 03 on CUDA", [exe("tests/check_03_solution"), "--device", "cuda"], 240)
+    step("unit: Gloo staging CUDA", [exe("tests/test_gloo_cuda")], 120, judge_doctest)
+    step("checker 03 on CUDA", [exe("tests/check_03_solution"), "--device", "cuda"], 240,
+         judge_checker)
 
     def judge_demo(demo_json, trace):
         def judge(text):
@@ -167,8 +178,8 @@ def main():
             if seen is None:
                 return "FAIL", "the trace has no GPU spans (CUDA events)"
             total, early, hidden_ms = seen
-            detail = (f"{demo['config']['backend']}: matches the reference (max |loss diff| "
-                      f"{worst:.1e}); {early} of {total} communication spans began while the "
+            detail = (f"{demo['config']['backend']}: matches the reference (largest loss "
+                      f"difference {worst:.1e}); {early} of {total} communication spans began while the "
                       f"GPU ran backward ({hidden_ms:.2f} ms inside it)")
             return ("PASS" if early > 0 else "FAIL"), detail
         return judge
