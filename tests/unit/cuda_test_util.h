@@ -14,11 +14,14 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include "tensorplay/cuda/runtime.h"
+#include "tensorplay/error.h"
+#include "tensorplay/tensor.h"
 #include "tensorplay/multiprocessing/spawn.h"
 
 namespace cuda_test {
@@ -58,6 +61,28 @@ inline int main(const char* name, int argc, char** argv) {
   g_devices = p.devices;
   doctest::Context context(argc, argv);
   return context.run();
+}
+
+// "[1.000000, 2.000000]", for messages.
+inline std::string join(const std::vector<double>& values) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(values[i]);
+  }
+  return out + "]";
+}
+
+// t's values as the caller's current stream sees them, compared exactly:
+// cpu() copies on the current stream and waits for that stream only, never
+// for the device, so a result not ordered before that stream shows as a
+// wrong value. Throws tp::Error naming `what` and the spawned rank.
+inline void expect_values(const tp::Tensor& t, const std::vector<double>& expected,
+                          const std::string& what) {
+  const std::vector<double> got = t.cpu().to_vector();
+  if (got != expected) {
+    throw tp::Error(what + " on rank " + std::to_string(tp::multiprocessing::current_rank()) +
+                    ": expected " + join(expected) + ", got " + join(got));
+  }
 }
 
 }  // namespace cuda_test

@@ -27,28 +27,11 @@ int main(int argc, char** argv) { return cuda_test::main("test_gloo_cuda", argc,
 
 namespace {
 
+using cuda_test::expect_values;
+
 constexpr milliseconds kTimeout{20000};
 constexpr tp::Device kCuda0{tp::DeviceType::CUDA, 0};
 
-std::string join(const std::vector<double>& values) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(values[i]);
-  }
-  return out + "]";
-}
-
-// t's values as the caller's current stream sees them: cpu() copies on the
-// current stream and waits for that stream only, never for the device, so a
-// result not ordered before that stream would show as a wrong value.
-void expect_values(const tp::Tensor& t, const std::vector<double>& expected,
-                   const std::string& what) {
-  const std::vector<double> got = t.cpu().to_vector();
-  if (got != expected) {
-    throw tp::Error(what + " on rank " + std::to_string(mp::current_rank()) + ": expected " +
-                    join(expected) + ", got " + join(got));
-  }
-}
 
 // Rank r's contribution: element i is (r + 1) * (i + 1), exact in float32.
 std::vector<double> contribution(int rank, int n = 5) {

@@ -28,28 +28,11 @@ int main(int argc, char** argv) { return cuda_test::main("test_nccl", argc, argv
 
 namespace {
 
+using cuda_test::expect_values;
+
 constexpr milliseconds kTimeout{20000};
 
 tp::Device cuda(int index) { return tp::Device{tp::DeviceType::CUDA, index}; }
-
-std::string join(const std::vector<double>& values) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(values[i]);
-  }
-  return out + "]";
-}
-
-// Copies t to the host (cpu() orders the copy on the current stream and
-// waits for that stream only) and compares exactly.
-void expect_values(const tp::Tensor& t, const std::vector<double>& expected,
-                   const std::string& what) {
-  const std::vector<double> got = t.cpu().to_vector();
-  if (got != expected) {
-    throw tp::Error(what + " on rank " + std::to_string(mp::current_rank()) + ": expected " +
-                    join(expected) + ", got " + join(got));
-  }
-}
 
 dist::ProcessGroupNCCL& nccl_group() {
   auto* group = dynamic_cast<dist::ProcessGroupNCCL*>(dist::default_group().get());
