@@ -357,12 +357,37 @@ void scale(const Tensor& dst, double value, bool divide) {
   });
 }
 
+namespace {
+
+// The op's public name, for messages ("tp::relu: ...").
+const char* name_of(Unary op) {
+  switch (op) {
+    case Unary::MulScalar: return "tp::mul";
+    case Unary::DivScalar: return "tp::div";
+    case Unary::Relu: return "tp::relu";
+    case Unary::Square: return "tp::square";
+  }
+  return "tp ops";
+}
+const char* name_of(Binary op) {
+  switch (op) {
+    case Binary::Add: return "tp::add";
+    case Binary::Sub: return "tp::sub";
+    case Binary::Mul: return "tp::mul";
+    case Binary::ReluGrad: return "tp::relu (backward)";
+  }
+  return "tp ops";
+}
+
+}  // namespace
+
 Tensor unary(Unary op, const Tensor& a, double scalar) {
-  check_current_device("tp ops (CUDA unary)", a);
+  const char* name = name_of(op);
+  check_current_device(name, a);
   Tensor out = empty(a.shape(), a.dtype(), a.device());
   const int64_t n = a.numel();
   if (n == 0) return out;
-  const Extent e = extent_of(a, "tp ops (CUDA unary)");
+  const Extent e = extent_of(a, name);
   dispatch(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     unary_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(
@@ -373,12 +398,13 @@ Tensor unary(Unary op, const Tensor& a, double scalar) {
 }
 
 Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
-  check_current_device("tp ops (CUDA binary)", a);
-  check_current_device("tp ops (CUDA binary)", b);
+  const char* name = name_of(op);
+  check_current_device(name, a);
+  check_current_device(name, b);
   Tensor out = empty(a.shape(), a.dtype(), a.device());
   const int64_t n = a.numel();
   if (n == 0) return out;
-  const Extent e = extent_of(a, "tp ops (CUDA binary)");
+  const Extent e = extent_of(a, name);
   dispatch(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     binary_kernel<T><<<blocks_for(n), kThreads, 0, stream()>>>(

@@ -78,15 +78,9 @@ void verify_same_tensors_on_all_ranks(ProcessGroup& group,
   const std::string prefix = tp::detail::cat(who, " (rank ", group.rank(), "): ");
   const std::string fix = "; every rank must build the same model before wrapping it in DDP";
 
-  // The table travels on the tensors' device: an NCCL group moves CUDA
-  // tensors only (as PyTorch's DDP builds its check on the module's device).
-  Device device = kCPU;
-  for (const auto& [name, t] : tensors) {
-    if (t.defined()) {
-      device = t.device();
-      break;
-    }
-  }
+  // The tables travel where the group wants them (an NCCL group moves CUDA
+  // tensors only).
+  const Device device = group.preferred_device();
 
   // First the counts, so that the rows below have one shape on every rank
   // (an all-gather of unequal sizes would fail or hang).

@@ -231,9 +231,9 @@ std::vector<RankResult> all_gather_results(distributed::ProcessGroup& group,
                                            const RankResult& mine) {
   const std::string text = serialize(mine);
   const auto world = static_cast<std::size_t>(group.size());
-  // NCCL moves CUDA tensors only: there the tables travel on this rank's
-  // GPU (the current device), and to_vector()/cpu() bring them back.
-  const Device device = group.backend_name() == "nccl" ? Device{DeviceType::CUDA, -1} : kCPU;
+  // Where the group wants them (an NCCL group: this rank's GPU);
+  // item() and cpu() bring them back.
+  const Device device = group.preferred_device();
   // The lengths first (a double holds any length exactly up to 2^53) ...
   std::vector<Tensor> lengths;
   for (std::size_t r = 0; r < world; ++r) lengths.push_back(zeros({1}, kFloat64, device));

@@ -10,8 +10,8 @@
 //     position by position, each tensor's shape and dtype (never the values:
 //     DDP broadcasts those next). Names are not compared; they only make the
 //     message readable ("fc2.weight here").
-//   - Its small tables live on the first defined tensor's device (CUDA
-//     parameters: the GPU, which an NCCL group needs), else on the CPU.
+//   - Its small tables live on group.preferred_device() (the GPU for an
+//     NCCL group, the CPU for Gloo).
 //   - Collectives it issues, each waited for, the same number on every rank:
 //     exactly 1 allgather (the counts) when the lists are empty or their
 //     counts differ, else 2 (the counts, then one fixed-width row per tensor).

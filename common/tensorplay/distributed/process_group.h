@@ -57,6 +57,11 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual std::string backend_name() const = 0;
+  // Where the small tensors the kit moves for its own bookkeeping belong
+  // (the model check's tables, a launched job's gathered results): the CPU
+  // for Gloo, which also takes CUDA tensors; this rank's GPU for NCCL, which
+  // takes CUDA tensors only.
+  virtual Device preferred_device() const { return kCPU; }
 
   // Every rank's tensor becomes op(tensor_0, ..., tensor_{size-1}).
   virtual std::shared_ptr<Work> allreduce(const Tensor& tensor,

@@ -107,6 +107,7 @@ class ProcessGroupNCCL : public ProcessGroup {
 
   // This rank's GPU.
   int device() const;
+  Device preferred_device() const override { return Device{DeviceType::CUDA, device()}; }
   const NcclOptions& options() const { return options_; }
 
  private:
