@@ -16,7 +16,6 @@ they run: tests/gpu_skip_test.py without a GPU, ./kit gpu-check with one.
 
 Usage: gpu_check_flow_test.py SOURCE_DIR
 """
-import json
 import os
 import stat
 import subprocess
@@ -43,7 +42,6 @@ print("verdict: matches the reference")
 '''
 
 BENCH = r'''#!/usr/bin/env python3
-import json
 error = %(error)s
 runs = [{"name": "BM_Stage03Step/device:0/real_time", "run_type": "iteration",
          "real_time": 40.0, "time_unit": "ms"},
