@@ -42,6 +42,7 @@ print("verdict: matches the reference")
 '''
 
 BENCH = r'''#!/usr/bin/env python3
+import json
 error = %(error)s
 runs = [{"name": "BM_Stage03Step/device:0/real_time", "run_type": "iteration",
          "real_time": 40.0, "time_unit": "ms"},
