@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""The CUDA build finds the toolkit's libraries wherever `nvcc` on PATH lives.
+
+libtensorplay is linked by g++, which does not know the CUDA toolkit's
+library folder the way nvcc does, so meson.build must name libcudart and
+libcublas itself. On some machines (this kit's CI among them) the `nvcc` on
+PATH is a small wrapper script in /usr/local/bin, not the toolkit's own
+bin/nvcc, so "the lib64 next to nvcc's folder" does not exist there: a build
+that guessed that way configured fine and then failed to link
+("cannot find -lcudart").
+
+This test recreates that machine: a wrapper `nvcc` in a scratch folder
+first on PATH, no CUDA_HOME, CUDA_PATH or LIBRARY_PATH. It configures the
+kit into a scratch build folder and checks that Meson's summary says CUDA
+was found and that libtensorplay's link line names libcudart and libcublas
+by paths that exist. (Configuring only: linking would mean compiling the
+whole library.)
+
+Skipped (exit 77, with the reason) where no CUDA toolkit is installed.
+
+Usage: cuda_toolkit_find_test.py SOURCE_DIR
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def real_nvcc():
+    for candidate in ("/usr/local/cuda/bin/nvcc", shutil.which("nvcc")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def link_line(build_ninja):
+    """The LINK_ARGS of libtensorplay.so's link edge in build.ninja."""
+    text = open(build_ninja).read()
+    m = re.search(r"^build common/libtensorplay\.so: .*?\n((?: .*\n)*)", text, re.M)
+    if not m:
+        sys.exit("FAIL: build.ninja has no link edge for common/libtensorplay.so")
+    for line in m.group(1).splitlines():
+        line = line.strip()
+        if line.startswith("LINK_ARGS = "):
+            return line[len("LINK_ARGS = "):]
+    sys.exit("FAIL: libtensorplay.so's link edge has no LINK_ARGS")
+
+
+def main():
+    source = os.path.abspath(sys.argv[1])
+    nvcc = real_nvcc()
+    if nvcc is None:
+        print("SKIP: no CUDA toolkit here (no /usr/local/cuda/bin/nvcc, no nvcc on PATH)")
+        return 77
+    with tempfile.TemporaryDirectory(prefix="tp-cuda-find-") as scratch:
+        wrapper_dir = os.path.join(scratch, "bin")
+        os.mkdir(wrapper_dir)
+        wrapper = os.path.join(wrapper_dir, "nvcc")
+        with open(wrapper, "w") as f:
+            f.write(f'#!/bin/sh\nexec "{nvcc}" "$@"\n')
+        os.chmod(wrapper, 0o755)
+        env = {
+            "HOME": os.environ.get("HOME", scratch),
+            "PATH": wrapper_dir + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "TMPDIR": scratch,
+        }
+        build = os.path.join(scratch, "build")
+        p = subprocess.run(["meson", "setup", build, source, "-Dtests=disabled",
+                            "-Dbenchmarks=disabled", "-Dcuda=enabled"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=240)
+        if p.returncode != 0:
+            sys.exit(f"FAIL: configuring with nvcc as a wrapper script in {wrapper_dir} "
+                     f"failed (exit {p.returncode}):\n{p.stdout[-4000:]}")
+        summary = re.search(r"^\s*CUDA\s*:\s*(.*)$", p.stdout, re.M)
+        if not summary or not summary.group(1).startswith("CUDA "):
+            sys.exit("FAIL: Meson's summary does not say CUDA was found:\n" + p.stdout[-3000:])
+        args = link_line(os.path.join(build, "build.ninja"))
+        for lib in ("cudart", "cublas"):
+            paths = re.findall(r"(/\S*/lib%s\.so)\b" % lib, args)
+            existing = [x for x in paths if os.path.exists(x)]
+            if not existing:
+                sys.exit(f"FAIL: libtensorplay's link line does not name lib{lib}.so by a path "
+                         f"that exists (g++ would not find it: 'cannot find -l{lib}'):\n{args}")
+            print(f"ok: lib{lib} linked as {existing[0]}")
+        print(f"ok: with nvcc a wrapper in a folder of its own, Meson says "
+              f"'{summary.group(1).strip()}'")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
