@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -416,6 +417,74 @@ TEST_CASE("in checker mode, a tensor left alone gets the collective's result at 
         tp::Tensor b = tp::full({2}, rank == 1 ? 4.0 : 0.0);
         group.broadcast(b, 1)->wait();
         expect_values(b, {4.0, 4.0}, "broadcast from rank 1");
+      },
+      2));
+}
+
+// Checker mode: a collective owns its tensor until its wait() returns, so a
+// second one on the same memory before that is refused when it is issued
+// (each would deliver its result at its own wait(), and the later delivery
+// would look like a write in flight).
+TEST_CASE("in checker mode, a second collective on a tensor still in flight is refused, naming both") {
+  tp::TempDir dir("tp-in-flight-twice");
+  const std::string path = dir.path();
+  CHECK_NOTHROW(mp::spawn(
+      [&path](int rank) {
+        dist::ProcessGroupGloo group(path, rank, 2,
+                                     dist::GlooOptions{kCollectiveTimeout, true});
+        const std::string r = std::to_string(rank);
+        const auto expect_refused = [&](const std::function<void()>& issue,
+                                        const std::string& phrase, const char* what) {
+          std::string error;
+          try {
+            issue();
+          } catch (const tp::DistributedError& e) {
+            error = e.what();
+          }
+          if (error.find(phrase) == std::string::npos ||
+              error.find("A tensor belongs to its collective until wait() returns") ==
+                  std::string::npos) {
+            throw tp::Error(std::string(what) + ": expected \"" + phrase +
+                            "\" in the error, got: \"" + error + "\"");
+          }
+        };
+        tp::Tensor t = tp::full({4}, rank + 1.0);
+        auto first = group.allreduce(t);
+        expect_refused([&] { group.allreduce(t); },
+                       "allreduce #2 on rank " + r + ": its tensor (shape (4), float32) was "
+                       "issued on memory that allreduce #1 on rank " + r +
+                       ": its tensor (shape (4), float32) still owns: that collective was "
+                       "issued and has not been waited for yet. Was one collective issued "
+                       "twice?",
+                       "the same tensor twice");
+        first->wait();
+        expect_values(t, std::vector<double>(4, 3.0), "the first all-reduce's result");
+        // Waited for: the tensor is free again.
+        group.allreduce(t)->wait();
+        expect_values(t, std::vector<double>(4, 6.0), "the next all-reduce, after the wait");
+        // A Work dropped without wait(): its tensor is still its own.
+        { auto forgotten = group.allreduce(t); }
+        expect_refused([&] { group.broadcast(t, 0); },
+                       "broadcast #5 on rank " + r + ": its tensor (shape (4), float32) was "
+                       "issued on memory that allreduce #4 on rank " + r +
+                       ": its tensor (shape (4), float32) still owns, because that collective "
+                       "was never waited for: its Work was dropped without a wait()",
+                       "after a forgotten wait()");
+        // Views of one storage: overlapping is refused, disjoint is not.
+        tp::Tensor flat = tp::zeros({6});
+        auto low = group.allreduce(flat.narrow(0, 0, 4));
+        expect_refused([&] { group.allreduce(flat.narrow(0, 2, 4)); },
+                       "allreduce #7 on rank " + r + ": its tensor (shape (4), float32) was "
+                       "issued on memory that allreduce #6 on rank " + r,
+                       "overlapping views");
+        auto high = group.allreduce(flat.narrow(0, 4, 2));
+        low->wait();
+        high->wait();
+        // A freed tensor's claim ends with it, even if never waited for.
+        { tp::Tensor temp = tp::ones({4}); auto w = group.allreduce(temp); }
+        tp::Tensor fresh = tp::ones({4});
+        group.allreduce(fresh)->wait();
+        expect_values(fresh, std::vector<double>(4, 2.0), "a fresh tensor");
       },
       2));
 }

@@ -11,8 +11,9 @@
 //      calling thread returns or rethrows.
 // In checker mode (GlooOptions::check_in_flight_writes) an all-reduce or a
 // broadcast runs on a copy of its tensor, and wait() checks that nothing
-// wrote the tensor meanwhile before it copies the result in: Note
-// [In-flight writes].
+// wrote the tensor meanwhile before it copies the result in; a second one on
+// a tensor whose first is not yet waited for is refused: Note [In-flight
+// writes].
 // One thread, one queue: collectives run one at a time in issue order, the
 // CPU analogue of a CUDA communication stream.
 // CUDA tensors are staged through pinned host memory around the Gloo call:
@@ -362,7 +363,13 @@ Buffer buffer_of(const Tensor& t) {
 //   - the first wait() compares the tensor with `issued`: a difference is a
 //     write while the collective was in flight, an error naming the
 //     collective, the tensor's shape and the first element that changed;
-//     otherwise it copies the result from `sent` into the tensor.
+//     otherwise it copies the result from `sent` into the tensor;
+//   - a second collective issued on memory that one still in flight owns
+//     (issued and not yet waited for) is an error at once, naming both:
+//     each would deliver its result at its own wait(), and the later one
+//     would look like a write in flight. A Work dropped without a wait()
+//     keeps its tensor (its result never arrives), so the next collective
+//     on that tensor names the forgotten wait() (InFlightClaims below).
 // The result reaches the tensor at wait(), not before, which the contract
 // allows (outputs are read only after wait()); a Work never waited for
 // leaves its tensor as it was, which makes a forgotten wait() fail every
@@ -391,19 +398,96 @@ std::string changed_element(const void* before, const void* after, std::size_t i
   return cat(i, " (", value(before), " when issued, ", value(after), " at wait())");
 }
 
-// In checker mode, arms `work`'s first wait() to check that nothing wrote
-// `tensor` since now, then deliver the result from `sent` (the buffer the
-// collective ran on) into it: Note [In-flight writes]. A no-op otherwise.
-void check_at_wait(bool check_in_flight_writes, Work& work, const Tensor& tensor,
-                   const Buffer& sent, int rank) {
-  if (!check_in_flight_writes || sent.nbytes == 0) return;
+// Checker mode's record of which memory each collective in flight owns: from
+// its issue until its first wait() delivers the result. A Work dropped
+// without a wait() never delivers, so by the contract its tensor stays its
+// own: a later collective on it is refused too, and the error says that
+// wait() was forgotten (the caller's handle tells the claims when it is
+// dropped: hand_out below). A claim ends with its tensor's storage (nothing
+// can issue on freed memory, and memory reused by a new tensor is not
+// confused with it). Shared by the group and the Works' first-wait checks,
+// which may outlive it; any thread may issue and wait.
+class InFlightClaims {
+ public:
+  // Records that collective `seq` owns [data, data + nbytes) of `storage`;
+  // throws naming both collectives if one still in flight owns any of it.
+  void claim(uint64_t seq, const std::shared_ptr<Storage>& storage, const void* data,
+             std::size_t nbytes, const std::string& what) {
+    const auto* begin = static_cast<const std::byte*>(data);
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase_if(claims_, [](const Claim& c) { return c.storage.expired(); });
+    for (const Claim& c : claims_) {
+      if (begin < c.end && c.begin < begin + nbytes) throw conflict(what, c);
+    }
+    claims_.push_back(Claim{seq, storage, begin, begin + nbytes, what, false});
+  }
+  // Collective `seq`'s first wait() has delivered its result: its memory is free.
+  void release(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase_if(claims_, [seq](const Claim& c) { return c.seq == seq || c.storage.expired(); });
+  }
+  // The caller dropped collective `seq`'s Work; if it was never waited for,
+  // its claim stays, now known to be a forgotten wait().
+  void dropped(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Claim& c : claims_) {
+      if (c.seq == seq) c.dropped = true;
+    }
+  }
+
+ private:
+  struct Claim {
+    uint64_t seq;
+    std::weak_ptr<Storage> storage;
+    const std::byte* begin;
+    const std::byte* end;
+    std::string what;  // "allreduce #3 on rank 0: its tensor (shape (4), float32)"
+    bool dropped;      // its Work was dropped without a wait()
+  };
+
+  static DistributedError conflict(const std::string& what, const Claim& owner) {
+    const std::string rule =
+        " A tensor belongs to its collective until wait() returns: the result reaches it "
+        "at that wait(), and only then may another collective take it. [seen in checker "
+        "mode: GlooOptions::check_in_flight_writes]";
+    if (owner.dropped) {
+      return DistributedError(cat(
+          what, " was issued on memory that ", owner.what, " still owns, because that "
+          "collective was never waited for: its Work was dropped without a wait(), so its "
+          "result never reached the tensor. wait() for every collective before its tensor "
+          "is read or used again.", rule));
+    }
+    return DistributedError(cat(
+        what, " was issued on memory that ", owner.what, " still owns: that collective "
+        "was issued and has not been waited for yet. Was one collective issued twice?",
+        rule));
+  }
+
+  std::mutex mutex_;
+  std::vector<Claim> claims_;  // guarded by mutex_
+};
+
+// In checker mode, claims `tensor`'s memory for `work` and arms its first
+// wait() to check that nothing wrote `tensor` since now, then deliver the
+// result from `sent` (the buffer the collective ran on) into it and release
+// the claim: Note [In-flight writes]. Returns the caller's handle to `work`:
+// the same Work, but whose last copy going away tells the claims that the
+// caller dropped it. Otherwise returns `work` unchanged.
+std::shared_ptr<Work> arm_checks(bool check_in_flight_writes,
+                                 const std::shared_ptr<InFlightClaims>& claims,
+                                 std::shared_ptr<Work> work, const Tensor& tensor,
+                                 const Buffer& sent, int rank) {
+  if (!check_in_flight_writes || sent.nbytes == 0) return work;
   auto issued = std::make_shared<std::vector<std::byte>>(sent.nbytes);
   std::memcpy(issued->data(), tensor.data_ptr(), sent.nbytes);
-  const std::string what = cat(work.collective(), " #", work.seq(), " on rank ", rank,
+  const std::string what = cat(work->collective(), " #", work->seq(), " on rank ", rank,
                                ": its tensor (shape ", tp::to_string(tensor.shape()), ", ",
                                to_string(tensor.dtype()), ")");
-  const std::string op = work.collective() == "allreduce" ? "all-reduce" : work.collective();
-  work.set_on_first_wait([target = buffer_of(tensor), sent, issued, what, op] {
+  claims->claim(work->seq(), tensor.storage(), tensor.data_ptr(), sent.nbytes, what);
+  const std::string op = work->collective() == "allreduce" ? "all-reduce" : work->collective();
+  work->set_on_first_wait([target = buffer_of(tensor), sent, issued, what, op, claims,
+                           seq = work->seq()] {
+    claims->release(seq);
     if (std::memcmp(target.data, issued->data(), target.nbytes) != 0) {
       const std::size_t element = element_size(target.dtype);
       std::size_t i = 0;
@@ -417,12 +501,18 @@ void check_at_wait(bool check_in_flight_writes, Work& work, const Tensor& tensor
           changed_element(issued->data(), target.data, i, target.dtype),
           " changed; the collective reads and writes the tensor until wait() returns, so a "
           "write in between (a division before the wait, say) races with it and gives a "
-          "different wrong answer from run to run. (Or a second collective on the same "
-          "tensor was issued before this one was waited for, and its wait() wrote its "
-          "result first: one collective per tensor at a time.) [seen in checker mode: "
+          "different wrong answer from run to run. [seen in checker mode: "
           "GlooOptions::check_in_flight_writes]"));
     }
     std::memcpy(target.data, sent.data, target.nbytes);
+  });
+  Work* const raw = work.get();
+  return std::shared_ptr<Work>(raw, [owner = std::move(work), claims](Work* w) mutable noexcept {
+    try {
+      claims->dropped(w->seq());
+    } catch (...) {  // a deleter must not throw; the claim then just stays unlabelled
+    }
+    owner.reset();
   });
 }
 
@@ -801,6 +891,9 @@ struct ProcessGroupGloo::Impl {
   std::shared_ptr<gloo::Context> context;  // used by the communication thread only
 
   uint64_t next_seq = 1;  // issuing thread only; 1-based
+  // Checker mode: which memory each collective in flight owns (Note
+  // [In-flight writes]); shared with the Works' first-wait checks.
+  const std::shared_ptr<InFlightClaims> in_flight = std::make_shared<InFlightClaims>();
 
   std::mutex mutex;
   std::condition_variable cv;
@@ -981,8 +1074,9 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const Tensor& tensor, ReduceOp
         }
       },
       staging);
-  if (!staging) check_at_wait(options_.check_in_flight_writes, *work, tensor, buf, rank());
-  return work;
+  if (staging) return work;
+  return arm_checks(options_.check_in_flight_writes, impl_->in_flight, std::move(work), tensor,
+                    buf, rank());
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root) {
@@ -1016,8 +1110,9 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root
         gloo::broadcast(opts);
       },
       staging);
-  if (!staging) check_at_wait(options_.check_in_flight_writes, *work, tensor, buf, rank());
-  return work;
+  if (staging) return work;
+  return arm_checks(options_.check_in_flight_writes, impl_->in_flight, std::move(work), tensor,
+                    buf, rank());
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& outputs,

@@ -133,11 +133,12 @@ Finding finding_from_error(const std::string& stage, const std::exception& error
     case ErrorKind::Cause:
       break;
   }
-  return {message, from_a_rank
-                       ? "a rank failed: its message above says why and what to change (a "
-                         "rank killed by a signal crashed, for example on a null pointer: run "
-                         "this case alone with --only N under gdb)"
-                       : "the checker could not run this case: the message says why"};
+  if (!from_a_rank) return {message, "the checker could not run this case: the message says why"};
+  if (message.find("killed by signal") != std::string::npos) {
+    return {message, "a rank crashed (killed by a signal), for example on a null pointer or "
+                     "an index out of range: run this case alone with --only N under gdb"};
+  }
+  return {message, "a rank failed: its message above says why and what to change"};
 }
 
 std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scenario) {

@@ -42,7 +42,9 @@
 //     process_group_gloo.cc).
 //   - Checker mode (GlooOptions::check_in_flight_writes): a tensor written
 //     while its all-reduce or broadcast is in flight is an error at wait(),
-//     every time; the result lands in the tensor at wait(). CPU tensors
+//     every time, and a second all-reduce or broadcast issued on a tensor
+//     whose first is still in flight (not yet waited for) is an error at
+//     once, naming both; the result lands in the tensor at wait(). CPU tensors
 //     only: a CUDA tensor in checker mode is a tp::DistributedError at issue.
 //   - Trace: when tp::trace is enabled, each collective records an instant
 //     "<op> queued" on the issuing thread and a span "<op>" on the
