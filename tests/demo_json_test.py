@@ -109,6 +109,7 @@ def main(demo):
     check_worker(demo, data)
     check_write_errors(demo)
     check_diverging_reference(demo)
+    check_launch_mistakes(demo)
 
 
 def check_worker(demo, trainer_data):
@@ -173,6 +174,25 @@ def check_write_errors(demo):
             if run.stderr.count("demo ") > 1:
                 fail(f"{flag} /dev/full: the message repeats its prefix: {run.stderr!r}")
     print("ok: an unwritable --json/--trace path is named with the reason, a bad path before the run")
+
+
+def check_launch_mistakes(demo):
+    """Started as one rank of a launched job the wrong way: RANK set without
+    --init-method (each process would run a whole job), or --init-method
+    file:// (what the demo does itself). Both are usage errors (exit 2) that
+    say what to pass, before anything runs."""
+    env = dict(os.environ, RANK="1")
+    run = subprocess.run([demo, "--steps", "1"], capture_output=True, text=True, timeout=60,
+                         env=env)
+    if run.returncode != 2 or "RANK=1 is set" not in run.stderr or \
+            "pass --init-method env://" not in run.stderr or "verdict" in run.stdout:
+        fail(f"RANK=1 without --init-method: exit {run.returncode}, stderr: {run.stderr!r}")
+    env = {k: v for k, v in os.environ.items() if k != "RANK"}
+    run = subprocess.run([demo, "--init-method", "file:///tmp/x"], capture_output=True,
+                         text=True, timeout=60, env=env)
+    if run.returncode != 2 or "--init-method file:// is what demo " not in run.stderr:
+        fail(f"--init-method file://: exit {run.returncode}, stderr: {run.stderr!r}")
+    print("ok: RANK without --init-method, and --init-method file://, are usage errors that say why")
 
 
 def check_accumulation(demo, k=3, steps=2):

@@ -83,12 +83,6 @@ CheckerRun parse_checker_args(int argc, char** argv) {
       }
     } else if (arg == "--init-method") {
       run.init_method = value();
-      if (run.init_method.rfind("file://", 0) == 0) {
-        std::fprintf(stderr, "checker: --init-method file:// is what the checker does by itself, "
-                             "forking its ranks (leave it out); one process per rank takes "
-                             "env://, tcp://HOST:PORT or redis://HOST:PORT/JOB\n");
-        std::exit(2);
-      }
     } else {
       std::fprintf(stderr,
                    "checker: unknown argument '%s'\n"
@@ -98,11 +92,8 @@ CheckerRun parse_checker_args(int argc, char** argv) {
       std::exit(2);
     }
   }
-  if (run.init_method.empty() && std::getenv("RANK") != nullptr) {
-    std::fprintf(stderr, "checker: RANK=%s is set (started by tprun or torchrun?) but "
-                         "--init-method is not given, so every process would run a whole "
-                         "checker of its own; pass --init-method env://\n",
-                 std::getenv("RANK"));
+  if (const std::string mistake = launch_mistake("the checker", run.init_method); !mistake.empty()) {
+    std::fprintf(stderr, "checker: %s\n", mistake.c_str());
     std::exit(2);
   }
   return run;

@@ -111,21 +111,11 @@ void report_trace(const DemoArgs& args, const std::vector<RankResult>& ranks) {
 
 // One process per rank (demo.h): the world size comes from the launcher.
 void apply_launcher_environment(const std::string& stage, DemoArgs& args, bool world_size_given) {
-  const char* rank = std::getenv("RANK");
-  if (args.init_method.empty()) {
-    if (rank != nullptr) {
-      usage(stage, 2, detail::cat("RANK=", rank, " is set (started by tprun or torchrun?) but "
-                                  "--init-method is not given, so every process would run a "
-                                  "whole job of its own; pass --init-method env:// to run as "
-                                  "one rank of the launched job"));
-    }
-    return;
+  if (const std::string mistake = launch_mistake("demo " + stage, args.init_method);
+      !mistake.empty()) {
+    usage(stage, 2, mistake);
   }
-  if (args.init_method.rfind("file://", 0) == 0) {
-    usage(stage, 2, "--init-method file:// is what the demo does by itself, forking its ranks "
-                    "on this machine (leave --init-method out); one process per rank takes "
-                    "env://, tcp://HOST:PORT or redis://HOST:PORT/JOB");
-  }
+  if (args.init_method.empty()) return;
   const char* world = std::getenv("WORLD_SIZE");
   if (world == nullptr) {
     usage(stage, 2, "--init-method " + args.init_method + " runs one rank of a launched job "

@@ -1,4 +1,6 @@
-// make_rank_group: the process group of one spawned DDP rank (ddp_trainer.h).
+// make_rank_group: the process group of one spawned DDP rank; launch_mistake:
+// how a launched rank was started wrong (ddp_trainer.h).
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -33,6 +35,23 @@ std::shared_ptr<distributed::ProcessGroup> make_rank_group(const RunConfig& conf
   return std::make_shared<distributed::ProcessGroupGloo>(
       rendezvous_dir, rank, config.world_size,
       distributed::GlooOptions{config.collective_timeout, config.check_in_flight_writes});
+}
+
+std::string launch_mistake(const std::string& program, const std::string& init_method) {
+  if (init_method.empty()) {
+    const char* rank = std::getenv("RANK");
+    if (rank == nullptr) return "";
+    return detail::cat("RANK=", rank, " is set (started by tprun or torchrun?) but "
+                       "--init-method is not given, so every process would run a whole job of "
+                       "its own; pass --init-method env:// to run as one rank of the launched "
+                       "job");
+  }
+  if (init_method.rfind("file://", 0) == 0) {
+    return detail::cat("--init-method file:// is what ", program, " does by itself, "
+                       "forking its ranks on this machine (leave --init-method out); one "
+                       "process per rank takes env://, tcp://HOST:PORT or redis://HOST:PORT/JOB");
+  }
+  return "";
 }
 
 }  // namespace tp::train

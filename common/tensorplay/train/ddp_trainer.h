@@ -250,6 +250,13 @@ struct LaunchedRun {
   std::vector<RankResult> ranks;
 };
 
+// What is wrong with asking `program` ("demo 03", "the checker") to run as one
+// rank of a launched job with `init_method` (empty: not given), or "" when
+// nothing is: RANK set without --init-method (every process would run a
+// whole job of its own), or --init-method file:// (what the program does by
+// itself when it forks its ranks). Reads RANK from the environment.
+std::string launch_mistake(const std::string& program, const std::string& init_method);
+
 // One rank of a job started by a launcher, one process per rank: joins the
 // default group through `init_method` (env://, tcp://, redis://; RANK and
 // WORLD_SIZE from the environment), trains this rank's part of the plan and
