@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A ./kit command ended by a signal leaves no process and no temporary
-directory behind.
+directory or file behind.
 
 Each case starts ./kit in a session of its own (as a terminal would start a
 job), waits until the work it names is running, signals it, and then asserts
@@ -11,6 +11,8 @@ directory of a job lives there).
   demo, SIGTERM to ./kit          `kill` of the kit: ./kit execs the demo, the
                                   demo ends its ranks and removes the directory
   demo, SIGINT to the whole job   Ctrl-C in a terminal
+  configure, SIGTERM to ./kit     the kit passes it to meson setup and removes
+                                  the file that holds meson's output
   build, SIGTERM to ./kit         the kit passes the signal to its child (ninja,
                                   compiling a fresh build directory)
 
@@ -87,11 +89,12 @@ def run_case(name, kit, args, env, tmpdir, ready, sig, to_group):
             left = [f"{pid}: {command_of(pid)}" for pid in session_processes(sid)]
             raise AssertionError(f"{name}: processes left behind after {sig.name}:\n  " +
                                  "\n  ".join(left))
-        leftovers = [e for e in os.listdir(tmpdir) if e.startswith("tensorplay")]
+        # tensorplay*: a job's directories; kit.*: the kit's own files.
+        leftovers = [e for e in os.listdir(tmpdir) if e.startswith(("tensorplay", "kit."))]
         if leftovers:
             raise AssertionError(f"{name}: left in TMPDIR after {sig.name}: {leftovers}")
         print(f"ok: {name}: {sig.name} -> ./kit gone in {took:.2f} s, no process, "
-              "no directory left")
+              "no directory or file left")
     finally:
         for pid in session_processes(sid):  # never leave a stray job behind
             try:
@@ -119,6 +122,17 @@ def main():
                  signal.SIGTERM, to_group=False)
         run_case("demo, SIGINT to the job (Ctrl-C)", kit, demo, env, tmpdir, ranks_running,
                  signal.SIGINT, to_group=True)
+
+        # Configuring: the kit keeps meson's output in a temporary file.
+        unconfigured = dict(env, TP_BUILD_DIR=os.path.join(work, "unconfigured-build"))
+
+        def configuring(sid):
+            return any(e.startswith("kit.") for e in os.listdir(tmpdir)) and any(
+                "meson" in command_of(pid) and "setup" in command_of(pid)
+                for pid in session_processes(sid))
+
+        run_case("configure, SIGTERM to ./kit", kit, ["build"], unconfigured, tmpdir,
+                 configuring, signal.SIGTERM, to_group=False)
 
         fresh = dict(env, TP_BUILD_DIR=os.path.join(work, "fresh-build"))
 
