@@ -454,8 +454,8 @@ TEST_CASE("in checker mode, a second collective on a tensor still in flight is r
                        "allreduce #2 on rank " + r + ": its tensor (shape (4), float32) was "
                        "issued on memory that allreduce #1 on rank " + r +
                        ": its tensor (shape (4), float32) still owns: that collective was "
-                       "issued and has not been waited for yet. Was one collective issued "
-                       "twice?",
+                       "issued and has not been waited for yet. Was a wait() missed, or one "
+                       "collective issued twice?",
                        "the same tensor twice");
         first->wait();
         expect_values(t, std::vector<double>(4, 3.0), "the first all-reduce's result");
@@ -480,11 +480,52 @@ TEST_CASE("in checker mode, a second collective on a tensor still in flight is r
         auto high = group.allreduce(flat.narrow(0, 4, 2));
         low->wait();
         high->wait();
-        // A freed tensor's claim ends with it, even if never waited for.
-        { tp::Tensor temp = tp::ones({4}); auto w = group.allreduce(temp); }
-        tp::Tensor fresh = tp::ones({4});
+        // Waited for out of order: a later collective's wait() returned, this
+        // one's never came (collectives finish in issue order, but each
+        // delivers its result only at its own wait()).
+        tp::Tensor x = tp::ones({3});
+        tp::Tensor y = tp::ones({3});
+        auto skipped = group.allreduce(x);
+        group.allreduce(y)->wait();
+        expect_refused([&] { group.allreduce(x); },
+                       "allreduce #11 on rank " + r + ": its tensor (shape (3), float32) was "
+                       "issued on memory that allreduce #9 on rank " + r +
+                       ": its tensor (shape (3), float32) still owns: that collective was "
+                       "never waited for, although collective #10, issued after it, was.",
+                       "a skipped wait()");
+        skipped->wait();
+        // A freed tensor's claim ends with it, even if never waited for: a new
+        // tensor on the same memory is not the old one. (The allocator
+        // decides where the new tensor lands; the loop keeps allocating until
+        // one lands on the freed memory, which glibc does at once.)
+        constexpr int64_t kElements = int64_t{9} << 20;  // 36 MiB: mmap-ed, and reused
+        const std::byte* freed = nullptr;
+        {
+          tp::Tensor temp = tp::ones({kElements});
+          freed = static_cast<const std::byte*>(temp.data_ptr());
+          auto forgotten = group.allreduce(temp);
+          // Collectives run in issue order: once this wait() returns, the
+          // communication thread has let go of `forgotten`, so the tensor's
+          // memory is freed at the end of this block.
+          tp::Tensor other = tp::ones({3});
+          group.allreduce(other)->wait();
+        }
+        std::vector<tp::Tensor> kept;  // tensors that landed elsewhere, until one does not
+        tp::Tensor fresh = tp::ones({kElements});
+        const auto on_freed_memory = [&](const tp::Tensor& t) {
+          const auto* data = static_cast<const std::byte*>(t.data_ptr());
+          return data < freed + 4 * kElements && freed < data + 4 * kElements;
+        };
+        while (!on_freed_memory(fresh) && kept.size() < 64) {
+          kept.push_back(fresh);
+          fresh = tp::ones({kElements});
+        }
+        if (rank == 0 && !on_freed_memory(fresh)) {
+          std::printf("note: the allocator never reused the freed memory; the reuse case "
+                      "checked nothing\n");
+        }
         group.allreduce(fresh)->wait();
-        expect_values(fresh, std::vector<double>(4, 2.0), "a fresh tensor");
+        expect_values(fresh, std::vector<double>(kElements, 2.0), "a fresh tensor");
       },
       2));
 }

@@ -403,10 +403,15 @@ std::string changed_element(const void* before, const void* after, std::size_t i
 // without a wait() never delivers, so by the contract its tensor stays its
 // own: a later collective on it is refused too, and the error says that
 // wait() was forgotten (the caller's handle tells the claims when it is
-// dropped: hand_out below). A claim ends with its tensor's storage (nothing
-// can issue on freed memory, and memory reused by a new tensor is not
-// confused with it). Shared by the group and the Works' first-wait checks,
-// which may outlive it; any thread may issue and wait.
+// dropped: arm_checks below). A claim also ends when its tensor's storage is
+// freed, so memory reused by a new tensor is not mistaken for the old one;
+// an unwaited Work itself keeps that storage alive (its first-wait check
+// holds it), so this happens only once the tensor and the Work are both
+// gone. The check runs just after the collective was queued: a refused
+// collective still runs, paired with its peers' (which issued it too), and
+// the error comes on the line that issued it. Shared by the group and the
+// Works' first-wait checks, which may outlive it; any thread may issue and
+// wait.
 class InFlightClaims {
  public:
   // Records that collective `seq` owns [data, data + nbytes) of `storage`;
@@ -425,6 +430,7 @@ class InFlightClaims {
   void release(uint64_t seq) {
     std::lock_guard<std::mutex> lock(mutex_);
     std::erase_if(claims_, [seq](const Claim& c) { return c.seq == seq || c.storage.expired(); });
+    latest_waited_ = std::max(latest_waited_, seq);
   }
   // The caller dropped collective `seq`'s Work; if it was never waited for,
   // its claim stays, now known to be a forgotten wait().
@@ -445,7 +451,11 @@ class InFlightClaims {
     bool dropped;      // its Work was dropped without a wait()
   };
 
-  static DistributedError conflict(const std::string& what, const Claim& owner) {
+  // Says which of three facts holds: the owner's Work was dropped unwaited;
+  // a collective issued after the owner has been waited for (so the owner's
+  // wait() was skipped, not merely still to come); or neither, where a wait()
+  // still to come and a collective issued twice look alike.
+  DistributedError conflict(const std::string& what, const Claim& owner) const {
     const std::string rule =
         " A tensor belongs to its collective until wait() returns: the result reaches it "
         "at that wait(), and only then may another collective take it. [seen in checker "
@@ -457,14 +467,23 @@ class InFlightClaims {
           "result never reached the tensor. wait() for every collective before its tensor "
           "is read or used again.", rule));
     }
+    if (latest_waited_ > owner.seq) {
+      return DistributedError(cat(
+          what, " was issued on memory that ", owner.what, " still owns: that collective "
+          "was never waited for, although collective #", latest_waited_, ", issued after it, "
+          "was. "
+          "wait() for every collective (finishing in issue order does not deliver the "
+          "others' results) before its tensor is read or used again.", rule));
+    }
     return DistributedError(cat(
         what, " was issued on memory that ", owner.what, " still owns: that collective "
-        "was issued and has not been waited for yet. Was one collective issued twice?",
-        rule));
+        "was issued and has not been waited for yet. Was a wait() missed, or one "
+        "collective issued twice?", rule));
   }
 
   std::mutex mutex_;
   std::vector<Claim> claims_;  // guarded by mutex_
+  uint64_t latest_waited_ = 0;  // guarded by mutex_: the latest seq released
 };
 
 // In checker mode, claims `tensor`'s memory for `work` and arms its first
