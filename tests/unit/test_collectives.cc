@@ -530,6 +530,39 @@ TEST_CASE("in checker mode, a second collective on a tensor still in flight is r
       2));
 }
 
+// A wait() that threw leaves its claim (its result never arrived), but the
+// group has stopped: the next collective must say so, not blame a missing
+// wait(). Rank 1 skips the collective and stays alive past rank 0's timeout.
+TEST_CASE("in checker mode, after a collective failed, the next one names the failure, not a claim") {
+  tp::TempDir dir("tp-in-flight-failed");
+  const std::string path = dir.path();
+  CHECK_NOTHROW(mp::spawn(
+      [&path](int rank) {
+        dist::ProcessGroupGloo group(path, rank, 2, dist::GlooOptions{kShortTimeout, true});
+        if (rank == 1) {
+          std::this_thread::sleep_for(kShortTimeout + std::chrono::seconds(2));
+          return;
+        }
+        tp::Tensor t = tp::ones({4});
+        auto first = group.allreduce(t);
+        try {
+          first->wait();
+        } catch (const tp::TimeoutError&) {
+        }
+        std::string error;
+        try {
+          group.allreduce(t)->wait();
+        } catch (const tp::DistributedError& e) {
+          error = e.what();
+        }
+        if (error.find("allreduce #2 on rank 0 was not run: this process group stopped after "
+                       "allreduce #1") == std::string::npos) {
+          throw tp::Error("expected the group-stopped error, got: \"" + error + "\"");
+        }
+      },
+      2));
+}
+
 TEST_CASE("a rank that skips a collective makes the waiting rank time out naming it") {
   auto job = [] {
     run_world(

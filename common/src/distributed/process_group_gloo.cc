@@ -420,6 +420,9 @@ class InFlightClaims {
              std::size_t nbytes, const std::string& what) {
     const auto* begin = static_cast<const std::byte*>(data);
     std::lock_guard<std::mutex> lock(mutex_);
+    // After a failure every later collective fails at its wait(), naming the
+    // first failure; a claim left by a wait() that threw must not hide that.
+    if (group_failed_) return;
     std::erase_if(claims_, [](const Claim& c) { return c.storage.expired(); });
     for (const Claim& c : claims_) {
       if (begin < c.end && c.begin < begin + nbytes) throw conflict(what, c);
@@ -431,6 +434,11 @@ class InFlightClaims {
     std::lock_guard<std::mutex> lock(mutex_);
     std::erase_if(claims_, [seq](const Claim& c) { return c.seq == seq || c.storage.expired(); });
     latest_waited_ = std::max(latest_waited_, seq);
+  }
+  // A collective failed: the group runs no more (communication thread).
+  void group_failed() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    group_failed_ = true;
   }
   // The caller dropped collective `seq`'s Work; if it was never waited for,
   // its claim stays, now known to be a forgotten wait().
@@ -484,6 +492,7 @@ class InFlightClaims {
   std::mutex mutex_;
   std::vector<Claim> claims_;  // guarded by mutex_
   uint64_t latest_waited_ = 0;  // guarded by mutex_: the latest seq released
+  bool group_failed_ = false;   // guarded by mutex_
 };
 
 // In checker mode, claims `tensor`'s memory for `work` and arms its first
@@ -893,7 +902,10 @@ struct ProcessGroupGloo::Impl {
     } catch (const std::exception& e) {
       error = std::make_exception_ptr(DistributedError(cat(name(), " failed: ", e.what())));
     }
-    if (error) failed = cat(task.op, " #", task.seq);
+    if (error) {
+      failed = cat(task.op, " #", task.seq);
+      in_flight->group_failed();
+    }
     return error;
   }
 
