@@ -16,7 +16,8 @@ was found and that libtensorplay's link line names libcudart and libcublas
 by paths that exist. (Configuring only: linking would mean compiling the
 whole library.)
 
-Skipped (exit 77, with the reason) where no CUDA toolkit is installed.
+Skipped (exit 77, with the reason) where no CUDA toolkit is installed, or
+nvcc is installed without the runtime and cuBLAS.
 
 Usage: cuda_toolkit_find_test.py SOURCE_DIR
 """
@@ -33,6 +34,22 @@ def real_nvcc():
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def toolkit_has_libraries(nvcc):
+    """Whether the folders nvcc's dry run names hold libcudart and libcublas
+    (a machine with nvcc alone builds the kit without CUDA: nothing to test)."""
+    p = subprocess.run([nvcc, "--dryrun", "-c", "probe.cu"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60)
+    dirs = []
+    for line in p.stdout.splitlines():
+        if line.startswith("#$ TOP="):
+            top = line[len("#$ TOP="):].strip()
+            dirs += [os.path.join(top, "lib64"), os.path.join(top, "lib")]
+        elif line.startswith("#$ LIBRARIES="):
+            dirs += re.findall(r'"-L([^"]+)"', line)
+    return all(any(os.path.exists(os.path.join(d, f"lib{lib}.so")) for d in dirs)
+               for lib in ("cudart", "cublas"))
 
 
 def link_line(build_ninja):
@@ -53,6 +70,10 @@ def main():
     nvcc = real_nvcc()
     if nvcc is None:
         print("SKIP: no CUDA toolkit here (no /usr/local/cuda/bin/nvcc, no nvcc on PATH)")
+        return 77
+    if not toolkit_has_libraries(nvcc):
+        print(f"SKIP: {nvcc} is here, but its toolkit has no libcudart and libcublas "
+              "(the kit builds without CUDA on this machine)")
         return 77
     with tempfile.TemporaryDirectory(prefix="tp-cuda-find-") as scratch:
         wrapper_dir = os.path.join(scratch, "bin")

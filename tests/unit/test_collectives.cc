@@ -451,11 +451,10 @@ TEST_CASE("in checker mode, a second collective on a tensor still in flight is r
         tp::Tensor t = tp::full({4}, rank + 1.0);
         auto first = group.allreduce(t);
         expect_refused([&] { group.allreduce(t); },
-                       "allreduce #2 on rank " + r + ": its tensor (shape (4), float32) was "
-                       "issued on memory that allreduce #1 on rank " + r +
-                       ": its tensor (shape (4), float32) still owns: that collective was "
-                       "issued and has not been waited for yet. Was a wait() missed, or one "
-                       "collective issued twice?",
+                       "allreduce #2 on rank " + r + " was issued on a tensor (shape (4), "
+                       "float32) whose memory allreduce #1 on rank " + r + " (shape (4), "
+                       "float32) still owns: that collective was issued and has not been "
+                       "waited for yet. Was a wait() missed, or one collective issued twice?",
                        "the same tensor twice");
         first->wait();
         expect_values(t, std::vector<double>(4, 3.0), "the first all-reduce's result");
@@ -465,17 +464,17 @@ TEST_CASE("in checker mode, a second collective on a tensor still in flight is r
         // A Work dropped without wait(): its tensor is still its own.
         { auto forgotten = group.allreduce(t); }
         expect_refused([&] { group.broadcast(t, 0); },
-                       "broadcast #5 on rank " + r + ": its tensor (shape (4), float32) was "
-                       "issued on memory that allreduce #4 on rank " + r +
-                       ": its tensor (shape (4), float32) still owns, because that collective "
-                       "was never waited for: its Work was dropped without a wait()",
+                       "broadcast #5 on rank " + r + " was issued on a tensor (shape (4), "
+                       "float32) whose memory allreduce #4 on rank " + r + " (shape (4), "
+                       "float32) still owns, because that collective was never waited for: "
+                       "its Work was dropped without a wait()",
                        "after a forgotten wait()");
         // Views of one storage: overlapping is refused, disjoint is not.
         tp::Tensor flat = tp::zeros({6});
         auto low = group.allreduce(flat.narrow(0, 0, 4));
         expect_refused([&] { group.allreduce(flat.narrow(0, 2, 4)); },
-                       "allreduce #7 on rank " + r + ": its tensor (shape (4), float32) was "
-                       "issued on memory that allreduce #6 on rank " + r,
+                       "allreduce #7 on rank " + r + " was issued on a tensor (shape (4), "
+                       "float32) whose memory allreduce #6 on rank " + r,
                        "overlapping views");
         auto high = group.allreduce(flat.narrow(0, 4, 2));
         low->wait();
@@ -488,10 +487,10 @@ TEST_CASE("in checker mode, a second collective on a tensor still in flight is r
         auto skipped = group.allreduce(x);
         group.allreduce(y)->wait();
         expect_refused([&] { group.allreduce(x); },
-                       "allreduce #11 on rank " + r + ": its tensor (shape (3), float32) was "
-                       "issued on memory that allreduce #9 on rank " + r +
-                       ": its tensor (shape (3), float32) still owns: that collective was "
-                       "never waited for, although collective #10, issued after it, was.",
+                       "allreduce #11 on rank " + r + " was issued on a tensor (shape (3), "
+                       "float32) whose memory allreduce #9 on rank " + r + " (shape (3), "
+                       "float32) still owns: that collective has not been waited for, "
+                       "although collective #10, issued after it, has been.",
                        "a skipped wait()");
         skipped->wait();
         // A freed tensor's claim ends with it, even if never waited for: a new
@@ -516,7 +515,7 @@ TEST_CASE("in checker mode, a second collective on a tensor still in flight is r
           const auto* data = static_cast<const std::byte*>(t.data_ptr());
           return data < freed + 4 * kElements && freed < data + 4 * kElements;
         };
-        while (!on_freed_memory(fresh) && kept.size() < 64) {
+        while (!on_freed_memory(fresh) && kept.size() < 4) {
           kept.push_back(fresh);
           fresh = tp::ones({kElements});
         }
@@ -547,7 +546,7 @@ TEST_CASE("in checker mode, after a collective failed, the next one names the fa
         auto first = group.allreduce(t);
         try {
           first->wait();
-        } catch (const tp::TimeoutError&) {
+        } catch (const tp::DistributedError&) {  // timed out, or rank 1 left first
         }
         std::string error;
         try {

@@ -1,5 +1,6 @@
 // The NCCL backend in a build without NCCL (Meson found no libnccl or
-// nccl.h next to CUDA, or -Dnccl=disabled): init_process_group("nccl", ...)
+// nccl.h in the system folders or the CUDA toolkit's, or -Dnccl=disabled):
+// init_process_group("nccl", ...)
 // says so, with the fix.
 #include "nccl_backend.h"
 
@@ -8,8 +9,9 @@
 namespace tp::distributed::detail {
 
 std::string nccl_unavailable_reason() {
-  return "tensorplay was built without NCCL (Meson found no CUDA toolkit or no libnccl and "
-         "nccl.h next to it, or the build was configured with -Dnccl=disabled); install "
+  return "tensorplay was built without NCCL (Meson found no CUDA toolkit, or no libnccl and "
+         "nccl.h in the system folders or the toolkit's, or the build was configured with "
+         "-Dnccl=disabled); install "
          "NCCL and reconfigure with -Dnccl=enabled, or use backend \"gloo\", which also "
          "takes CUDA tensors by staging them through host memory";
 }

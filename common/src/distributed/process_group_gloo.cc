@@ -414,10 +414,12 @@ std::string changed_element(const void* before, const void* after, std::size_t i
 // wait.
 class InFlightClaims {
  public:
-  // Records that collective `seq` owns [data, data + nbytes) of `storage`;
-  // throws naming both collectives if one still in flight owns any of it.
-  void claim(uint64_t seq, const std::shared_ptr<Storage>& storage, const void* data,
-             std::size_t nbytes, const std::string& what) {
+  // Records that collective `seq` (`name`: "allreduce #3 on rank 0") owns
+  // [data, data + nbytes) of `storage`, a tensor described by `tensor`
+  // ("shape (4), float32"); throws naming both collectives if one still in
+  // flight owns any of it.
+  void claim(uint64_t seq, const std::string& name, const std::string& tensor,
+             const std::shared_ptr<Storage>& storage, const void* data, std::size_t nbytes) {
     const auto* begin = static_cast<const std::byte*>(data);
     std::lock_guard<std::mutex> lock(mutex_);
     // After a failure every later collective fails at its wait(), naming the
@@ -425,9 +427,9 @@ class InFlightClaims {
     if (group_failed_) return;
     std::erase_if(claims_, [](const Claim& c) { return c.storage.expired(); });
     for (const Claim& c : claims_) {
-      if (begin < c.end && c.begin < begin + nbytes) throw conflict(what, c);
+      if (begin < c.end && c.begin < begin + nbytes) throw conflict(name, tensor, c);
     }
-    claims_.push_back(Claim{seq, storage, begin, begin + nbytes, what, false});
+    claims_.push_back(Claim{seq, storage, begin, begin + nbytes, name, tensor, false});
   }
   // Collective `seq`'s first wait() has delivered its result: its memory is free.
   void release(uint64_t seq) {
@@ -455,38 +457,39 @@ class InFlightClaims {
     std::weak_ptr<Storage> storage;
     const std::byte* begin;
     const std::byte* end;
-    std::string what;  // "allreduce #3 on rank 0: its tensor (shape (4), float32)"
-    bool dropped;      // its Work was dropped without a wait()
+    std::string name;    // "allreduce #3 on rank 0"
+    std::string tensor;  // "shape (4), float32"
+    bool dropped;        // its Work was dropped without a wait()
   };
 
   // Says which of three facts holds: the owner's Work was dropped unwaited;
   // a collective issued after the owner has been waited for (so the owner's
   // wait() was skipped, not merely still to come); or neither, where a wait()
   // still to come and a collective issued twice look alike.
-  DistributedError conflict(const std::string& what, const Claim& owner) const {
+  DistributedError conflict(const std::string& name, const std::string& tensor,
+                            const Claim& owner) const {
+    const std::string clash = cat(name, " was issued on a tensor (", tensor, ") whose memory ",
+                                  owner.name, " (", owner.tensor, ") still owns");
     const std::string rule =
         " A tensor belongs to its collective until wait() returns: the result reaches it "
         "at that wait(), and only then may another collective take it. [seen in checker "
         "mode: GlooOptions::check_in_flight_writes]";
     if (owner.dropped) {
       return DistributedError(cat(
-          what, " was issued on memory that ", owner.what, " still owns, because that "
-          "collective was never waited for: its Work was dropped without a wait(), so its "
-          "result never reached the tensor. wait() for every collective before its tensor "
-          "is read or used again.", rule));
+          clash, ", because that collective was never waited for: its Work was dropped "
+          "without a wait(), so its result never reached the tensor. wait() for every "
+          "collective before its tensor is read or used again.", rule));
     }
     if (latest_waited_ > owner.seq) {
       return DistributedError(cat(
-          what, " was issued on memory that ", owner.what, " still owns: that collective "
-          "was never waited for, although collective #", latest_waited_, ", issued after it, "
-          "was. "
-          "wait() for every collective (finishing in issue order does not deliver the "
-          "others' results) before its tensor is read or used again.", rule));
+          clash, ": that collective has not been waited for, although collective #",
+          latest_waited_, ", issued after it, has been. wait() for every collective "
+          "(finishing in issue order does not deliver the others' results) before its "
+          "tensor is read or used again.", rule));
     }
     return DistributedError(cat(
-        what, " was issued on memory that ", owner.what, " still owns: that collective "
-        "was issued and has not been waited for yet. Was a wait() missed, or one "
-        "collective issued twice?", rule));
+        clash, ": that collective was issued and has not been waited for yet. Was a wait() "
+        "missed, or one collective issued twice?", rule));
   }
 
   std::mutex mutex_;
@@ -508,14 +511,25 @@ std::shared_ptr<Work> arm_checks(bool check_in_flight_writes,
   if (!check_in_flight_writes || sent.nbytes == 0) return work;
   auto issued = std::make_shared<std::vector<std::byte>>(sent.nbytes);
   std::memcpy(issued->data(), tensor.data_ptr(), sent.nbytes);
-  const std::string what = cat(work->collective(), " #", work->seq(), " on rank ", rank,
-                               ": its tensor (shape ", tp::to_string(tensor.shape()), ", ",
-                               to_string(tensor.dtype()), ")");
-  claims->claim(work->seq(), tensor.storage(), tensor.data_ptr(), sent.nbytes, what);
+  const std::string name = cat(work->collective(), " #", work->seq(), " on rank ", rank);
+  const std::string described =
+      cat("shape ", tp::to_string(tensor.shape()), ", ", to_string(tensor.dtype()));
+  claims->claim(work->seq(), name, described, tensor.storage(), tensor.data_ptr(), sent.nbytes);
+  const std::string what = cat(name, ": its tensor (", described, ")");
   const std::string op = work->collective() == "allreduce" ? "all-reduce" : work->collective();
   work->set_on_first_wait([target = buffer_of(tensor), sent, issued, what, op, claims,
                            seq = work->seq()] {
-    claims->release(seq);
+    // The claim ends when this wait() has delivered the result, or refused to.
+    struct Release {
+      InFlightClaims& claims;
+      uint64_t seq;
+      ~Release() {
+        try {
+          claims.release(seq);
+        } catch (...) {  // a destructor must not throw; the claim then stays
+        }
+      }
+    } release{*claims, seq};
     if (std::memcmp(target.data, issued->data(), target.nbytes) != 0) {
       const std::size_t element = element_size(target.dtype);
       std::size_t i = 0;

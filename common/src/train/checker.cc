@@ -125,9 +125,13 @@ Finding finding_from_error(const std::string& stage, const std::exception& error
       break;
   }
   if (!from_a_rank) return {message, "the checker could not run this case: the message says why"};
-  if (message.find("killed by signal") != std::string::npos) {
+  // spawn's own words for a rank that died by a signal (spawn.h): the kind
+  // (a Cause) cannot tell a crash from a rank's own error, the report can.
+  if (message.find("failed: killed by signal") != std::string::npos) {
     return {message, "a rank crashed (killed by a signal), for example on a null pointer or "
-                     "an index out of range: run this case alone with --only N under gdb"};
+                     "an index out of range: run this case alone with --only N under gdb "
+                     "(gdb -ex 'set follow-fork-mode child' --args ..., as the ranks are "
+                     "forked)"};
   }
   return {message, "a rank failed: its message above says why and what to change"};
 }

@@ -42,9 +42,10 @@
 //     process_group_gloo.cc).
 //   - Checker mode (GlooOptions::check_in_flight_writes): a tensor written
 //     while its all-reduce or broadcast is in flight is an error at wait(),
-//     every time, and a second all-reduce or broadcast issued on a tensor
-//     whose first is still in flight (not yet waited for) is an error at
-//     once, naming both; the result lands in the tensor at wait(). CPU tensors
+//     every time, and a second all-reduce or broadcast issued on memory
+//     (a tensor, or a view overlapping it) whose collective has not been
+//     waited for (still in flight, or its Work dropped unwaited) is an error
+//     at once, naming both; the result lands in the tensor at wait(). CPU tensors
 //     only: a CUDA tensor in checker mode is a tp::DistributedError at issue.
 //   - Trace: when tp::trace is enabled, each collective records an instant
 //     "<op> queued" on the issuing thread and a span "<op>" on the
@@ -66,7 +67,9 @@ struct GlooOptions {
   // Checker mode: an all-reduced or broadcast tensor written between the
   // call that issues the collective and its wait() (dividing a gradient
   // before waiting for its all-reduce, say) is an error at that wait(), on
-  // every run, naming the collective and the element that changed. The
+  // every run, naming the collective and the element that changed; another
+  // all-reduce or broadcast on its memory before that wait() (a bucket
+  // launched twice, a wait() forgotten) is an error where it is issued. The
   // price: two copies of each such tensor, and the result lands in the
   // tensor only at wait() (Note [In-flight writes] in
   // process_group_gloo.cc). The stage checkers turn it on.

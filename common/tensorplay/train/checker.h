@@ -36,7 +36,8 @@
 //     every run, not most).
 //   - Checker mode: every case runs with RunConfig::check_in_flight_writes,
 //     every scenario's group with GlooOptions::check_in_flight_writes, so a
-//     tensor written while its collective is in flight fails every run.
+//     tensor written while its collective is in flight, or taken by another
+//     collective before its wait() returned, fails every run.
 //   - `--device cuda`: every case's ranks train on CUDA tensors (the
 //     reference stays on the CPU): NCCL where each rank has a GPU of its own,
 //     else Gloo staging through host memory, so W = 2 and 4 share one GPU.

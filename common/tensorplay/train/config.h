@@ -128,9 +128,10 @@ struct RunConfig {
   std::chrono::milliseconds collective_timeout{10000};
   std::chrono::milliseconds job_timeout{120000};
   // Checker mode: each rank's process group makes a tensor written while its
-  // all-reduce or broadcast is in flight an error at wait(), on every run
-  // (GlooOptions::check_in_flight_writes). run_checker turns it on; the demo
-  // leaves it off.
+  // all-reduce or broadcast is in flight an error at wait(), and a second
+  // collective on its memory before that wait() an error at issue, on every
+  // run (GlooOptions::check_in_flight_writes). run_checker turns it on; the
+  // demo leaves it off.
   bool check_in_flight_writes = false;
 };
 
