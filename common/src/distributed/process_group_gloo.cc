@@ -519,17 +519,6 @@ std::shared_ptr<Work> arm_checks(bool check_in_flight_writes,
   const std::string op = work->collective() == "allreduce" ? "all-reduce" : work->collective();
   work->set_on_first_wait([target = buffer_of(tensor), sent, issued, what, op, claims,
                            seq = work->seq()] {
-    // The claim ends when this wait() has delivered the result, or refused to.
-    struct Release {
-      InFlightClaims& claims;
-      uint64_t seq;
-      ~Release() {
-        try {
-          claims.release(seq);
-        } catch (...) {  // a destructor must not throw; the claim then stays
-        }
-      }
-    } release{*claims, seq};
     if (std::memcmp(target.data, issued->data(), target.nbytes) != 0) {
       const std::size_t element = element_size(target.dtype);
       std::size_t i = 0;
@@ -537,6 +526,7 @@ std::shared_ptr<Work> arm_checks(bool check_in_flight_writes,
                          issued->data() + i * element, element) == 0) {
         ++i;
       }
+      claims->release(seq);  // refused: this wait() ends the claim all the same
       throw DistributedError(cat(
           what, " was written while its ", op, " was in flight: wait() before touching it. "
           "Between the call that issued it and wait(), element ",
@@ -547,6 +537,7 @@ std::shared_ptr<Work> arm_checks(bool check_in_flight_writes,
           "GlooOptions::check_in_flight_writes]"));
     }
     std::memcpy(target.data, sent.data, target.nbytes);
+    claims->release(seq);  // delivered: the memory is free for the next collective
   });
   Work* const raw = work.get();
   return std::shared_ptr<Work>(raw, [owner = std::move(work), claims](Work* w) mutable noexcept {
