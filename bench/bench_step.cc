@@ -95,11 +95,12 @@
 #include <string_view>
 #include <vector>
 
-// The stages' headers are all called ddp.h: include them by their folder.
-#include "01-naive/ddp.h"      // stage01::DistributedDataParallel
-#include "02-bucketing/ddp.h"  // stage02::DistributedDataParallel
-#include "03-overlap/ddp.h"    // stage03::DistributedDataParallel
-#include "04-no-sync/ddp.h"    // stage04::DistributedDataParallel
+// The stages' headers have the same names: include them by their folder.
+// stage.h is the stage's StageSpec and includes its ddp.h.
+#include "01-naive/stage.h"      // stage01::DistributedDataParallel, stage_spec()
+#include "02-bucketing/stage.h"  // stage02::...
+#include "03-overlap/stage.h"    // stage03::...
+#include "04-no-sync/stage.h"    // stage04::...
 #include "tensorplay/data.h"
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/multiprocessing/spawn.h"
@@ -417,6 +418,10 @@ benchmark::internal::Benchmark* register_step(const char* name, StepBenchmark ru
 }
 
 void register_benchmarks(const Rank& rank) {
+  tp::bench::describe_stage(stage01::stage_spec());
+  tp::bench::describe_stage(stage02::stage_spec());
+  tp::bench::describe_stage(stage03::stage_spec());
+  tp::bench::describe_stage(stage04::stage_spec());
   register_step("BM_StepNoDDP", bm_no_ddp, kIterations, rank);
   register_step("BM_StepStage01", bm_stage01, kStage01Iterations, rank);
   // Stage 02 and 03 side by side for each cap, so that a change in the

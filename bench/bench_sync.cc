@@ -73,9 +73,10 @@
 #include <string_view>
 #include <vector>
 
-// Both stages' headers are called ddp.h: include them by their folder.
-#include "01-naive/ddp.h"      // stage01::DistributedDataParallel
-#include "02-bucketing/ddp.h"  // stage02::DistributedDataParallel
+// The stages' headers have the same names: include them by their folder
+// (stage.h is the stage's StageSpec and includes its ddp.h).
+#include "01-naive/stage.h"      // stage01::DistributedDataParallel, stage_spec()
+#include "02-bucketing/stage.h"  // stage02::...
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/nn/models.h"
@@ -222,6 +223,8 @@ void register_sync(const char* name, SyncBenchmark run, int64_t arg, int64_t ite
 }
 
 void register_benchmarks(const tp::bench::RankSetup& setup) {
+  tp::bench::describe_stage(stage01::stage_spec());
+  tp::bench::describe_stage(stage02::stage_spec());
   const auto& group = setup.group;
   for (const Case& c : kCases) {
     register_sync("BM_Stage01SyncGrads", bm_stage01_sync_grads, c.depth,

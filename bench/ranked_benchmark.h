@@ -40,6 +40,7 @@
 
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/multiprocessing/spawn.h"
+#include "tensorplay/train/stage_spec.h"
 #include "tensorplay/util/temp_dir.h"
 
 namespace tp::bench {
@@ -65,6 +66,14 @@ inline bool smoke = false;  // set by --smoke=1 before the ranks are spawned (th
 }  // namespace detail
 
 // A benchmark's fixed iteration count: n, or 1 under --smoke=1.
+// Names a stage in the results' context ("stage 03": its title, from its
+// StageSpec), so that a results file says what BM_StepStage03 measured.
+// Call it from the registration function (every rank).
+template <typename Options>
+void describe_stage(const train::StageSpec<Options>& spec) {
+  benchmark::AddCustomContext("stage " + spec.number, spec.title);
+}
+
 inline int64_t iterations(int64_t n) { return detail::smoke ? 1 : n; }
 
 // Untimed iterations before a timed loop (the first ones allocate buffers,

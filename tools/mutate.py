@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Applies a planted-bug mutant to a stage's solution.
 
-    mutate.py MUTANT SOLUTION_DIR OUT_CC OUT_H [OUT_WORKER_CC]
+    mutate.py MUTANT SOLUTION_DIR OUT_CC OUT_H OUT_STAGE_H [OUT_WORKER_CC]
 
 A mutant file (tests/mutants/NN-topic/*.mutant) reads:
 
@@ -25,8 +25,10 @@ does, this fails with a message naming the mutant, so mutants cannot
 silently stop applying.
 
 OUT_CC and OUT_H receive the patched ddp.cc and ddp.h (unpatched files are
-copied). When the header is patched, the .cc includes OUT_H's name instead
-of "ddp.h", so the planted-bug pair compiles together.
+copied), OUT_STAGE_H a copy of stage.h (the stage's StageSpec, which the
+checker includes). When the header is patched, the .cc and the stage.h copy
+include OUT_H's name instead of "ddp.h", so that the planted-bug header is
+the only ddp.h in the checker's program.
 """
 import os
 import sys
@@ -65,8 +67,8 @@ def parse(path):
     return blocks
 
 
-def main(mutant, solution_dir, out_cc, out_h, out_worker=None):
-    outs = {"ddp.cc": out_cc, "ddp.h": out_h}
+def main(mutant, solution_dir, out_cc, out_h, out_stage_h, out_worker=None):
+    outs = {"ddp.cc": out_cc, "ddp.h": out_h, "stage.h": out_stage_h}
     has_worker = os.path.exists(os.path.join(solution_dir, WORKER))
     if has_worker != (out_worker is not None):
         sys.exit(f"mutate: {solution_dir} {'has' if has_worker else 'has no'} {WORKER}: give "
@@ -91,9 +93,11 @@ def main(mutant, solution_dir, out_cc, out_h, out_worker=None):
                  f"ddp.cc or {WORKER} instead")
     if "ddp.h" in patched:
         include = '#include "ddp.h"'
-        if texts["ddp.cc"].count(include) != 1:
-            sys.exit(f"mutate: {solution_dir}/ddp.cc must include \"ddp.h\" once for a header mutant")
-        texts["ddp.cc"] = texts["ddp.cc"].replace(include, f'#include "{os.path.basename(out_h)}"')
+        for name in ("ddp.cc", "stage.h"):
+            if texts[name].count(include) != 1:
+                sys.exit(f"mutate: {solution_dir}/{name} must include \"ddp.h\" once for a "
+                         f"header mutant")
+            texts[name] = texts[name].replace(include, f'#include "{os.path.basename(out_h)}"')
     banner = f"// PLANTED BUG from {mutant}: do not copy.\n"
     for name, out in outs.items():
         with open(out, "w") as f:
@@ -101,6 +105,6 @@ def main(mutant, solution_dir, out_cc, out_h, out_worker=None):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (5, 6):
+    if len(sys.argv) not in (6, 7):
         sys.exit(__doc__)
     main(*sys.argv[1:])

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -116,31 +117,6 @@ std::string thread_label(const std::vector<Event>& events, int pid, int tid) {
     if (e.pid == pid && e.tid == tid && !e.thread.empty()) return e.thread;
   }
   return "thread " + std::to_string(tid);
-}
-
-// Writes s as a JSON string literal, quotes included.
-void append_json_string(std::string& out, const std::string& s) {
-  out += '"';
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          static const char* hex = "0123456789abcdef";
-          out += "\\u00";
-          out += hex[c >> 4];
-          out += hex[c & 0xf];
-        } else {
-          out += ch;  // UTF-8 bytes pass through unchanged
-        }
-    }
-  }
-  out += '"';
 }
 
 }  // namespace
@@ -257,47 +233,42 @@ std::string to_chrome_json(const std::vector<Event>& events) {
   // Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
   // 'X' complete events carry ts and dur; 'i' instants carry "s":"t"
   // (thread scope); 'M' metadata events name the threads. Times are in
-  // microseconds, the format's unit.
-  std::string out = "{\"traceEvents\": [\n";
-  bool first = true;
-  auto begin_object = [&]() {
-    if (!first) out += ",\n";
-    first = false;
-    out += "  {";
-  };
+  // microseconds, the format's unit. Each event is one JSON object written
+  // by nlohmann/json (which escapes names; a byte that is not UTF-8 becomes
+  // U+FFFD), one per line, so that two traces diff and grep line by line.
+  using Json = nlohmann::ordered_json;
+  std::vector<Json> objects;
 
   // Thread names first, one per (pid, tid), sorted so output is deterministic.
   std::set<std::pair<int, int>> threads;
   for (const Event& e : events) threads.insert({e.pid, e.tid});
   for (const auto& [pid, tid] : threads) {
-    begin_object();
-    out += "\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " + std::to_string(pid) +
-           ", \"tid\": " + std::to_string(tid) + ", \"args\": {\"name\": ";
-    append_json_string(out, thread_label(events, pid, tid));
-    out += "}}";
+    objects.push_back({{"name", "thread_name"},
+                       {"ph", "M"},
+                       {"pid", pid},
+                       {"tid", tid},
+                       {"args", {{"name", thread_label(events, pid, tid)}}}});
   }
 
   for (const Event& e : events) {
-    begin_object();
-    out += "\"name\": ";
-    append_json_string(out, e.name);
-    out += ", \"cat\": ";
-    append_json_string(out, e.category);
-    out += ", \"ph\": ";
-    append_json_string(out, std::string(1, e.phase));
-    out += ", \"pid\": " + std::to_string(e.pid) + ", \"tid\": " + std::to_string(e.tid) +
-           ", \"ts\": " + std::to_string(e.ts_us);
-    if (e.phase == 'X') out += ", \"dur\": " + std::to_string(e.dur_us);
-    if (e.phase == 'i') out += ", \"s\": \"t\"";
+    Json object = {{"name", e.name},
+                   {"cat", e.category},
+                   {"ph", std::string(1, e.phase)},
+                   {"pid", e.pid},
+                   {"tid", e.tid},
+                   {"ts", e.ts_us}};
+    if (e.phase == 'X') object["dur"] = e.dur_us;
+    if (e.phase == 'i') object["s"] = "t";
     // The orders ride along as args so a timeline viewer shows them too.
-    out += ", \"args\": {\"begin_order\": " + std::to_string(e.begin_order) +
-           ", \"end_order\": " + std::to_string(e.end_order);
-    for (const auto& [key, value] : e.args) {
-      out += ", ";
-      append_json_string(out, key);
-      out += ": " + std::to_string(value);
-    }
-    out += "}}";
+    Json args = {{"begin_order", e.begin_order}, {"end_order", e.end_order}};
+    for (const auto& [key, value] : e.args) args[key] = value;
+    object["args"] = std::move(args);
+    objects.push_back(std::move(object));
+  }
+
+  std::string out = "{\"traceEvents\": [\n";
+  for (size_t i = 0; i < objects.size(); ++i) {
+    out += (i == 0 ? "  " : ",\n  ") + objects[i].dump(-1, ' ', false, Json::error_handler_t::replace);
   }
   out += "\n], \"displayTimeUnit\": \"ms\"}\n";
   return out;

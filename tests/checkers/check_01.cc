@@ -8,11 +8,12 @@
 // kit's trainer on the cases below, then its construction check on models
 // that differ between ranks (scenarios), then the rank's worker (worker.cc)
 // run as whole jobs.
-// TP_STAGE_HEADER is set only for a planted bug that patches the header.
+// TP_STAGE_HEADER is set only for a planted bug that patches the header: its
+// copy of stage.h, which includes the patched ddp.h.
 #ifdef TP_STAGE_HEADER
 #include TP_STAGE_HEADER
 #else
-#include "ddp.h"
+#include "stage.h"
 #endif
 
 #include <functional>
@@ -27,14 +28,6 @@ namespace {
 
 namespace train = tp::train;
 using Case = train::CheckCase<stage01::Options>;
-
-// Stage 01's words for its own parts (see tp::train::Advice).
-train::Advice advice() {
-  train::Advice a;
-  a.where_sync = "in sync_grads()";
-  a.how_sync_runs = "by sync_grads() after loss.backward(), on every rank";
-  return a;
-}
 
 std::vector<Case> cases() {
   std::vector<Case> out = train::cases_of<stage01::Options>(train::standard_configs());
@@ -82,7 +75,9 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
     out = train::check_quiet_until_last_micro_batch(
         run, "sync_grads() runs once per optimizer step, after the last backward");
   }
-  if (out.empty()) out = train::check_sync_between_backward_and_step(run, advice());
+  if (out.empty()) {
+    out = train::check_sync_between_backward_and_step(run, stage01::stage_spec().advice);
+  }
   return out;
 }
 
@@ -176,10 +171,8 @@ std::vector<Case> worker_cases() {
 
 int main(int argc, char** argv) {
   train::CheckerSpec<stage01::Options> spec;
-  spec.stage = "01";
-  spec.title = "naive DDP, one all-reduce per parameter";
+  spec.stage = stage01::stage_spec();
   spec.cases = cases();
-  spec.advice = advice();
   spec.stage_checks = stage_checks;
   spec.scenarios = scenarios();
   spec.worker = stage01::train_worker;

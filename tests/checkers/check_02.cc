@@ -3,11 +3,12 @@
 // fail at once, naming the stub), each planted-bug mutant in
 // tests/mutants/02-bucketing (must fail with the diagnosis the mutant names),
 // and your exercises/02-bucketing (`./kit check 02`).
-// TP_STAGE_HEADER is set only for a planted bug that patches the header.
+// TP_STAGE_HEADER is set only for a planted bug that patches the header: its
+// copy of stage.h, which includes the patched ddp.h.
 #ifdef TP_STAGE_HEADER
 #include TP_STAGE_HEADER
 #else
-#include "ddp.h"
+#include "stage.h"
 #endif
 
 #include "tensorplay/train/checker.h"
@@ -17,17 +18,6 @@ namespace {
 namespace train = tp::train;
 using Options = stage02::Options;
 using Case = train::CheckCase<Options>;
-
-// Stage 02's words for its own parts (see tp::train::Advice).
-train::Advice advice() {
-  train::Advice a;
-  a.where_sync = "in sync_grads(), bucket by bucket";
-  a.how_sync_runs = "by sync_grads() after loss.backward(), on every rank";
-  a.where_grads_move =
-      "copied into their own slots and back (a slot starts where the one before it in its "
-      "bucket ends, and is as long as its parameter: no two overlap)";
-  return a;
-}
 
 // MiniMLP's parameters in reverse registration order, float32 (float64:
 // twice): fc3.bias 16 B, fc3.weight 512 B, fc2.bias 128 B, fc2.weight
@@ -109,7 +99,9 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
     out = train::check_quiet_until_last_micro_batch(
         run, "sync_grads() runs once per optimizer step, after the last backward");
   }
-  if (out.empty()) out = train::check_sync_between_backward_and_step(run, advice());
+  if (out.empty()) {
+    out = train::check_sync_between_backward_and_step(run, stage02::stage_spec().advice);
+  }
   if (out.empty()) {
     out = train::check_launched_before_first_wait(
         run, "launch every bucket's all-reduce first, then wait for them: waiting after each "
@@ -122,10 +114,8 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
 
 int main(int argc, char** argv) {
   train::CheckerSpec<Options> spec;
-  spec.stage = "02";
-  spec.title = "bucketed DDP, one all-reduce per bucket";
+  spec.stage = stage02::stage_spec();
   spec.cases = cases();
-  spec.advice = advice();
   spec.stage_checks = stage_checks;
   return train::run_checker<stage02::DistributedDataParallel>(argc, argv, spec);
 }

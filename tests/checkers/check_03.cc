@@ -4,11 +4,12 @@
 // planted-bug mutant in tests/mutants/03-overlap (must fail with the
 // diagnosis the mutant names), and your exercises/03-overlap
 // (`./kit check 03`).
-// TP_STAGE_HEADER is set only for a planted bug that patches the header.
+// TP_STAGE_HEADER is set only for a planted bug that patches the header: its
+// copy of stage.h, which includes the patched ddp.h.
 #ifdef TP_STAGE_HEADER
 #include TP_STAGE_HEADER
 #else
-#include "ddp.h"
+#include "stage.h"
 #endif
 
 #include "tensorplay/train/checker.h"
@@ -18,14 +19,6 @@ namespace {
 namespace train = tp::train;
 using Options = stage03::Options;
 using Case = train::CheckCase<Options>;
-
-// Stage 03's words for its own parts (see tp::train::Advice).
-train::Advice advice() {
-  train::Advice a;
-  a.where_sync = "by the gradient hooks, bucket by bucket";
-  a.how_sync_runs = "inside loss.backward(), by the hooks and the end-of-backward callback";
-  return a;
-}
 
 // As in stage 02's checker: MiniMLP float32 in reverse registration order is
 // 16, 512 | 128, 4096 | 128, 2048 bytes.
@@ -133,10 +126,8 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
 
 int main(int argc, char** argv) {
   train::CheckerSpec<Options> spec;
-  spec.stage = "03";
-  spec.title = "DDP overlapping bucket all-reduces with backward";
+  spec.stage = stage03::stage_spec();
   spec.cases = cases();
-  spec.advice = advice();
   spec.stage_checks = stage_checks;
   return train::run_checker<stage03::DistributedDataParallel>(argc, argv, spec);
 }

@@ -4,11 +4,12 @@
 // planted-bug mutant in tests/mutants/04-no-sync (must fail with the
 // diagnosis the mutant names), and your exercises/04-no-sync
 // (`./kit check 04`).
-// TP_STAGE_HEADER is set only for a planted bug that patches the header.
+// TP_STAGE_HEADER is set only for a planted bug that patches the header: its
+// copy of stage.h, which includes the patched ddp.h.
 #ifdef TP_STAGE_HEADER
 #include TP_STAGE_HEADER
 #else
-#include "ddp.h"
+#include "stage.h"
 #endif
 
 #include "no_sync_scenarios.h"
@@ -20,16 +21,6 @@ namespace train = tp::train;
 using DDP = stage04::DistributedDataParallel;
 using Options = stage04::Options;
 using Case = train::CheckCase<Options>;
-
-// Stage 04's words for its own parts (see tp::train::Advice).
-train::Advice advice() {
-  train::Advice a;
-  a.where_sync = "by the gradient hooks of the micro-batch that syncs, bucket by bucket";
-  a.how_sync_runs =
-      "inside the backward of the step's last micro-batch (the one whose forward ran outside "
-      "no_sync), by the hooks and the end-of-backward callback";
-  return a;
-}
 
 // As in stage 03's checker: MiniMLP float32 in reverse registration order is
 // 16, 512 | 128, 4096 | 128, 2048 bytes.
@@ -152,10 +143,8 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
 
 int main(int argc, char** argv) {
   train::CheckerSpec<Options> spec;
-  spec.stage = "04";
-  spec.title = "DDP with no_sync (gradient accumulation)";
+  spec.stage = stage04::stage_spec();
   spec.cases = cases();
-  spec.advice = advice();
   spec.stage_checks = stage_checks;
   spec.scenarios = no_sync_scenarios::all<DDP>();
   return train::run_checker<DDP>(argc, argv, spec);

@@ -4,11 +4,12 @@
 // planted-bug mutant in tests/mutants/05-find-unused (must fail with the
 // diagnosis the mutant names), and your exercises/05-find-unused
 // (`./kit check 05`).
-// TP_STAGE_HEADER is set only for a planted bug that patches the header.
+// TP_STAGE_HEADER is set only for a planted bug that patches the header: its
+// copy of stage.h, which includes the patched ddp.h.
 #ifdef TP_STAGE_HEADER
 #include TP_STAGE_HEADER
 #else
-#include "ddp.h"
+#include "stage.h"
 #endif
 
 #include <unistd.h>
@@ -39,17 +40,6 @@ using Options = stage05::Options;
 using Case = train::CheckCase<Options>;
 using Group = std::shared_ptr<tp::distributed::ProcessGroup>;
 using tp::detail::cat;
-
-train::Advice advice() {
-  train::Advice a;
-  a.where_sync =
-      "by the gradient hooks of the micro-batch that syncs, bucket by bucket, and given back to "
-      ".grad at the end of backward wherever the used-map's count is not 0";
-  a.how_sync_runs =
-      "inside the backward of the step's last micro-batch (the one whose forward ran outside "
-      "no_sync), by the hooks and the end-of-backward callback";
-  return a;
-}
 
 // BranchyMLP float32 in reverse registration order: spare.bias 16, spare.weight
 // 512 | head.bias 16, head.weight 512, branch_b.bias 128, branch_b.weight 4096 |
@@ -469,10 +459,8 @@ train::Scenario shared_subgraphs() {
 
 int main(int argc, char** argv) {
   train::CheckerSpec<Options> spec;
-  spec.stage = "05";
-  spec.title = "DDP with find_unused_parameters";
+  spec.stage = stage05::stage_spec();
   spec.cases = cases();
-  spec.advice = advice();
   spec.stage_checks = stage_checks;
   spec.scenarios = no_sync_scenarios::all<DDP>();
   for (train::Scenario scenario :

@@ -4,11 +4,12 @@
 // at once, naming the stub), each planted-bug mutant in
 // tests/mutants/06-static-graph (must fail with the diagnosis the mutant
 // names), and your exercises/06-static-graph (`./kit check 06`).
-// TP_STAGE_HEADER is set only for a planted bug that patches the header.
+// TP_STAGE_HEADER is set only for a planted bug that patches the header: its
+// copy of stage.h, which includes the patched ddp.h.
 #ifdef TP_STAGE_HEADER
 #include TP_STAGE_HEADER
 #else
-#include "ddp.h"
+#include "stage.h"
 #endif
 
 #include <algorithm>
@@ -35,15 +36,6 @@ using Options = stage06::Options;
 using Case = train::CheckCase<Options>;
 using Group = std::shared_ptr<tp::distributed::ProcessGroup>;
 using tp::detail::cat;
-
-train::Advice advice() {
-  train::Advice a;
-  a.where_sync = "by the gradient hooks of the micro-batch that syncs, bucket by bucket";
-  a.how_sync_runs =
-      "inside the backward of the step's last micro-batch (the one whose forward ran outside "
-      "no_sync), by the hooks and the end-of-backward callback";
-  return a;
-}
 
 // MiniMLP float32, reverse registration order: 16, 512 | 128, 4096 | 128,
 // 2048 bytes. ReorderedMLP registers fc2, fc1, fc3 but uses fc1, fc2, fc3, so
@@ -428,10 +420,8 @@ train::Scenario evaluation_before_training() {
 
 int main(int argc, char** argv) {
   train::CheckerSpec<Options> spec;
-  spec.stage = "06";
-  spec.title = "DDP with rebuilt buckets and static_graph";
+  spec.stage = stage06::stage_spec();
   spec.cases = cases();
-  spec.advice = advice();
   spec.stage_checks = stage_checks;
   spec.scenarios = no_sync_scenarios::all<DDP>(/*first_sync_extra=*/1);  // the rebuild's broadcast
   for (train::Scenario s : {used_then_unused(), unused_then_used(), same_buckets_on_every_rank(),

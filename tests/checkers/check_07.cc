@@ -3,11 +3,12 @@
 // exercise (must fail at once, naming the stub), each planted-bug mutant in
 // tests/mutants/07-join (must fail with the diagnosis the mutant names), and
 // your exercises/07-join (`./kit check 07`).
-// TP_STAGE_HEADER is set only for a planted bug that patches the header.
+// TP_STAGE_HEADER is set only for a planted bug that patches the header: its
+// copy of stage.h, which includes the patched ddp.h.
 #ifdef TP_STAGE_HEADER
 #include TP_STAGE_HEADER
 #else
-#include "ddp.h"
+#include "stage.h"
 #endif
 
 #include <cmath>
@@ -31,15 +32,6 @@ using Options = stage07::Options;
 using Case = train::CheckCase<Options>;
 using Group = std::shared_ptr<tp::distributed::ProcessGroup>;
 using tp::detail::cat;
-
-train::Advice advice() {
-  train::Advice a;
-  a.where_sync = "by the gradient hooks of the micro-batch that syncs, bucket by bucket";
-  a.how_sync_runs =
-      "inside the backward of the step's last micro-batch, by the hooks and the end-of-backward "
-      "callback";
-  return a;
-}
 
 // MiniMLP float32, reverse registration order: 16, 512 | 128, 4096 | 128,
 // 2048 bytes.
@@ -288,10 +280,8 @@ train::Scenario divisor_outside_join() {
 
 int main(int argc, char** argv) {
   train::CheckerSpec<Options> spec;
-  spec.stage = "07";
-  spec.title = "DDP with join() for uneven inputs";
+  spec.stage = stage07::stage_spec();
   spec.cases = cases();
-  spec.advice = advice();
   spec.stage_checks = stage_checks;
   spec.scenarios = no_sync_scenarios::all<DDP>(/*first_sync_extra=*/1);  // the rebuild's broadcast
   for (train::Scenario scenario : {early_termination(), even_inputs_do_not_throw(),

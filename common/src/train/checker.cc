@@ -1,6 +1,7 @@
 // The non-template half of the stage checker (see checker.h).
 #include "tensorplay/train/checker.h"
 
+#include <CLI/CLI.hpp>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -44,53 +45,39 @@ void CheckerRun::print(const std::string& text) {
 
 CheckerRun parse_checker_args(int argc, char** argv) {
   CheckerRun run;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "checker: %s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    // The value as a whole number in [low, high]; `expects` says what it is.
-    auto number = [&](long low, long high, const char* expects) {
-      const std::string text = value();
-      char* end = nullptr;
-      const long n = std::strtol(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || n < low || n > high) {
-        std::fprintf(stderr, "checker: %s expects %s, got '%s'\n", arg.c_str(), expects,
-                     text.c_str());
-        std::exit(2);
-      }
-      return static_cast<int>(n);
-    };
-    if (arg == "--expect-fail") {
-      run.expect_file = value();
-    } else if (arg == "--only") {
-      run.only = number(0, INT_MAX, "a config number (see --list)");
-    } else if (arg == "--repeat") {
-      run.repeat = number(1, 1000, "a number of runs from 1 to 1000");
-    } else if (arg == "--list") {
-      run.list = true;
-    } else if (arg == "--device") {
-      const std::string device = value();
-      if (device == "cuda") {
-        run.device = Device{DeviceType::CUDA, -1};
-      } else if (device != "cpu") {
-        std::fprintf(stderr, "checker: --device expects cpu or cuda, got '%s'\n", device.c_str());
-        std::exit(2);
-      }
-    } else if (arg == "--init-method") {
-      run.init_method = value();
-    } else {
-      std::fprintf(stderr,
-                   "checker: unknown argument '%s'\n"
-                   "usage: %s [--list] [--only N] [--repeat N] [--expect-fail MUTANT_FILE] "
-                   "[--init-method URL] [--device cpu|cuda]\n",
-                   arg.c_str(), argv[0]);
-      std::exit(2);
-    }
+  CLI::App app("A stage's checker: trains it against the reference in every case, then runs "
+               "its scenarios, and explains the first failure.",
+               argc > 0 ? argv[0] : "checker");
+  app.get_formatter()->column_width(34);
+  app.add_flag("--list", run.list, "list the cases, scenarios and worker cases, numbered");
+  app.add_option("--only", run.only, "run that one alone (a number from --list)")
+      ->type_name("N")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--repeat", run.repeat, "run the whole check N times; stop at the first miss")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--expect-fail", run.expect_file,
+                 "a planted bug's mutant file: the check must fail with its expect: lines")
+      ->type_name("MUTANT_FILE");
+  app.add_option("--init-method", run.init_method,
+                 "one rank of a job a launcher started (env://, tcp://, redis://)")
+      ->type_name("URL");
+  app.add_option_function<std::string>(
+         "--device",
+         [&run](const std::string& device) {
+           run.device = device == "cuda" ? Device{DeviceType::CUDA, -1} : kCPU;
+         },
+         "where every case's ranks train (cpu or cuda)")
+      ->type_name("NAME")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s\n", app.help().c_str());
+    std::exit(0);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "checker: %s\n(--help lists every flag)\n", e.what());
+    std::exit(2);
   }
   if (const std::string mistake = launch_mistake("the checker", run.init_method); !mistake.empty()) {
     std::fprintf(stderr, "checker: %s\n", mistake.c_str());
@@ -134,6 +121,51 @@ Finding finding_from_error(const std::string& stage, const std::exception& error
                      "forked)"};
   }
   return {message, "a rank failed: its message above says why and what to change"};
+}
+
+int end_launched_rank(distributed::ProcessGroup& launched, const std::string& description,
+                      const std::exception& error) {
+  multiprocessing::record_error(error);
+  std::fprintf(stderr, "checker: rank %d: %s: %s\n", launched.rank(), description.c_str(),
+               error.what());
+  distributed::destroy_process_group();
+  return 1;
+}
+
+int finish_pass(CheckerRun& run, const std::string& stage,
+                const distributed::ProcessGroup* launched, const PassTally& tally) {
+  if (launched != nullptr && tally.ran == 0) {
+    // A checker that judged nothing must not say PASS.
+    std::fprintf(stderr, "checker: rank %d: nothing to check: %s this job's world size %d "
+                 "(see --list; the cases' world sizes are in their descriptions); run another "
+                 "world size, or the checker without --init-method\n", launched->rank(),
+                 run.only >= 0 ? "--only's case, scenario or worker case cannot run at"
+                               : "no case has", launched->size());
+    return 2;
+  }
+  if (run.device != kCPU && launched == nullptr) {
+    if (tally.ran == 0) {
+      std::fprintf(stderr, "checker: --device cuda: nothing to check: --only names a scenario "
+                   "or worker case, which run on the CPU only\n");
+      return 2;
+    }
+    if (tally.skipped > 0) {
+      run.print(detail::cat(tally.skipped, " scenarios and worker cases skipped: they run on "
+                            "the CPU only (run the checker without --device for those)\n"));
+    }
+  }
+  if (launched == nullptr) return finish_checker(run, stage, tally.passed);
+  run.print(detail::cat(tally.skipped, " cases, scenarios and worker cases skipped: they need "
+                        "another world size than this job's ", launched->size(), ", or ranks "
+                        "of their own (run the checker without --init-method for those)\n"));
+  if (run.quiet) {
+    std::printf("checker: rank %d: done; rank 0 prints the report\n", launched->rank());
+  }
+  const int code = finish_checker(run, stage, tally.passed);
+  // What tprun shows as this rank's error (the report is on stdout).
+  if (code != 0) std::fprintf(stderr, "checker: stage %s FAILED: see rank 0's report\n",
+                              stage.c_str());
+  return code;
 }
 
 std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scenario) {

@@ -1,269 +1,330 @@
-// The lesson demo's argument parsing, table and JSON (see demo.h).
+// The lesson demo's command line (CLI11), its report, and the report's two
+// renderings: the table on stdout and the --json file (nlohmann/json). See
+// demo.h.
 #include "tensorplay/train/demo.h"
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 
 #include "tensorplay/trace.h"
-#include "tensorplay/util/file.h"
 #include "tensorplay/train/compare.h"
+#include "tensorplay/util/file.h"
 
 namespace tp::train {
 
 namespace {
 
-// The stage's own flags, for usage(); set by parse_demo_args.
-const std::vector<DemoFlag>* g_stage_flags = nullptr;
+// ---- the command line ---------------------------------------------------------
 
-[[noreturn]] void usage(const std::string& stage, int code, const std::string& problem = "") {
-  std::FILE* out = code == 0 ? stdout : stderr;
-  if (!problem.empty()) std::fprintf(out, "demo %s: %s\n", stage.c_str(), problem.c_str());
-  std::fprintf(out,
-               "usage: ./kit demo %s [--world-size W] [--steps N] [--batch B] [--lr X]\n"
-               "                  [--momentum M] [--dtype float32|float64] [--per-rank-seed]\n"
-               "                  [--model mini|branchy|buffered|reordered|deep] [--hidden N]\n"
-               "                  [--depth N (deep)] [--micro-batches K]\n"
-               "                  [--batches N0,N1,...] [--divide-by-active-ranks]\n"
-               "                  [--json FILE] [--trace FILE] [--init-method URL]\n"
-               "                  [--collective-timeout MS] [--device cpu|cuda]\n"
-               "                  [--backend auto|gloo|nccl]",
-               stage.c_str());
-  if (g_stage_flags != nullptr) {
-    for (const DemoFlag& f : *g_stage_flags) {
-      std::fprintf(out, " [%s%s%s]", f.name.c_str(), f.value_name.empty() ? "" : " ",
-                   f.value_name.c_str());
-    }
+// A usage error: what is wrong, then where to look; exit 2.
+[[noreturn]] void usage_error(const std::string& stage, const std::string& problem) {
+  std::fprintf(stderr, "demo %s: %s\n(--help lists every flag)\n", stage.c_str(),
+               problem.c_str());
+  std::exit(2);
+}
+
+// Validators. Each returns "" or what is wrong with the text; CLI11 puts
+// the flag's name in front ("--steps: expects a whole number ...").
+CLI::Validator whole_number(int64_t low, int64_t high) {
+  return CLI::Validator(
+      [low, high](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0' || !std::isfinite(v) || v != std::floor(v) ||
+            v < static_cast<double>(low) || v > static_cast<double>(high)) {
+          return detail::cat("expects a whole number from ", low, " to ", high, ", got '", text,
+                             "'");
+        }
+        return "";
+      },
+      "");
+}
+
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    out.push_back(list.substr(start, comma - start));
+    start = comma + 1;
   }
-  std::fprintf(out, "\n");
-  if (g_stage_flags != nullptr) {
-    for (const DemoFlag& f : *g_stage_flags) {
-      std::fprintf(out, "  %-24s %s\n", f.name.c_str(), f.help.c_str());
-    }
+  return out;
+}
+
+// A comma-separated list of whole numbers, each in [low, high].
+CLI::Validator whole_numbers(int64_t low, int64_t high) {
+  return CLI::Validator(
+      [low, high](std::string& list) -> std::string {
+        for (std::string count : split_commas(list)) {
+          if (const std::string problem = whole_number(low, high)(count); !problem.empty()) {
+            return problem + " in '" + list + "'";
+          }
+        }
+        return "";
+      },
+      "");
+}
+
+// A finite number in [low, high] (`low_open`: above low, not equal to it).
+CLI::Validator number_in(double low, double high, bool low_open = false) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        const bool above_low = low_open ? v > low : v >= low;
+        if (text.empty() || *end != '\0' || !std::isfinite(v) || !above_low || v > high) {
+          if (low_open && std::isinf(high)) {
+            return detail::cat("expects a number above ", low, ", got '", text, "'");
+          }
+          if (std::isinf(high)) return detail::cat("expects a number from ", low, ", got '", text, "'");
+          return detail::cat("expects a number from ", low, " to ", high, ", got '", text, "'");
+        }
+        return "";
+      },
+      "");
+}
+
+// A flag whose value is one of a few names, each standing for a value of
+// type T: the names list is the one place they are spelled.
+template <typename T>
+void add_choice(CLI::App& app, const std::string& name, const std::string& help,
+                std::vector<std::pair<std::string, T>> choices, T& target) {
+  std::vector<std::string> names;
+  for (const auto& choice : choices) names.push_back(choice.first);
+  std::string listed;  // "mini, branchy or deep"
+  for (size_t i = 0; i < names.size(); ++i) {
+    listed += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
   }
-  std::exit(code);
+  app.add_option_function<std::string>(
+         name,
+         [&target, choices](const std::string& text) {
+           for (const auto& [n, value] : choices) {
+             if (n == text) target = value;
+           }
+         },
+         help + ": " + listed)
+      ->type_name("NAME")
+      ->check(CLI::Validator(
+          [names, listed](std::string& text) -> std::string {
+            if (std::find(names.begin(), names.end(), text) != names.end()) return "";
+            return "expects " + listed + ", got '" + text + "'";
+          },
+          ""));
 }
 
-double parse_number(const std::string& stage, const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !std::isfinite(v)) {
-    usage(stage, 2, flag + " expects a number, got '" + text + "'");
-  }
-  return v;
-}
-
-int64_t parse_count(const std::string& stage, const std::string& flag, const std::string& text,
-                    int64_t low, int64_t high) {
-  double v = parse_number(stage, flag, text);
-  if (v != std::floor(v) || v < static_cast<double>(low) || v > static_cast<double>(high)) {
-    usage(stage, 2, detail::cat(flag, " expects a whole number from ", low, " to ", high,
-                                ", got '", text, "'"));
-  }
-  return static_cast<int64_t>(v);
-}
-
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
-template <typename T, typename F>
-std::string json_list(const std::vector<T>& items, F&& render) {
-  std::string out = "[";
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + render(items[i]);
-  return out + "]";
-}
-
-// Writes every rank's events as one Chrome trace and prints the last step's
-// timeline. Each rank's clock starts at its own trace::enable(), so clocks of
-// different ranks are not aligned: the timeline starts every rank's row at
-// that rank's own step start. Within a rank the order is exact.
-void report_trace(const DemoArgs& args, const std::vector<RankResult>& ranks) {
-  std::vector<trace::Event> all, last_step;
-  const int64_t last = total_steps(args.config) - 1;
-  for (const RankResult& r : ranks) {
-    int64_t begin = -1, end = -1;
-    for (const trace::Event& e : r.events) {
-      all.push_back(e);
-      if (e.name == "step" && !e.args.empty() && e.args[0].second == last) {
-        begin = e.ts_us;
-        end = e.ts_us + e.dur_us;
+// The known flag nearest to a mistyped one (edit distance), or "".
+std::string nearest_flag(const CLI::App& app, const std::string& typed) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        const size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+        diagonal = above;
       }
     }
-    for (trace::Event e : r.events) {
-      if (e.ts_us < begin || e.ts_us > end || e.name == "step") continue;
-      e.ts_us -= begin;  // every rank's row starts at its own step start
-      last_step.push_back(std::move(e));
+    return row[b.size()];
+  };
+  std::string best;
+  size_t best_distance = 4;  // further than 3 edits is no suggestion
+  for (const CLI::Option* option : app.get_options()) {
+    for (const std::string& long_name : option->get_lnames()) {
+      const size_t d = distance(typed, "--" + long_name);
+      if (d < best_distance) {
+        best_distance = d;
+        best = "--" + long_name;
+      }
     }
   }
-  write_file(args.trace_path, trace::to_chrome_json(all), "the --trace file");
-  std::printf("\ntimeline of step %lld, each rank from its own step start (all steps: open %s in "
-              "ui.perfetto.dev):\n%s",
-              static_cast<long long>(last), args.trace_path.c_str(),
-              trace::render_ascii(last_step, 100).c_str());
+  return best;
 }
 
 // One process per rank (demo.h): the world size comes from the launcher.
 void apply_launcher_environment(const std::string& stage, DemoArgs& args, bool world_size_given) {
   if (const std::string mistake = launch_mistake("demo " + stage, args.init_method);
       !mistake.empty()) {
-    usage(stage, 2, mistake);
+    usage_error(stage, mistake);
   }
   if (args.init_method.empty()) return;
   const char* world = std::getenv("WORLD_SIZE");
   if (world == nullptr) {
-    usage(stage, 2, "--init-method " + args.init_method + " runs one rank of a launched job "
-                    "and reads WORLD_SIZE and RANK, which are not set; start it with tprun");
+    usage_error(stage, "--init-method " + args.init_method + " runs one rank of a launched job "
+                       "and reads WORLD_SIZE and RANK, which are not set; start it with tprun");
   }
-  const int64_t w = parse_count(stage, "WORLD_SIZE", world, 1, 64);
+  std::string text = world;
+  if (const std::string problem = whole_number(1, 64)(text); !problem.empty()) {
+    usage_error(stage, "WORLD_SIZE " + problem);
+  }
+  const int w = std::stoi(text);
   if (world_size_given && w != args.config.world_size) {
-    usage(stage, 2, detail::cat("--world-size ", args.config.world_size,
-                                " disagrees with WORLD_SIZE=", w, " from the launcher"));
+    usage_error(stage, detail::cat("--world-size ", args.config.world_size,
+                                   " disagrees with WORLD_SIZE=", w, " from the launcher"));
   }
-  args.config.world_size = static_cast<int>(w);
+  args.config.world_size = w;
 }
 
-}  // namespace
-
-DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
-                         const std::vector<DemoFlag>& stage_flags) {
-  g_stage_flags = &stage_flags;
-  DemoArgs args;
-  args.config.steps = 10;
-  bool world_size_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(stage, 2, flag + " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--help" || flag == "-h") {
-      usage(stage, 0);
-    } else if (flag == "--world-size") {
-      args.config.world_size = static_cast<int>(parse_count(stage, flag, value(), 1, 64));
-      world_size_given = true;
-    } else if (flag == "--steps") {
-      args.config.steps = parse_count(stage, flag, value(), 1, 100000);
-    } else if (flag == "--batch") {
-      args.config.batch_size = parse_count(stage, flag, value(), 1, 1 << 20);
-    } else if (flag == "--lr") {
-      args.config.lr = parse_number(stage, flag, value());
-      if (args.config.lr <= 0) usage(stage, 2, "--lr must be positive");
-    } else if (flag == "--momentum") {
-      args.config.momentum = parse_number(stage, flag, value());
-      if (args.config.momentum < 0) usage(stage, 2, "--momentum must be >= 0");
-    } else if (flag == "--dtype") {
-      std::string d = value();
-      if (d == "float32") {
-        args.config.dtype = kFloat32;
-      } else if (d == "float64") {
-        args.config.dtype = kFloat64;
-      } else {
-        usage(stage, 2, "--dtype expects float32 or float64, got '" + d + "'");
-      }
-    } else if (flag == "--per-rank-seed") {
-      args.config.per_rank_seed = true;
-    } else if (flag == "--model") {
-      const std::string m = value();
-      if (m == "mini") {
-        args.config.model_kind = ModelKind::MiniMLP;
-      } else if (m == "branchy") {
-        args.config.model_kind = ModelKind::Branchy;
-      } else if (m == "buffered") {
-        args.config.model_kind = ModelKind::Buffered;
-      } else if (m == "reordered") {
-        args.config.model_kind = ModelKind::Reordered;
-      } else if (m == "deep") {
-        args.config.model_kind = ModelKind::Deep;
-      } else {
-        usage(stage, 2, "--model expects mini, branchy, buffered, reordered or deep, got '" + m + "'");
-      }
-    } else if (flag == "--hidden") {
-      args.config.model.hidden = parse_count(stage, flag, value(), 1, 4096);
-    } else if (flag == "--depth") {
-      args.config.deep_depth = parse_count(stage, flag, value(), 1, 1024);
-    } else if (flag == "--micro-batches") {
-      args.config.micro_batches = parse_count(stage, flag, value(), 1, 1024);
-    } else if (flag == "--batches") {
-      // One count per rank, comma-separated: uneven inputs.
-      const std::string list = value();
-      args.config.batches_per_rank.clear();
-      size_t start = 0;
-      while (start <= list.size()) {
-        const size_t comma = std::min(list.find(',', start), list.size());
-        args.config.batches_per_rank.push_back(
-            parse_count(stage, flag, list.substr(start, comma - start), 1, 100000));
-        start = comma + 1;
-      }
-    } else if (flag == "--divide-by-active-ranks") {
-      args.config.divisor = Divisor::ActiveRanks;
-    } else if (flag == "--json") {
-      args.json_path = value();
-    } else if (flag == "--init-method") {
-      args.init_method = value();
-    } else if (flag == "--collective-timeout") {
-      args.config.collective_timeout =
-          std::chrono::milliseconds(parse_count(stage, flag, value(), 100, 3600000));
-    } else if (flag == "--device") {
-      const std::string d = value();
-      if (d == "cuda") {
-        args.config.device = Device{DeviceType::CUDA, -1};
-      } else if (d != "cpu") {
-        usage(stage, 2, "--device expects cpu or cuda, got '" + d + "'");
-      }
-    } else if (flag == "--backend") {
-      const std::string b = value();
-      if (b == "auto") {
-        args.config.backend = Backend::Auto;
-      } else if (b == "gloo") {
-        args.config.backend = Backend::Gloo;
-      } else if (b == "nccl") {
-        args.config.backend = Backend::NCCL;
-      } else {
-        usage(stage, 2, "--backend expects auto, gloo or nccl, got '" + b + "'");
-      }
-    } else if (flag == "--trace") {
-      args.trace_path = value();
-      args.config.trace = true;
-    } else {
-      const auto extra = std::find_if(stage_flags.begin(), stage_flags.end(),
-                                      [&](const DemoFlag& f) { return f.name == flag; });
-      if (extra == stage_flags.end()) usage(stage, 2, "unknown flag '" + flag + "'");
-      const std::string text = extra->value_name.empty() ? "" : value();
-      const std::string problem = extra->apply(text, args.config);
-      if (!problem.empty()) usage(stage, 2, flag + ": " + problem);
-    }
-  }
-  apply_launcher_environment(stage, args, world_size_given);
-  if (!args.config.batches_per_rank.empty() &&
-      args.config.batches_per_rank.size() != static_cast<size_t>(args.config.world_size)) {
-    usage(stage, 2, detail::cat("--batches lists ", args.config.batches_per_rank.size(),
-                                " counts; give one per rank (--world-size ",
-                                args.config.world_size, ")"));
+// The plan as a whole, once every flag is read: what no single flag can
+// say. Also the output paths, before the run: a run of minutes must not end
+// in "cannot write" (a full disk can still show only when the file is
+// written). Launched, only rank 0 writes them (another host may not have
+// the path).
+void check_plan(const std::string& stage, const DemoArgs& args) {
+  const RunConfig& config = args.config;
+  if (!config.batches_per_rank.empty() &&
+      config.batches_per_rank.size() != static_cast<size_t>(config.world_size)) {
+    usage_error(stage, detail::cat("--batches lists ", config.batches_per_rank.size(),
+                                   " counts; give one per rank (--world-size ", config.world_size,
+                                   ")"));
   }
   try {
-    validate(args.config);
-    // Before the run, not after it: a run of minutes must not end in "cannot
-    // write". A full disk can still show only when the file is written.
-    // Launched, only rank 0 writes them (another host may not have the path).
+    validate(config);
     const char* launched_rank = std::getenv("RANK");
     const bool writes = args.init_method.empty() || launched_rank == nullptr ||
                         std::string(launched_rank) == "0";
     if (writes && !args.json_path.empty()) check_writable(args.json_path, "the --json file");
     if (writes && !args.trace_path.empty()) check_writable(args.trace_path, "the --trace file");
   } catch (const Error& e) {
-    usage(stage, 2, e.what());
+    usage_error(stage, e.what());
   }
+}
+
+}  // namespace
+
+DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
+                         const std::string& title, const std::vector<BoundFlag>& stage_flags,
+                         bool offers_worker) {
+  DemoArgs args;
+  RunConfig& config = args.config;
+  config.steps = 10;
+  CLI::App app("Lesson " + stage + "'s demo: " + title +
+                   ", next to the single-process reference trainer.",
+               "./kit demo " + stage);
+  app.allow_extras();  // reported below, with a suggestion
+  app.get_formatter()->column_width(34);
+
+  // The shared flags: every demo has them, in --help's groups.
+  app.option_defaults()->group("The run");
+  app.add_option("--world-size", config.world_size, "ranks (default 4)")
+      ->type_name("W")
+      ->check(whole_number(1, 64));
+  app.add_option("--steps", config.steps, "optimizer steps (default 10)")
+      ->type_name("N")
+      ->check(whole_number(1, 100000));
+  app.add_option("--batch", config.batch_size, "rows per micro-batch and rank (default 8)")
+      ->type_name("B")
+      ->check(whole_number(1, 1 << 20));
+  app.add_option("--lr", config.lr, "SGD learning rate (default 0.05)")
+      ->type_name("X")
+      ->check(number_in(0, INFINITY, /*low_open=*/true));
+  app.add_option("--momentum", config.momentum, "SGD momentum (default 0)")
+      ->type_name("M")
+      ->check(number_in(0, INFINITY));
+  add_choice<Dtype>(app, "--dtype", "of the model and the data (default float32)",
+                    {{"float32", kFloat32}, {"float64", kFloat64}}, config.dtype);
+  app.add_flag("--per-rank-seed", config.per_rank_seed,
+               "seed each rank's model differently (DDP's broadcast must undo it)");
+  add_choice<ModelKind>(app, "--model", "the model (default mini)",
+                        {{"mini", ModelKind::MiniMLP},
+                         {"branchy", ModelKind::Branchy},
+                         {"buffered", ModelKind::Buffered},
+                         {"reordered", ModelKind::Reordered},
+                         {"deep", ModelKind::Deep}},
+                        config.model_kind);
+  app.add_option("--hidden", config.model.hidden, "hidden width")
+      ->type_name("N")
+      ->check(whole_number(1, 4096));
+  app.add_option("--depth", config.deep_depth, "hidden layers of --model deep")
+      ->type_name("N")
+      ->check(whole_number(1, 1024));
+  app.add_option("--micro-batches", config.micro_batches,
+                 "micro-batches (backward passes) per optimizer step (default 1)")
+      ->type_name("K")
+      ->check(whole_number(1, 1024));
+  app.add_option_function<std::string>(
+         "--batches",
+         [&config](const std::string& list) {
+           config.batches_per_rank.clear();
+           for (const std::string& count : split_commas(list)) {
+             config.batches_per_rank.push_back(std::stoll(count));
+           }
+         },
+         "micro-batches of each rank, one count per rank: uneven inputs")
+      ->type_name("N0,N1,...")
+      ->check(whole_numbers(1, 100000));
+  app.add_flag_callback(
+      "--divide-by-active-ranks", [&config] { config.divisor = Divisor::ActiveRanks; },
+      "with uneven inputs, divide by the ranks still training, not by W");
+  if (offers_worker) {
+    app.add_flag("--worker", args.worker,
+                 "run the lesson's own rank worker instead of the kit's trainer");
+  }
+  app.option_defaults()->group("Devices and processes");
+  add_choice<Device>(app, "--device", "where the ranks train (default cpu; the reference stays on it)",
+                     {{"cpu", kCPU}, {"cuda", Device{DeviceType::CUDA, -1}}}, config.device);
+  add_choice<Backend>(app, "--backend", "the process group's backend (default auto)",
+                      {{"auto", Backend::Auto}, {"gloo", Backend::Gloo}, {"nccl", Backend::NCCL}},
+                      config.backend);
+  int64_t timeout_ms = config.collective_timeout.count();
+  app.add_option("--collective-timeout", timeout_ms,
+                 "bound on the rendezvous and every collective, in ms (default 10000)")
+      ->type_name("MS")
+      ->check(whole_number(100, 3600000));
+  app.add_option("--init-method", args.init_method,
+                 "one rank of a job a launcher started (env://, tcp://, redis://)")
+      ->type_name("URL");
+  app.option_defaults()->group("Output");
+  app.add_option("--json", args.json_path, "write the numbers, every rank included")
+      ->type_name("FILE");
+  app.add_option("--trace", args.trace_path,
+                 "write every rank's timeline as a Chrome trace; print the last step's")
+      ->type_name("FILE");
+
+  // The stage's own flags (its stage.h).
+  app.option_defaults()->group("Stage " + stage + "'s options");
+  for (const BoundFlag& f : stage_flags) {
+    if (f.takes_number) {
+      app.add_option_function<double>(
+             f.name, [&f, &config](double value) { f.set(value, config); }, f.help)
+          ->type_name("X")
+          ->check(number_in(f.low, f.high));
+    } else {
+      app.add_flag_callback(f.name, [&f, &config] { f.set(1.0, config); }, f.help);
+    }
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s\n", app.help().c_str());
+    std::exit(0);
+  } catch (const CLI::ParseError& e) {
+    usage_error(stage, e.what());
+  }
+  if (const std::vector<std::string> extra = app.remaining(); !extra.empty()) {
+    const std::string& first = extra.front();
+    if (first.rfind("-", 0) != 0) usage_error(stage, "unexpected argument '" + first + "'");
+    const std::string near = nearest_flag(app, first.substr(0, first.find('=')));
+    usage_error(stage, "unknown flag '" + first + "'" +
+                           (near.empty() ? "" : "; did you mean " + near + "?"));
+  }
+  config.collective_timeout = std::chrono::milliseconds(timeout_ms);
+  config.trace = !args.trace_path.empty();
+  apply_launcher_environment(stage, args, app.count("--world-size") > 0);
+  check_plan(stage, args);
   return args;
 }
 
 namespace {
+
+// ---- the report: built once, then printed and written -------------------------
 
 // A rank's loss at step s: the mean of its K micro-batch losses; absent
 // (nullopt) when the rank did not take part in step s.
@@ -274,21 +335,12 @@ std::optional<double> step_loss(const std::vector<double>& losses, int64_t k, in
   return sum / static_cast<double>(k);
 }
 
-// A loss as the table shows it: six decimals, or, for a run that blows up,
-// an exponent (a 34-digit number would break the columns); "-" for none.
-std::string cell(std::optional<double> v) {
-  if (!v) return "-";
-  char buf[40];
-  std::snprintf(buf, sizeof buf, std::fabs(*v) < 1e6 || !std::isfinite(*v) ? "%.6f" : "%.4e", *v);
-  return buf;
-}
-
 // What one table row shows, also written to the JSON.
 struct StepRow {
-  double reference_loss = 0.0;                    // mean over the ranks taking part
-  std::vector<std::optional<double>> reference;   // [rank]
-  std::vector<std::optional<double>> ddp;         // [rank]
-  double drift = 0.0;                             // max |ddp - reference| over ranks
+  double reference_loss = 0.0;                   // mean over the ranks taking part
+  std::vector<std::optional<double>> reference;  // [rank]
+  std::vector<std::optional<double>> ddp;        // [rank]
+  double drift = 0.0;                            // max |ddp - reference| over ranks
 };
 
 std::vector<StepRow> step_rows(const RunConfig& config, const ReferenceResult& reference,
@@ -316,7 +368,72 @@ std::vector<StepRow> step_rows(const RunConfig& config, const ReferenceResult& r
   return rows;
 }
 
-// "bucket 0: fc3.bias, fc3.weight (528 B)" for each bucket, when the stage has them.
+enum class Verdict { Matches, Differs, ReferenceDiverged };
+
+// Everything the demo says about one run; print_report() and report_json()
+// render it, and compute nothing of their own.
+struct DemoReport {
+  std::string stage;
+  std::string title;
+  const DemoArgs* args = nullptr;
+  const std::vector<RankResult>* ranks = nullptr;
+  double tolerance = 0.0;
+  Comparison comparison;
+  std::vector<StepRow> rows;
+  std::vector<double> rank_norms;            // each rank's final parameter norm
+  std::vector<uint64_t> allreduces_in_step0; // each rank's all-reduces in step 0
+  std::vector<Finding> findings;
+  Verdict verdict = Verdict::Matches;
+};
+
+DemoReport build_report(const std::string& stage, const std::string& title,
+                        const DemoArgs& args, const ReferenceResult& reference,
+                        const std::vector<RankResult>& ranks, const Advice& advice) {
+  const RunConfig& config = args.config;
+  DemoReport report;
+  report.stage = stage;
+  report.title = title;
+  report.args = &args;
+  report.ranks = &ranks;
+  report.tolerance = default_tolerance(config.dtype);
+  report.comparison = compare(reference, ranks, report.tolerance);
+  report.rows = step_rows(config, reference, ranks);
+  for (const RankResult& r : ranks) {
+    report.rank_norms.push_back(norm(r.final_params));
+    report.allreduces_in_step0.push_back(allreduces_in_step(r, config.micro_batches, 0));
+  }
+  if (args.worker) {
+    std::vector<WorkerResult> workers;
+    for (const RankResult& r : ranks) workers.push_back({r.losses, r.final_params, r.final_buffers});
+    report.findings = check_workers(config, reference, workers, report.tolerance);
+  } else {
+    report.findings = check_results_complete(config, reference, ranks);
+    if (report.findings.empty()) {
+      report.findings = diagnose(config, reference, ranks, report.tolerance, advice);
+    }
+  }
+  const bool reference_diverged = std::any_of(
+      reference.losses.begin(), reference.losses.end(), [](const std::vector<double>& losses) {
+        return std::any_of(losses.begin(), losses.end(), [](double v) { return !std::isfinite(v); });
+      });
+  // Nothing to compare DDP with when the single-process run itself overflowed.
+  report.verdict = report.findings.empty() ? Verdict::Matches
+                   : reference_diverged    ? Verdict::ReferenceDiverged
+                                           : Verdict::Differs;
+  return report;
+}
+
+// ---- the table ----------------------------------------------------------------
+
+// A loss as the table shows it: six decimals, or, for a run that blows up,
+// an exponent (a 34-digit number would break the columns); "-" for none.
+std::string cell(std::optional<double> v) {
+  if (!v) return "-";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, std::fabs(*v) < 1e6 || !std::isfinite(*v) ? "%.6f" : "%.4e", *v);
+  return buf;
+}
+
 // "branch_b, spare" for {branch_b.weight, branch_b.bias, spare.weight,
 // spare.bias}: a module whose parameters are all listed shows as its name.
 std::string compact_names(const std::vector<int64_t>& params, const Snapshot& all) {
@@ -373,6 +490,7 @@ void print_unreached(const RunConfig& config, const std::vector<RankResult>& ran
   if (total_steps(config) > steps) std::printf("  ...\n");
 }
 
+// "bucket 0: fc3.bias, fc3.weight (528 B)" for each bucket.
 void print_bucket_list(const RunConfig& config, const RankResult& rank0,
                        const std::vector<std::vector<int64_t>>& buckets) {
   const size_t element = element_size(config.dtype);
@@ -389,6 +507,7 @@ void print_bucket_list(const RunConfig& config, const RankResult& rank0,
   }
 }
 
+// The buckets, when the stage has them.
 void print_buckets(const RunConfig& config, const RankResult& rank0) {
   if (rank0.buckets.empty()) return;
   if (!rank0.initial_buckets.empty() && rank0.initial_buckets != rank0.buckets) {
@@ -402,35 +521,12 @@ void print_buckets(const RunConfig& config, const RankResult& rank0) {
   std::printf("\n");
 }
 
-std::string json_optional(std::optional<double> v) { return v ? json_number(*v) : "null"; }
-
-}  // namespace
-
-DemoFlag number_flag(std::string name, std::string value_name, std::string help,
-                     double& target, double low, double high) {
-  return DemoFlag{std::move(name), std::move(value_name), std::move(help),
-                  [&target, low, high](const std::string& text, RunConfig&) -> std::string {
-                    char* end = nullptr;
-                    const double v = std::strtod(text.c_str(), &end);
-                    if (text.empty() || *end != '\0' || !std::isfinite(v) || v < low || v > high) {
-                      return detail::cat("expects a number from ", low, " to ", high, ", got '",
-                                         text, "'");
-                    }
-                    target = v;
-                    return "";
-                  }};
-}
-
-void report_demo(const std::string& stage, const std::string& title, const DemoArgs& args,
-                 const ReferenceResult& reference, const std::vector<RankResult>& ranks,
-                 const Advice& advice) {
-  const RunConfig& config = args.config;
-  const int last = config.world_size - 1;
-  const double tolerance = default_tolerance(config.dtype);
-  const Comparison c = compare(reference, ranks, tolerance);
+// The first line: the stage, then the plan, naming the knobs lesson 01
+// leaves at their defaults only when they are set.
+void print_header(const DemoReport& report) {
+  const RunConfig& config = report.args->config;
   const int64_t k = config.micro_batches;
-
-  std::string extra;  // the knobs lesson 01 leaves at their defaults, when set
+  std::string extra;
   if (k > 1) extra += detail::cat(", ", k, " micro-batches per step");
   if (uneven(config)) {
     extra += ", batches per rank";
@@ -442,42 +538,55 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
   // The seed mode (--per-rank-seed) changes no number in the table when the
   // broadcast works, so the header is where it shows.
   extra += config.per_rank_seed ? ", per-rank seeds" : ", shared seed";
-  if (args.worker) extra += ", the lesson's worker";
+  if (report.args->worker) extra += ", the lesson's worker";
   std::printf("stage %s: %s. %d rank%s, %lld steps, batch %lld per rank, lr %g%s, %s%s\n\n",
-              stage.c_str(), title.c_str(), config.world_size, config.world_size == 1 ? "" : "s",
-              static_cast<long long>(total_steps(config)), static_cast<long long>(config.batch_size),
-              config.lr,
+              report.stage.c_str(), report.title.c_str(), config.world_size,
+              config.world_size == 1 ? "" : "s", static_cast<long long>(total_steps(config)),
+              static_cast<long long>(config.batch_size), config.lr,
               config.momentum > 0 ? detail::cat(", momentum ", config.momentum).c_str() : "",
               tp::to_string(config.dtype).c_str(), extra.c_str());
-  print_buckets(config, ranks[0]);
-  if (k > 1) std::printf("(each loss is the mean over the step's %lld micro-batches)\n", static_cast<long long>(k));
-  std::printf("%4s  %10s  %11s %11s  %11s %11s  %15s\n", "step", "reference",
-              "rank 0 DDP", "rank 0 ref", detail::cat("rank ", last, " DDP").c_str(),
+}
+
+void print_step_table(const DemoReport& report) {
+  const RunConfig& config = report.args->config;
+  const int last = config.world_size - 1;
+  const auto l = static_cast<size_t>(last);
+  if (config.micro_batches > 1) {
+    std::printf("(each loss is the mean over the step's %lld micro-batches)\n",
+                static_cast<long long>(config.micro_batches));
+  }
+  std::printf("%4s  %10s  %11s %11s  %11s %11s  %15s\n", "step", "reference", "rank 0 DDP",
+              "rank 0 ref", detail::cat("rank ", last, " DDP").c_str(),
               detail::cat("rank ", last, " ref").c_str(), "max |DDP - ref|");
-  const std::vector<StepRow> rows = step_rows(config, reference, ranks);
-  for (size_t s = 0; s < rows.size(); ++s) {
-    const StepRow& row = rows[s];
-    const auto l = static_cast<size_t>(last);
+  for (size_t s = 0; s < report.rows.size(); ++s) {
+    const StepRow& row = report.rows[s];
     std::printf("%4zu  %10s  %11s %11s  %11s %11s  %15.2e\n", s, cell(row.reference_loss).c_str(),
                 cell(row.ddp[0]).c_str(), cell(row.reference[0]).c_str(), cell(row.ddp[l]).c_str(),
                 cell(row.reference[l]).c_str(), row.drift);
   }
-  if (uneven(config)) {
-    std::printf("(- : the rank had no batch left at that step)\n");
-    // Which ranks train and which, having run out, shadow the others.
-    std::printf("\nranks per step (uneven inputs):\n");
-    for (int64_t step = 0; step < total_steps(config); ++step) {
-      std::string training, shadowing;
-      for (int r = 0; r < config.world_size; ++r) {
-        std::string& list = step < steps_of(config, r) ? training : shadowing;
-        list += (list.empty() ? "" : ",") + std::to_string(r);
-      }
-      std::printf("  step %lld: training %s; shadowing %s; divided by %d\n",
-                  static_cast<long long>(step), training.c_str(),
-                  shadowing.empty() ? "-" : shadowing.c_str(), divisor_at(config, step));
+}
+
+// Which ranks train and which, having run out, shadow the others.
+void print_uneven_steps(const RunConfig& config) {
+  std::printf("(- : the rank had no batch left at that step)\n");
+  std::printf("\nranks per step (uneven inputs):\n");
+  for (int64_t step = 0; step < total_steps(config); ++step) {
+    std::string training, shadowing;
+    for (int r = 0; r < config.world_size; ++r) {
+      std::string& list = step < steps_of(config, r) ? training : shadowing;
+      list += (list.empty() ? "" : ",") + std::to_string(r);
     }
+    std::printf("  step %lld: training %s; shadowing %s; divided by %d\n",
+                static_cast<long long>(step), training.c_str(),
+                shadowing.empty() ? "-" : shadowing.c_str(), divisor_at(config, step));
   }
-  print_unreached(config, ranks);
+}
+
+void print_summary(const DemoReport& report) {
+  const RunConfig& config = report.args->config;
+  const RankResult& rank0 = report.ranks->front();
+  const Comparison& c = report.comparison;
+  const int64_t k = config.micro_batches;
   std::printf("\nfinal parameter norm: reference %.9f, rank 0 %.9f\n", c.reference_norm,
               c.rank0_norm);
   std::printf("largest parameter difference vs the reference: %.2e (%s on rank %d)\n",
@@ -491,95 +600,165 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
   std::printf("largest loss difference vs the reference:      %.2e (step %lld, rank %d)\n",
               c.max_loss_diff, static_cast<long long>(c.loss_index < 0 ? -1 : c.loss_index / k),
               c.loss_rank);
-  const uint64_t step0_allreduces = allreduces_in_step(ranks[0], k, 0);
-  if (!args.worker) {  // a worker counts no collectives
+  if (!report.args->worker) {  // a worker counts no collectives
     std::printf("all-reduces per step on rank 0: %llu for %zu parameter tensors\n",
-                static_cast<unsigned long long>(step0_allreduces), ranks[0].final_params.size());
+                static_cast<unsigned long long>(report.allreduces_in_step0.front()),
+                rank0.final_params.size());
   }
   if (k > 1) {
     // Where in the step they happen: with no_sync, all in the last one.
     std::string per_micro;
-    for (int64_t m = 0; m < k && m < static_cast<int64_t>(ranks[0].allreduces_per_micro.size());
-         ++m) {
-      per_micro += (m ? ", " : "") + std::to_string(ranks[0].allreduces_per_micro[m]);
+    for (int64_t m = 0; m < k && m < static_cast<int64_t>(rank0.allreduces_per_micro.size()); ++m) {
+      per_micro += (m ? ", " : "") + std::to_string(rank0.allreduces_per_micro[m]);
     }
     std::printf("all-reduces in each of step 0's %lld micro-batches on rank 0: %s\n",
                 static_cast<long long>(k), per_micro.c_str());
   }
-  std::vector<Finding> findings;
-  if (args.worker) {
-    std::vector<WorkerResult> workers;
-    for (const RankResult& r : ranks) workers.push_back({r.losses, r.final_params, r.final_buffers});
-    findings = check_workers(config, reference, workers, tolerance);
-  } else {
-    findings = check_results_complete(config, reference, ranks);
-    if (findings.empty()) findings = diagnose(config, reference, ranks, tolerance, advice);
-  }
-  const bool reference_diverged = std::any_of(
-      reference.losses.begin(), reference.losses.end(), [](const std::vector<double>& losses) {
-        return std::any_of(losses.begin(), losses.end(), [](double v) { return !std::isfinite(v); });
-      });
-  if (findings.empty()) {
-    std::printf("verdict: matches the reference within %.0e x max(1, |value|)\n", tolerance);
-  } else if (reference_diverged) {
-    // Nothing to compare DDP with: the single-process run itself overflowed.
-    std::printf("verdict: no verdict on DDP: the reference itself diverged\n%s",
-                format_findings(findings).c_str());
-  } else {
-    std::printf("verdict: DIFFERS from the reference\n%s", format_findings(findings).c_str());
-  }
+}
 
+void print_verdict(const DemoReport& report) {
+  switch (report.verdict) {
+    case Verdict::Matches:
+      std::printf("verdict: matches the reference within %.0e x max(1, |value|)\n",
+                  report.tolerance);
+      break;
+    case Verdict::ReferenceDiverged:
+      std::printf("verdict: no verdict on DDP: the reference itself diverged\n%s",
+                  format_findings(report.findings).c_str());
+      break;
+    case Verdict::Differs:
+      std::printf("verdict: DIFFERS from the reference\n%s",
+                  format_findings(report.findings).c_str());
+      break;
+  }
+}
+
+void print_report(const DemoReport& report) {
+  const RunConfig& config = report.args->config;
+  print_header(report);
+  print_buckets(config, report.ranks->front());
+  print_step_table(report);
+  if (uneven(config)) print_uneven_steps(config);
+  print_unreached(config, *report.ranks);
+  print_summary(report);
+  print_verdict(report);
+}
+
+// Writes every rank's events as one Chrome trace and prints the last step's
+// timeline. Each rank's clock starts at its own trace::enable(), so clocks of
+// different ranks are not aligned: the timeline starts every rank's row at
+// that rank's own step start. Within a rank the order is exact.
+void report_trace(const DemoArgs& args, const std::vector<RankResult>& ranks) {
+  std::vector<trace::Event> all, last_step;
+  const int64_t last = total_steps(args.config) - 1;
+  for (const RankResult& r : ranks) {
+    int64_t begin = -1, end = -1;
+    for (const trace::Event& e : r.events) {
+      all.push_back(e);
+      if (e.name == "step" && !e.args.empty() && e.args[0].second == last) {
+        begin = e.ts_us;
+        end = e.ts_us + e.dur_us;
+      }
+    }
+    for (trace::Event e : r.events) {
+      if (e.ts_us < begin || e.ts_us > end || e.name == "step") continue;
+      e.ts_us -= begin;  // every rank's row starts at its own step start
+      last_step.push_back(std::move(e));
+    }
+  }
+  write_file(args.trace_path, trace::to_chrome_json(all), "the --trace file");
+  std::printf("\ntimeline of step %lld, each rank from its own step start (all steps: open %s in "
+              "ui.perfetto.dev):\n%s",
+              static_cast<long long>(last), args.trace_path.c_str(),
+              trace::render_ascii(last_step, 100).c_str());
+}
+
+// ---- the JSON -----------------------------------------------------------------
+
+using Json = nlohmann::ordered_json;  // keys in the order written: the schema's
+
+// A number, or null where there is none (a rank without a batch at that
+// step) or it is not finite (JSON has no inf or NaN).
+Json number_or_null(std::optional<double> v) {
+  return v && std::isfinite(*v) ? Json(*v) : Json(nullptr);
+}
+
+Json numbers(const std::vector<double>& values) {
+  Json out = Json::array();
+  for (double v : values) out.push_back(number_or_null(v));
+  return out;
+}
+
+Json numbers(const std::vector<std::optional<double>>& values) {
+  Json out = Json::array();
+  for (const std::optional<double>& v : values) out.push_back(number_or_null(v));
+  return out;
+}
+
+// Schema: {stage, title, config{...}, steps[{step, reference_loss,
+// reference_rank_losses[W], ddp_rank_losses[W], max_abs_diff}],
+// ranks[{rank, micro_batch_losses[], allreduces_per_micro[]}], final{...}}.
+// A rank that did not take part in a step has null there.
+Json report_json(const DemoReport& report) {
+  const RunConfig& config = report.args->config;
+  const std::vector<RankResult>& ranks = *report.ranks;
+  const Comparison& c = report.comparison;
+  Json j;
+  j["stage"] = report.stage;
+  j["title"] = report.title;
+  j["config"] = {{"world_size", config.world_size},
+                 {"steps", report.rows.size()},
+                 {"micro_batches", config.micro_batches},
+                 {"batch_size", config.batch_size},
+                 {"model", to_string(config.model_kind)},
+                 {"lr", number_or_null(config.lr)},
+                 {"momentum", number_or_null(config.momentum)},
+                 {"dtype", to_string(config.dtype)},
+                 {"per_rank_seed", config.per_rank_seed},
+                 {"device", config.device.type == DeviceType::CUDA ? "cuda" : "cpu"},
+                 {"backend", to_string(resolved_backend(config))},
+                 {"tolerance", number_or_null(report.tolerance)}};
+  j["steps"] = Json::array();
+  for (size_t s = 0; s < report.rows.size(); ++s) {
+    const StepRow& row = report.rows[s];
+    j["steps"].push_back({{"step", s},
+                          {"reference_loss", number_or_null(row.reference_loss)},
+                          {"reference_rank_losses", numbers(row.reference)},
+                          {"ddp_rank_losses", numbers(row.ddp)},
+                          {"max_abs_diff", number_or_null(row.drift)}});
+  }
+  j["ranks"] = Json::array();
+  for (const RankResult& r : ranks) {
+    j["ranks"].push_back({{"rank", r.rank},
+                          {"micro_batch_losses", numbers(r.losses)},
+                          {"allreduces_per_micro", r.allreduces_per_micro}});
+  }
+  j["final"] = {{"reference_param_norm", number_or_null(c.reference_norm)},
+                {"rank_param_norms", numbers(report.rank_norms)},
+                {"max_param_diff_vs_reference", number_or_null(c.final_params.max_abs)},
+                {"max_param_diff_param", c.final_params.name},
+                {"max_param_diff_rank", c.final_params.rank},
+                {"max_param_diff_between_ranks", number_or_null(c.final_between_ranks.max_abs)},
+                {"max_loss_diff", number_or_null(c.max_loss_diff)},
+                {"num_parameters", ranks.front().final_params.size()},
+                {"allreduces_per_step", report.allreduces_in_step0},
+                {"matches_reference", report.findings.empty()}};
+  return j;
+}
+
+}  // namespace
+
+void report_demo(const std::string& stage, const std::string& title, const DemoArgs& args,
+                 const ReferenceResult& reference, const std::vector<RankResult>& ranks,
+                 const Advice& advice) {
+  const DemoReport report = build_report(stage, title, args, reference, ranks, advice);
+  print_report(report);
   if (!args.trace_path.empty()) report_trace(args, ranks);
-  if (args.json_path.empty()) return;
-  // JSON schema: {stage, title, config{...}, steps[{step, reference_loss,
-  // reference_rank_losses[W], ddp_rank_losses[W], max_abs_diff}], ranks[{rank,
-  // micro_batch_losses[], allreduces_per_micro[]}], final{...}}. A rank that
-  // did not take part in a step has null there.
-  std::ostringstream j;
-  j << "{\n  \"stage\": \"" << stage << "\",\n  \"title\": \"" << title << "\",\n";
-  j << "  \"config\": {\"world_size\": " << config.world_size << ", \"steps\": " << rows.size()
-    << ", \"micro_batches\": " << k << ", \"batch_size\": " << config.batch_size
-    << ", \"model\": \"" << to_string(config.model_kind) << "\""
-    << ", \"lr\": " << json_number(config.lr)
-    << ", \"momentum\": " << json_number(config.momentum) << ", \"dtype\": \""
-    << to_string(config.dtype) << "\", \"per_rank_seed\": "
-    << (config.per_rank_seed ? "true" : "false") << ", \"device\": \""
-    << (config.device.type == DeviceType::CUDA ? "cuda" : "cpu") << "\", \"backend\": \""
-    << to_string(resolved_backend(config)) << "\""
-    << ", \"tolerance\": " << json_number(tolerance)
-    << "},\n  \"steps\": [\n";
-  for (size_t s = 0; s < rows.size(); ++s) {
-    const StepRow& row = rows[s];
-    j << "    {\"step\": " << s << ", \"reference_loss\": " << json_number(row.reference_loss)
-      << ", \"reference_rank_losses\": " << json_list(row.reference, json_optional)
-      << ", \"ddp_rank_losses\": " << json_list(row.ddp, json_optional)
-      << ", \"max_abs_diff\": " << json_number(row.drift) << "}"
-      << (s + 1 < rows.size() ? "," : "") << "\n";
+  if (!args.json_path.empty()) {
+    write_file(args.json_path,
+               report_json(report).dump(2, ' ', false, Json::error_handler_t::replace) + "\n",
+               "the --json file");
   }
-  j << "  ],\n  \"ranks\": [\n";
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    j << "    {\"rank\": " << ranks[r].rank
-      << ", \"micro_batch_losses\": " << json_list(ranks[r].losses, json_number)
-      << ", \"allreduces_per_micro\": "
-      << json_list(ranks[r].allreduces_per_micro, [](uint64_t v) { return std::to_string(v); })
-      << "}" << (r + 1 < ranks.size() ? "," : "") << "\n";
-  }
-  std::vector<double> norms;
-  for (const RankResult& r : ranks) norms.push_back(norm(r.final_params));
-  std::vector<uint64_t> allreduces;
-  for (const RankResult& r : ranks) allreduces.push_back(allreduces_in_step(r, k, 0));
-  j << "  ],\n  \"final\": {\"reference_param_norm\": " << json_number(c.reference_norm)
-    << ", \"rank_param_norms\": " << json_list(norms, json_number)
-    << ", \"max_param_diff_vs_reference\": " << json_number(c.final_params.max_abs)
-    << ", \"max_param_diff_param\": \"" << c.final_params.name << "\""
-    << ", \"max_param_diff_rank\": " << c.final_params.rank
-    << ", \"max_param_diff_between_ranks\": " << json_number(c.final_between_ranks.max_abs)
-    << ", \"max_loss_diff\": " << json_number(c.max_loss_diff)
-    << ", \"num_parameters\": " << ranks[0].final_params.size()
-    << ", \"allreduces_per_step\": "
-    << json_list(allreduces, [](uint64_t v) { return std::to_string(v); })
-    << ", \"matches_reference\": " << (findings.empty() ? "true" : "false") << "}\n}\n";
-  write_file(args.json_path, j.str(), "the --json file");
 }
 
 }  // namespace tp::train

@@ -1,4 +1,5 @@
-// Snapshots and the text form ranks send back through spawn().
+// Snapshots, and the form in which ranks send their results back through
+// spawn() or to each other (all_gather_results).
 #include "tensorplay/train/results.h"
 
 #include <algorithm>
@@ -6,7 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "tensorplay/error.h"
 
@@ -55,176 +56,118 @@ double norm(const Snapshot& snapshot) {
   return std::sqrt(sum);
 }
 
-// ---- text form --------------------------------------------------------------
-// One record per line: a keyword, then values. Doubles are written as
-// hexadecimal floats ("%a"), which strtod reads back bit for bit.
+// ---- the exchange form ----------------------------------------------------------
+// A RankResult as a JSON object (nlohmann/json), sent as CBOR, JSON's binary
+// twin (RFC 8949): CBOR stores a double as its 8 bytes, so every value comes
+// back bit for bit, -0.0, infinities and NaN included, which JSON text
+// cannot carry (nlohmann writes them as null).
 namespace {
 
-void put(std::ostringstream& out, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, " %a", v);
-  out << buf;
-}
+using Json = nlohmann::json;
 
-void put_snapshot(std::ostringstream& out, const char* key, const Snapshot& snap) {
+Json snapshot_json(const Snapshot& snap) {
+  Json out = Json::array();
   for (const ParamValues& p : snap) {
-    out << key << ' ' << p.name << ' ' << p.shape.size();
-    for (int64_t s : p.shape) out << ' ' << s;
-    out << ' ' << p.values.size();
-    for (double v : p.values) put(out, v);
-    out << '\n';
-  }
-}
-
-template <typename T>
-void put_list(std::ostringstream& out, const char* key, const std::vector<T>& values) {
-  out << key << ' ' << values.size();
-  for (T v : values) {
-    if constexpr (std::is_floating_point_v<T>) {
-      put(out, v);
-    } else {
-      out << ' ' << v;
-    }
-  }
-  out << '\n';
-}
-
-double read_double(std::istringstream& in) {
-  std::string token;
-  in >> token;
-  char* end = nullptr;
-  double v = std::strtod(token.c_str(), &end);
-  TP_CHECK(!token.empty() && end == token.c_str() + token.size(),
-           "tp::train::parse_rank_result: expected a number, got '", token, "'");
-  return v;
-}
-
-void read_snapshot_line(std::istringstream& in, Snapshot& snap) {
-  ParamValues p;
-  size_t dims = 0, count = 0;
-  in >> p.name >> dims;
-  p.shape.resize(dims);
-  for (int64_t& s : p.shape) in >> s;
-  in >> count;
-  p.values.resize(count);
-  for (double& v : p.values) v = read_double(in);
-  snap.push_back(std::move(p));
-}
-
-template <typename T>
-std::vector<T> read_list(std::istringstream& in) {
-  size_t n = 0;
-  in >> n;
-  std::vector<T> out(n);
-  for (T& v : out) {
-    if constexpr (std::is_floating_point_v<T>) {
-      v = read_double(in);
-    } else {
-      in >> v;
-    }
+    out.push_back({{"name", p.name}, {"shape", p.shape}, {"values", p.values}});
   }
   return out;
+}
+
+Snapshot snapshot_from(const Json& j) {
+  Snapshot out;
+  for (const Json& p : j) {
+    out.push_back({p.at("name").get<std::string>(), p.at("shape").get<Shape>(),
+                   p.at("values").get<std::vector<double>>()});
+  }
+  return out;
+}
+
+Json event_json(const trace::Event& e) {
+  Json args = Json::array();
+  for (const auto& [key, value] : e.args) args.push_back({key, value});
+  return {{"name", e.name},       {"category", e.category},   {"phase", std::string(1, e.phase)},
+          {"pid", e.pid},         {"tid", e.tid},             {"thread", e.thread},
+          {"ts_us", e.ts_us},     {"dur_us", e.dur_us},       {"begin_order", e.begin_order},
+          {"end_order", e.end_order}, {"args", std::move(args)}};
+}
+
+trace::Event event_from(const Json& j) {
+  trace::Event e;
+  e.name = j.at("name").get<std::string>();
+  e.category = j.at("category").get<std::string>();
+  e.phase = j.at("phase").get<std::string>().at(0);
+  e.pid = j.at("pid").get<int>();
+  e.tid = j.at("tid").get<int>();
+  e.thread = j.at("thread").get<std::string>();
+  e.ts_us = j.at("ts_us").get<int64_t>();
+  e.dur_us = j.at("dur_us").get<int64_t>();
+  e.begin_order = j.at("begin_order").get<uint64_t>();
+  e.end_order = j.at("end_order").get<uint64_t>();
+  for (const Json& arg : j.at("args")) {
+    e.args.emplace_back(arg.at(0).get<std::string>(), arg.at(1).get<int64_t>());
+  }
+  return e;
 }
 
 }  // namespace
 
 std::string serialize(const RankResult& r) {
-  std::ostringstream out;
-  out << "rank " << r.rank << '\n';
-  out << "construction " << r.construction_allreduces << ' ' << r.construction_broadcasts
-      << ' ' << r.construction_allgathers << '\n';
-  put_list(out, "losses", r.losses);
-  put_list(out, "allreduces", r.allreduces_per_micro);
-  put_list(out, "broadcasts", r.broadcasts_per_micro);
-  for (const std::vector<int64_t>& bucket : r.buckets) put_list(out, "bucket", bucket);
-  for (const std::vector<int64_t>& bucket : r.initial_buckets) {
-    put_list(out, "initial_bucket", bucket);
-  }
-  put_list(out, "param_ids", r.param_ids);
-  put_list(out, "grad_storage", r.grad_storage);
-  for (const std::vector<int64_t>& u : r.unreached_per_micro) put_list(out, "unreached", u);
-  put_snapshot(out, "initial", r.initial_params);
-  put_snapshot(out, "first", r.after_first_step);
-  put_snapshot(out, "final", r.final_params);
-  put_snapshot(out, "initial_buffer", r.initial_buffers);
-  put_snapshot(out, "final_buffer", r.final_buffers);
-  for (const trace::Event& e : r.events) {
-    // Names may contain spaces, so they come last: the rest of the line.
-    out << "event " << e.phase << ' ' << e.pid << ' ' << e.tid << ' ' << e.ts_us << ' '
-        << e.dur_us << ' ' << e.begin_order << ' ' << e.end_order << ' ' << e.args.size();
-    for (const auto& [key, value] : e.args) out << ' ' << key << ' ' << value;
-    // "-" stands for an empty category or thread name (both are one word).
-    out << ' ' << (e.category.empty() ? "-" : e.category) << ' '
-        << (e.thread.empty() ? "-" : e.thread) << ' ' << e.name
-        << '\n';
-  }
-  out << "end\n";
-  return out.str();
+  Json events = Json::array();
+  for (const trace::Event& e : r.events) events.push_back(event_json(e));
+  const Json j = {{"rank", r.rank},
+                  {"construction_allreduces", r.construction_allreduces},
+                  {"construction_broadcasts", r.construction_broadcasts},
+                  {"construction_allgathers", r.construction_allgathers},
+                  {"losses", r.losses},
+                  {"allreduces_per_micro", r.allreduces_per_micro},
+                  {"broadcasts_per_micro", r.broadcasts_per_micro},
+                  {"buckets", r.buckets},
+                  {"initial_buckets", r.initial_buckets},
+                  {"param_ids", r.param_ids},
+                  {"grad_storage", r.grad_storage},
+                  {"unreached_per_micro", r.unreached_per_micro},
+                  {"initial_params", snapshot_json(r.initial_params)},
+                  {"after_first_step", snapshot_json(r.after_first_step)},
+                  {"final_params", snapshot_json(r.final_params)},
+                  {"initial_buffers", snapshot_json(r.initial_buffers)},
+                  {"final_buffers", snapshot_json(r.final_buffers)},
+                  {"events", std::move(events)}};
+  const std::vector<std::uint8_t> bytes = Json::to_cbor(j);
+  return std::string(bytes.begin(), bytes.end());
 }
 
-RankResult parse_rank_result(const std::string& text) {
-  RankResult r;
-  std::istringstream lines(text);
-  std::string line;
-  bool ended = false;
-  while (std::getline(lines, line)) {
-    std::istringstream in(line);
-    std::string key;
-    in >> key;
-    if (key == "rank") {
-      in >> r.rank;
-    } else if (key == "construction") {
-      in >> r.construction_allreduces >> r.construction_broadcasts >> r.construction_allgathers;
-    } else if (key == "losses") {
-      r.losses = read_list<double>(in);
-    } else if (key == "allreduces") {
-      r.allreduces_per_micro = read_list<uint64_t>(in);
-    } else if (key == "broadcasts") {
-      r.broadcasts_per_micro = read_list<uint64_t>(in);
-    } else if (key == "grad_storage") {
-      r.grad_storage = read_list<int64_t>(in);
-    } else if (key == "param_ids") {
-      r.param_ids = read_list<int64_t>(in);
-    } else if (key == "bucket") {
-      r.buckets.push_back(read_list<int64_t>(in));
-    } else if (key == "initial_bucket") {
-      r.initial_buckets.push_back(read_list<int64_t>(in));
-    } else if (key == "unreached") {
-      r.unreached_per_micro.push_back(read_list<int64_t>(in));
-    } else if (key == "initial_buffer") {
-      read_snapshot_line(in, r.initial_buffers);
-    } else if (key == "final_buffer") {
-      read_snapshot_line(in, r.final_buffers);
-    } else if (key == "initial") {
-      read_snapshot_line(in, r.initial_params);
-    } else if (key == "first") {
-      read_snapshot_line(in, r.after_first_step);
-    } else if (key == "final") {
-      read_snapshot_line(in, r.final_params);
-    } else if (key == "event") {
-      trace::Event e;
-      size_t nargs = 0;
-      in >> e.phase >> e.pid >> e.tid >> e.ts_us >> e.dur_us >> e.begin_order >> e.end_order >>
-          nargs;
-      for (size_t i = 0; i < nargs; ++i) {
-        std::pair<std::string, int64_t> arg;
-        in >> arg.first >> arg.second;
-        e.args.push_back(std::move(arg));
-      }
-      in >> e.category >> e.thread;
-      if (e.category == "-") e.category.clear();
-      if (e.thread == "-") e.thread.clear();
-      std::getline(in >> std::ws, e.name);
-      r.events.push_back(std::move(e));
-    } else if (key == "end") {
-      ended = true;
-    } else {
-      TP_THROW(Error, "tp::train::parse_rank_result: unknown record '", key, "'");
-    }
-    TP_CHECK(!in.fail(), "tp::train::parse_rank_result: malformed record '", key, "'");
+RankResult parse_rank_result(const std::string& bytes) {
+  Json j;
+  try {
+    j = Json::from_cbor(bytes);  // strict: nothing may follow the object
+  } catch (const Json::parse_error& e) {
+    TP_THROW(Error, "tp::train::parse_rank_result: the result is truncated or corrupt (",
+             e.what(), ")");
   }
-  TP_CHECK(ended, "tp::train::parse_rank_result: the result is truncated (no 'end' record)");
-  return r;
+  try {
+    RankResult r;
+    r.rank = j.at("rank").get<int>();
+    r.construction_allreduces = j.at("construction_allreduces").get<uint64_t>();
+    r.construction_broadcasts = j.at("construction_broadcasts").get<uint64_t>();
+    r.construction_allgathers = j.at("construction_allgathers").get<uint64_t>();
+    r.losses = j.at("losses").get<std::vector<double>>();
+    r.allreduces_per_micro = j.at("allreduces_per_micro").get<std::vector<uint64_t>>();
+    r.broadcasts_per_micro = j.at("broadcasts_per_micro").get<std::vector<uint64_t>>();
+    r.buckets = j.at("buckets").get<std::vector<std::vector<int64_t>>>();
+    r.initial_buckets = j.at("initial_buckets").get<std::vector<std::vector<int64_t>>>();
+    r.param_ids = j.at("param_ids").get<std::vector<int64_t>>();
+    r.grad_storage = j.at("grad_storage").get<std::vector<int64_t>>();
+    r.unreached_per_micro = j.at("unreached_per_micro").get<std::vector<std::vector<int64_t>>>();
+    r.initial_params = snapshot_from(j.at("initial_params"));
+    r.after_first_step = snapshot_from(j.at("after_first_step"));
+    r.final_params = snapshot_from(j.at("final_params"));
+    r.initial_buffers = snapshot_from(j.at("initial_buffers"));
+    r.final_buffers = snapshot_from(j.at("final_buffers"));
+    for (const Json& e : j.at("events")) r.events.push_back(event_from(e));
+    return r;
+  } catch (const Json::exception& e) {
+    TP_THROW(Error, "tp::train::parse_rank_result: not a rank result (", e.what(), ")");
+  }
 }
 
 std::vector<RankResult> all_gather_results(distributed::ProcessGroup& group,

@@ -2,9 +2,10 @@
 // configurations and explains the first failure in lesson terms.
 //
 // Contract:
-//   - A checker is data: a CheckerSpec lists cases, each a (RunConfig,
-//     Options) pair with a label, plus the stage's Advice (its words for its
-//     own parts) and its stage_checks. run_checker<D>(argc, argv, spec) is
+//   - A checker is data: a CheckerSpec holds the stage's StageSpec (its
+//     number, title and Advice: its words for its own parts, from its
+//     stage.h) and lists cases, each a (RunConfig, Options) pair with a
+//     label, and the stage's stage_checks. run_checker<D>(argc, argv, spec) is
 //     the whole main() of a stage's checker (tests/checkers/check_NN.cc).
 //   - Each case trains the reference and W spawned DDP ranks, checks that
 //     every rank reported what its plan says, runs stage_checks on counted
@@ -71,6 +72,7 @@
 #include "tensorplay/train/ddp_trainer.h"
 #include "tensorplay/train/predicates.h"
 #include "tensorplay/train/reference.h"
+#include "tensorplay/train/stage_spec.h"
 #include "tensorplay/train/worker.h"
 
 namespace tp::train {
@@ -102,10 +104,8 @@ std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scen
 
 template <typename Options>
 struct CheckerSpec {
-  std::string stage;  // "01"
-  std::string title;  // "naive DDP"
+  StageSpec<Options> stage;  // the stage's stage_spec() (its number, title, Advice)
   std::vector<CheckCase<Options>> cases;
-  Advice advice;
   // Stage-specific checks on one run (counted collectives, trace order...).
   std::function<std::vector<Finding>(const CheckCase<Options>& c, const CaseRun& run)>
       stage_checks;
@@ -113,9 +113,7 @@ struct CheckerSpec {
   std::vector<Scenario> scenarios;
   // The lesson's rank worker (stage 01's train_worker), run after the
   // scenarios on each of worker_cases; empty when the lesson has none.
-  std::function<WorkerResult(int rank, const RunConfig& config, const std::string& init_method,
-                             const Options& options)>
-      worker;
+  RankWorker<Options> worker;
   std::vector<CheckCase<Options>> worker_cases;
 };
 
@@ -162,6 +160,26 @@ void report_case(CheckerRun& run, const std::string& description,
 // Applies --expect-fail and prints the verdict; returns the exit code.
 int finish_checker(CheckerRun& run, const std::string& stage, bool passed);
 
+// What one pass over the cases, scenarios and worker cases judged.
+struct PassTally {
+  bool passed = true;  // false from the first failure on (which ends the pass)
+  size_t ran = 0;      // cases, scenarios and worker cases judged
+  size_t skipped = 0;  // those this job cannot run (another world size, CPU only)
+  void judged(bool pass) {
+    passed = pass;
+    ++ran;
+  }
+};
+// The end of a pass: what was skipped and why, then finish_checker; an exit
+// code of 2 for a pass that judged nothing (which must not read as PASS).
+// `launched`: this job's group, or null.
+int finish_pass(CheckerRun& run, const std::string& stage,
+                const distributed::ProcessGroup* launched, const PassTally& tally);
+// A launched rank whose case threw: records the error for tprun, says which
+// case on stderr, leaves the group; returns the rank's exit code.
+int end_launched_rank(distributed::ProcessGroup& launched, const std::string& description,
+                      const std::exception& error);
+
 // A case's DDP ranks: spawned here (in checker mode), or, in a launched job
 // (`launched` not null), this process's rank of them, with every rank's
 // result gathered.
@@ -180,130 +198,119 @@ std::vector<RankResult> run_case_ranks(const CheckCase<typename D::Options>& c,
                             train_rank<D>(launched->rank(), c.config, launched, c.options));
 }
 
-// One run of every case, scenario and worker case (or of --only's), on this
-// job's group when launched; the exit code.
+// One case: the reference and the DDP ranks, then the findings in the
+// contract's order: missing results; the stage's structural facts (counted
+// collectives, order on the trace), which name a cause more directly than
+// the numbers they disturb; then the numbers. `comparison` gets the largest
+// differences, for a passing case's line.
 template <DataParallelModel D>
-int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
-               const std::shared_ptr<distributed::ProcessGroup>& launched) {
-  const size_t n_cases = spec.cases.size();
-  const size_t n_scenarios = spec.scenarios.size();
-  const size_t n_workers = spec.worker ? spec.worker_cases.size() : 0;
-  run.print("stage " + spec.stage + " checker (" + spec.title + ")\n");
-  bool passed = true;
-  size_t skipped = 0;  // in a launched job: cases of other world sizes, and scenarios
-  size_t ran = 0;      // cases, scenarios and worker cases judged
-  for (size_t i = 0; i < spec.cases.size() && passed; ++i) {
+std::vector<Finding> judge_case(const CheckCase<typename D::Options>& c,
+                                const CheckerSpec<typename D::Options>& spec,
+                                const std::shared_ptr<distributed::ProcessGroup>& launched,
+                                Comparison& comparison) {
+  const double tolerance = default_tolerance(c.config.dtype);
+  const ReferenceResult reference = train_reference(c.config);
+  const std::vector<RankResult> ranks = run_case_ranks<D>(c, launched);
+  std::vector<Finding> findings = check_results_complete(c.config, reference, ranks);
+  if (!findings.empty()) return findings;
+  if (spec.stage_checks) findings = spec.stage_checks(c, CaseRun{c.config, reference, ranks});
+  const bool structural = !findings.empty();
+  for (Finding& f : diagnose(c.config, reference, ranks, tolerance, spec.stage.advice)) {
+    // A numeric guess after a structural fact is read as what it is.
+    if (structural) f.likely_cause = "unless it follows from the first finding: " + f.likely_cause;
+    findings.push_back(std::move(f));
+  }
+  comparison = compare(reference, ranks, tolerance);
+  return findings;
+}
+
+// The cases (or --only's), on this job's group when launched; stops at the
+// first that fails. Returns 0, or the exit code of a launched rank whose
+// case threw (its group is unusable then: the rank ends, tprun names it).
+template <DataParallelModel D>
+int check_cases(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
+                const std::shared_ptr<distributed::ProcessGroup>& launched, PassTally& tally) {
+  for (size_t i = 0; i < spec.cases.size() && tally.passed; ++i) {
     if (run.only >= 0 && static_cast<size_t>(run.only) != i) continue;
     if (launched && spec.cases[i].config.world_size != launched->size()) {
-      ++skipped;
+      ++tally.skipped;
       continue;
     }
-    CheckCase<typename D::Options> on_device = spec.cases[i];
-    on_device.config.device = run.device;
-    const CheckCase<typename D::Options>& c = on_device;
+    CheckCase<typename D::Options> c = spec.cases[i];
+    c.config.device = run.device;
     std::vector<Finding> findings;
     Comparison comparison;
     try {
-      const double tolerance = default_tolerance(c.config.dtype);
-      ReferenceResult reference = train_reference(c.config);
-      std::vector<RankResult> ranks = run_case_ranks<D>(c, launched);
-      // Missing results first; then the stage's structural facts (counted
-      // collectives, order on the trace), which name a cause more directly
-      // than the numbers they disturb; then the numbers.
-      findings = check_results_complete(c.config, reference, ranks);
-      if (findings.empty()) {
-        if (spec.stage_checks) findings = spec.stage_checks(c, CaseRun{c.config, reference, ranks});
-        const bool structural = !findings.empty();
-        for (Finding& f : diagnose(c.config, reference, ranks, tolerance, spec.advice)) {
-          // A numeric guess after a structural fact is read as what it is.
-          if (structural) {
-            f.likely_cause = "unless it follows from the first finding: " + f.likely_cause;
-          }
-          findings.push_back(std::move(f));
-        }
-        comparison = compare(reference, ranks, tolerance);
-      }
+      findings = judge_case<D>(c, spec, launched, comparison);
     } catch (const std::exception& error) {
-      if (launched) {  // the group is unusable now: end this rank, tprun names it
-        multiprocessing::record_error(error);
-        std::fprintf(stderr, "checker: rank %d: %s: %s\n", launched->rank(),
-                     describe(c).c_str(), error.what());
-        distributed::destroy_process_group();
-        return 1;
-      }
-      findings.push_back(finding_from_error(spec.stage, error));
+      if (launched) return end_launched_rank(*launched, describe(c), error);
+      findings.push_back(finding_from_error(spec.stage.number, error));
     }
-    passed = findings.empty();
-    ++ran;
+    tally.judged(findings.empty());
     report_case(run, describe(c), findings, &comparison);
   }
-  for (size_t i = 0; i < spec.scenarios.size() && passed; ++i) {
-    if (run.only >= 0 && static_cast<size_t>(run.only) != n_cases + i) continue;
+  return 0;
+}
+
+// The scenarios, each on ranks and a group of its own: skipped in a
+// launched job and on CUDA (they run on the CPU).
+template <typename Options>
+void check_scenarios(CheckerRun& run, const CheckerSpec<Options>& spec, bool launched,
+                     PassTally& tally) {
+  const size_t first = spec.cases.size();  // --list numbers them after the cases
+  for (size_t i = 0; i < spec.scenarios.size() && tally.passed; ++i) {
+    if (run.only >= 0 && static_cast<size_t>(run.only) != first + i) continue;
     if (launched || run.device != kCPU) {
-      ++skipped;
+      ++tally.skipped;
       continue;
     }
-    const std::vector<Finding> findings = run_scenario(spec.stage, spec.scenarios[i]);
-    passed = findings.empty();
-    ++ran;
+    const std::vector<Finding> findings = run_scenario(spec.stage.number, spec.scenarios[i]);
+    tally.judged(findings.empty());
     report_case(run, "scenario: " + spec.scenarios[i].label, findings, nullptr);
   }
-  for (size_t i = 0; i < n_workers && passed; ++i) {
-    if (run.only >= 0 && static_cast<size_t>(run.only) != n_cases + n_scenarios + i) continue;
+}
+
+// The lesson's own rank worker on each worker case, as a whole job (stage
+// 01); skipped where the scenarios are.
+template <typename Options>
+void check_worker_cases(CheckerRun& run, const CheckerSpec<Options>& spec, bool launched,
+                        PassTally& tally) {
+  if (!spec.worker) return;
+  const size_t first = spec.cases.size() + spec.scenarios.size();
+  for (size_t i = 0; i < spec.worker_cases.size() && tally.passed; ++i) {
+    if (run.only >= 0 && static_cast<size_t>(run.only) != first + i) continue;
     if (launched || run.device != kCPU) {
-      ++skipped;
+      ++tally.skipped;
       continue;
     }
-    const CheckCase<typename D::Options>& c = spec.worker_cases[i];
+    const CheckCase<Options>& c = spec.worker_cases[i];
     std::vector<Finding> findings;
     try {
-      ReferenceResult reference = train_reference(c.config);
-      std::vector<WorkerResult> ranks =
+      const ReferenceResult reference = train_reference(c.config);
+      const std::vector<WorkerResult> ranks =
           run_workers(c.config, [&](int rank, const std::string& init_method) {
             return spec.worker(rank, c.config, init_method, c.options);
           });
       findings = check_workers(c.config, reference, ranks, default_tolerance(c.config.dtype));
     } catch (const std::exception& error) {
-      findings.push_back(finding_from_error(spec.stage, error));
+      findings.push_back(finding_from_error(spec.stage.number, error));
     }
-    passed = findings.empty();
-    ++ran;
+    tally.judged(findings.empty());
     report_case(run, "worker: " + describe(c), findings, nullptr);
   }
-  if (launched && ran == 0) {
-    // A checker that judged nothing must not say PASS.
-    std::fprintf(stderr, "checker: rank %d: nothing to check: %s this job's world size %d "
-                 "(see --list; the cases' world sizes are in their descriptions); run another "
-                 "world size, or the checker without --init-method\n", launched->rank(),
-                 run.only >= 0 ? "--only's case, scenario or worker case cannot run at"
-                               : "no case has", launched->size());
-    return 2;
-  }
-  if (run.device != kCPU && !launched) {
-    if (ran == 0) {
-      std::fprintf(stderr, "checker: --device cuda: nothing to check: --only names a scenario "
-                   "or worker case, which run on the CPU only\n");
-      return 2;
-    }
-    if (skipped > 0) {
-      run.print(detail::cat(skipped, " scenarios and worker cases skipped: they run on the CPU "
-                            "only (run the checker without --device for those)\n"));
-    }
-  }
-  if (launched) {
-    run.print(detail::cat(skipped, " cases, scenarios and worker cases skipped: they need "
-                          "another world size than this job's ", launched->size(), ", or ranks "
-                          "of their own (run the checker without --init-method for those)\n"));
-    if (run.quiet) {
-      std::printf("checker: rank %d: done; rank 0 prints the report\n", launched->rank());
-    }
-    const int code = finish_checker(run, spec.stage, passed);
-    // What tprun shows as this rank's error (the report is on stdout).
-    if (code != 0) std::fprintf(stderr, "checker: stage %s FAILED: see rank 0's report\n",
-                                spec.stage.c_str());
-    return code;
-  }
-  return finish_checker(run, spec.stage, passed);
+}
+
+// One run of every case, scenario and worker case (or of --only's), on this
+// job's group when launched; the exit code.
+template <DataParallelModel D>
+int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
+               const std::shared_ptr<distributed::ProcessGroup>& launched) {
+  run.print("stage " + spec.stage.number + " checker (" + spec.stage.title + ")\n");
+  PassTally tally;
+  if (const int code = check_cases<D>(run, spec, launched, tally); code != 0) return code;
+  check_scenarios(run, spec, launched != nullptr, tally);
+  check_worker_cases(run, spec, launched != nullptr, tally);
+  return finish_pass(run, spec.stage.number, launched.get(), tally);
 }
 
 template <DataParallelModel D>
@@ -334,7 +341,7 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
     // Exit code 77: "skipped" to Meson and to ./kit gpu-check. Nothing was
     // judged, so it must not read as a pass.
     std::printf("SKIP: stage %s checker: --device cuda: skipped, nothing was checked: %s\n",
-                spec.stage.c_str(), cuda::unavailable_reason().c_str());
+                spec.stage.number.c_str(), cuda::unavailable_reason().c_str());
     return 77;
   }
   std::shared_ptr<distributed::ProcessGroup> launched;  // --init-method: this job's group

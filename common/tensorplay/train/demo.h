@@ -1,14 +1,10 @@
 // The lesson demo: train the reference and a DDP stage side by side and
 // print the per-step table.
 //
-//   ./kit demo NN [--world-size W] [--steps N] [--batch B] [--lr X]
-//                 [--momentum M] [--dtype float32|float64] [--per-rank-seed]
-//                 [--model mini|branchy|buffered|reordered|deep] [--hidden N]
-//                 [--depth N (deep)] [--micro-batches K]
-//                 [--batches N0,N1,...] [--divide-by-active-ranks]
-//                 [--json FILE] [--trace FILE] [--init-method URL]
-//                 [--collective-timeout MS] [--worker (lesson 01)]
-//                 [the stage's own flags]
+//   ./kit demo NN [flags]      (--help lists every flag, with its range and
+//                               default: the list is generated from the
+//                               flags' declarations in demo.cc and in the
+//                               stage's stage.h, so it cannot go stale)
 //
 // Columns: step; the reference's loss (mean over the ranks' micro-batches);
 // DDP's loss on rank 0 and the reference's for rank 0's micro-batches (the
@@ -17,13 +13,16 @@
 // all ranks at that step. Before it, the buckets when the stage has them;
 // after it, the final parameter norms and the largest differences.
 // --collective-timeout MS bounds the rendezvous and every collective
-// (default 10000). --json FILE writes the same numbers, every rank included (schema in demo.cc).
-// --trace FILE records every rank's timeline (tp::trace), writes it as one
-// Chrome trace (open it in ui.perfetto.dev) and prints the last step as an
-// ASCII timeline.
-// --worker (a lesson whose DemoSpec has a worker: lesson 01) runs the ranks
-// through the lesson's own rank worker (worker.h) instead of the kit's
-// trainer: the same table and verdict, without collective counts or trace.
+// (default 10000). --json FILE writes the same numbers, every rank included
+// (schema in demo.cc). --trace FILE records every rank's timeline
+// (tp::trace), writes it as one Chrome trace (open it in ui.perfetto.dev)
+// and prints the last step as an ASCII timeline.
+// --worker (a lesson with a rank worker of its own: lesson 01) runs the
+// ranks through that worker (worker.h) instead of the kit's trainer: the
+// same table and verdict, without collective counts or trace.
+//
+// A bad flag or value is a usage error (exit 2) naming the flag: an unknown
+// flag gets the nearest known one as a suggestion.
 //
 // One process or one per rank: by default the demo forks its own W ranks
 // (file:// rendezvous, one machine). Started by a launcher, one process per
@@ -44,6 +43,7 @@
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/ddp_trainer.h"
 #include "tensorplay/train/reference.h"
+#include "tensorplay/train/stage_spec.h"
 #include "tensorplay/train/worker.h"
 
 namespace tp::train {
@@ -56,47 +56,12 @@ struct DemoArgs {
   bool worker = false;     // --worker: the ranks ran the lesson's own worker
 };
 
-// A flag of the stage's own ("--bucket-cap-mb X"), usually changing its
-// Options, and the plan when the two must agree (buffer sync). apply() gets
-// the value (empty for a flag without one) and the plan being parsed, and
-// returns "" or what is wrong with the value.
-struct DemoFlag {
-  std::string name;        // "--bucket-cap-mb"
-  std::string value_name;  // "X"; empty for a flag without a value
-  std::string help;        // one line for --help
-  std::function<std::string(const std::string& value, RunConfig& config)> apply;
-};
-
-// A flag that sets a number in [low, high]: number_flag("--bucket-cap-mb",
-// "X", "bucket size cap in MiB", spec.options.bucket_cap_mb, 0, 1e6).
-// `target` is written while the flags are parsed, so it must outlive them.
-DemoFlag number_flag(std::string name, std::string value_name, std::string help,
-                     double& target, double low, double high);
-
-// What a lesson's demo is: its stage, title, the stage's options and own
-// flags, and its words for the verdict (the checker's Advice).
-template <typename Options>
-struct DemoSpec {
-  std::string stage;  // "01"
-  std::string title;  // "naive DDP, one all-reduce per parameter after backward"
-  Options options{};
-  std::vector<DemoFlag> flags;  // may write `options` (of this very spec) by reference
-  Advice advice;
-  // Makes the options agree with the plan the flags produced (stage 07:
-  // --divide-by-active-ranks sets the plan's divisor and the DDP's option).
-  std::function<void(const RunConfig&, Options&)> adapt;
-  // The lesson's own rank worker (lesson 01's train_worker), which --worker
-  // runs instead of the kit's trainer; empty: no --worker flag.
-  std::function<WorkerResult(int rank, const RunConfig& config, const std::string& init_method,
-                             const Options& options)>
-      worker;
-};
-
-// Parses the flags above (defaults: 4 ranks, 10 steps) and the stage's own.
-// Prints usage and exits 2 on a bad flag or an unrunnable plan; exits 0 on
-// --help.
+// Parses the shared flags and the stage's own (defaults: 4 ranks, 10
+// steps); `offers_worker` adds --worker. Prints the error and exits 2 on a
+// bad flag or an unrunnable plan; prints usage and exits 0 on --help.
 DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
-                         const std::vector<DemoFlag>& stage_flags = {});
+                         const std::string& title, const std::vector<BoundFlag>& stage_flags,
+                         bool offers_worker);
 // Prints the table and summary to stdout; writes JSON when asked. With
 // args.worker, `ranks` came from a worker (as_rank_result): no collective
 // counts are shown, and the verdict is check_workers'.
@@ -104,40 +69,34 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
                  const ReferenceResult& reference, const std::vector<RankResult>& ranks,
                  const Advice& advice = {});
 
-// The whole main() of a lesson's demo. The spec's flags write spec.options
-// while the command line is parsed; the DDP is built from it afterwards.
+// The whole main() of a lesson's demo: the stage's spec says what it is
+// and which flags it takes; `worker` is the lesson's own rank worker, if it
+// has one. The flags write one Options object while the command line is
+// parsed; `spec.adapt` then makes it agree with the plan.
 template <DataParallelModel D>
-int demo_main(int argc, char** argv, const DemoSpec<typename D::Options>& spec) {
-  std::vector<DemoFlag> flags = spec.flags;
-  bool use_worker = false;
-  if (spec.worker) {
-    flags.push_back({"--worker", "", "run the lesson's own rank worker instead of the kit's trainer",
-                     [&use_worker](const std::string&, RunConfig&) {
-                       use_worker = true;
-                       return std::string();
-                     }});
-  }
-  DemoArgs args = parse_demo_args(argc, argv, spec.stage, flags);
-  args.worker = use_worker;
+int demo_main(int argc, char** argv, const StageSpec<typename D::Options>& spec,
+              const RankWorker<typename D::Options>& worker = {}) {
+  typename D::Options options{};
+  const std::vector<BoundFlag> flags = bind_flags(spec.flags, options);
+  DemoArgs args = parse_demo_args(argc, argv, spec.number, spec.title, flags, bool(worker));
   if (args.worker && args.config.trace) {
     std::fprintf(stderr, "demo %s: --trace needs the kit's trainer; drop --worker\n",
-                 spec.stage.c_str());
+                 spec.number.c_str());
     return 2;
   }
   if (args.worker && !args.init_method.empty()) {
     std::fprintf(stderr, "demo %s: --worker starts its own ranks; drop --init-method\n",
-                 spec.stage.c_str());
+                 spec.number.c_str());
     return 2;
   }
   try {
-    typename D::Options options = spec.options;
     if (spec.adapt) spec.adapt(args.config, options);
     std::vector<RankResult> ranks;
     if (args.worker) {
       const RunConfig& config = args.config;
       std::vector<WorkerResult> results =
           run_workers(config, [&](int rank, const std::string& init_method) {
-            return spec.worker(rank, config, init_method, options);
+            return worker(rank, config, init_method, options);
           });
       for (size_t r = 0; r < results.size(); ++r) {
         ranks.push_back(as_rank_result(static_cast<int>(r), results[r]));
@@ -148,16 +107,16 @@ int demo_main(int argc, char** argv, const DemoSpec<typename D::Options>& spec) 
       LaunchedRun run = run_launched_rank<D>(args.config, options, args.init_method);
       if (run.rank != 0) {
         std::printf("demo %s: rank %d of %d trained; rank 0 prints the table\n",
-                    spec.stage.c_str(), run.rank, args.config.world_size);
+                    spec.number.c_str(), run.rank, args.config.world_size);
         return 0;
       }
       ranks = std::move(run.ranks);
     }
     ReferenceResult reference = train_reference(args.config);
-    report_demo(spec.stage, spec.title, args, reference, ranks, spec.advice);
+    report_demo(spec.number, spec.title, args, reference, ranks, spec.advice);
   } catch (const std::exception& error) {
     multiprocessing::record_error(error);  // for tprun, when it started this rank
-    std::fprintf(stderr, "demo %s: %s\n", spec.stage.c_str(), error.what());
+    std::fprintf(stderr, "demo %s: %s\n", spec.number.c_str(), error.what());
     return 1;
   }
   return 0;

@@ -10,8 +10,8 @@
 //     rank did not run that micro-batch (it had joined, or it failed).
 //   - Snapshots hold values as double (exact for float32 and float64) with
 //     the parameter's name and shape, in named_parameters() order.
-//   - serialize()/parse_rank_result() round-trip a RankResult exactly
-//     (hexadecimal floats), which is how ranks send results to the parent
+//   - serialize()/parse_rank_result() round-trip a RankResult exactly (a
+//     JSON object sent as CBOR bytes, not text), which is how ranks send results to the parent
 //     through spawn(), or to each other through all_gather_results() when a
 //     launcher started them (one process per rank, tprun).
 #pragma once
@@ -93,8 +93,9 @@ std::vector<int64_t> grad_storage_groups(const std::vector<Tensor>& params);
 uint64_t allreduces_in_step(const RankResult& rank, int64_t micro_batches, int64_t step);
 
 std::string serialize(const RankResult& result);
-// REQUIRES: text came from serialize(); throws tp::Error otherwise.
-RankResult parse_rank_result(const std::string& text);
+// REQUIRES: bytes came from serialize(); throws tp::Error naming what is
+// wrong otherwise (truncated or corrupt bytes, or not a rank result).
+RankResult parse_rank_result(const std::string& bytes);
 
 // Every rank's result, in rank order, on every rank of `group`: two
 // all-gathers (the lengths, then the serialized bytes padded to the longest).

@@ -49,6 +49,13 @@ struct WorkerResult {
 // One rank's whole job (see the contract).
 using Worker = std::function<WorkerResult(int rank, const std::string& init_method)>;
 
+// A lesson's rank worker with its stage's options (lesson 01's
+// train_worker): what the demo's --worker and the checker's worker cases run.
+template <typename Options>
+using RankWorker = std::function<WorkerResult(int rank, const RunConfig& config,
+                                              const std::string& init_method,
+                                              const Options& options)>;
+
 // Runs config.world_size ranks of `worker`; results in rank order.
 std::vector<WorkerResult> run_workers(const RunConfig& config, const Worker& worker);
 

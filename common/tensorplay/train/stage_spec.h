@@ -1,0 +1,150 @@
+// What a DDP stage is, declared once: its number and title, the options it
+// takes with their command-line flags, and its words for the checker's
+// advice. The lesson's demo (demo.h), the stage's checker (checker.h) and
+// the benchmarks all read it, so none of them repeats a title, an advice
+// line or a flag.
+//
+// Contract:
+//   - Each stage declares `stageNN::stage_spec()` in solutions/NN-topic/stage.h,
+//     beside ddp.h, whose DistributedDataParallel declares the stage's
+//     Capabilities (capabilities.h). The capabilities stay on the class
+//     because the compiler checks them (the concept DataParallelModel in
+//     ddp_trainer.h); the spec is what people read: names, words, flags.
+//   - A flag sets one member of the stage's Options: a number within
+//     [low, high] (`--bucket-cap-mb 0.5`) or a switch (`--static-graph`).
+//     A few must also change the plan the reference follows
+//     (`--no-broadcast-buffers`: the reference keeps each rank's buffers
+//     too); `plan` does that. A flag is declared once, here or in the
+//     stage's stage.h; the demo turns each into a command-line option with
+//     its help line, so usage is generated from these declarations.
+//   - `adapt`, when set, makes the Options agree with a plan set by the
+//     demo's shared flags (stage 07: --divide-by-active-ranks is the plan's
+//     divisor and the DDP's option at once).
+//   - Plain data, built fresh by each stage_spec() call; not shared between
+//     threads.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensorplay/train/compare.h"
+#include "tensorplay/train/config.h"
+
+namespace tp::train {
+
+// One command-line flag of a stage's own, setting a member of its Options.
+template <typename Options>
+struct OptionFlag {
+  std::string name;  // "--bucket-cap-mb"
+  std::string help;  // one line for --help
+  // A number flag sets *number within [low, high]; a switch sets *toggle to
+  // `switch_to`. Exactly one of the two members is set.
+  double Options::*number = nullptr;
+  double low = 0.0;
+  double high = 0.0;
+  bool Options::*toggle = nullptr;
+  bool switch_to = true;
+  // Also changes the plan, for a flag the reference must follow too.
+  std::function<void(RunConfig&)> plan;
+};
+
+template <typename Options>
+OptionFlag<Options> number_flag(std::string name, double Options::*member, double low,
+                                double high, std::string help) {
+  OptionFlag<Options> flag;
+  flag.name = std::move(name);
+  flag.help = std::move(help);
+  flag.number = member;
+  flag.low = low;
+  flag.high = high;
+  return flag;
+}
+
+template <typename Options>
+OptionFlag<Options> switch_flag(std::string name, bool Options::*member, std::string help,
+                                bool switch_to = true) {
+  OptionFlag<Options> flag;
+  flag.name = std::move(name);
+  flag.help = std::move(help);
+  flag.toggle = member;
+  flag.switch_to = switch_to;
+  return flag;
+}
+
+// The flags several stages share, each declared here once.
+
+// The two bucket caps, then `more` (the order --help lists them in). The
+// caps' lowest value, 1e-9 MiB (about a thousandth of a byte), puts every
+// parameter in a bucket of its own.
+template <typename Options>
+std::vector<OptionFlag<Options>> bucket_cap_flags(std::vector<OptionFlag<Options>> more = {}) {
+  std::vector<OptionFlag<Options>> flags = {
+      number_flag("--bucket-cap-mb", &Options::bucket_cap_mb, 1e-9, 1e6,
+                  "cap of every bucket but the first, in MiB (default 25)"),
+      number_flag("--first-bucket-cap-mb", &Options::first_bucket_cap_mb, 1e-9, 1e6,
+                  "cap of the first bucket, in MiB (default 1)")};
+  flags.insert(flags.end(), more.begin(), more.end());
+  return flags;
+}
+
+template <typename Options>
+OptionFlag<Options> gradient_as_bucket_view_flag() {
+  return switch_flag("--gradient-as-bucket-view", &Options::gradient_as_bucket_view,
+                     "make each .grad a view of its bucket slot (no copy back)");
+}
+
+template <typename Options>
+OptionFlag<Options> find_unused_parameters_flag() {
+  return switch_flag("--find-unused-parameters", &Options::find_unused_parameters,
+                     "walk each forward's graph; let unused parameters complete their buckets");
+}
+
+template <typename Options>
+OptionFlag<Options> static_graph_flag() {
+  return switch_flag("--static-graph", &Options::static_graph,
+                     "find the unused parameters once, in the first iteration");
+}
+
+template <typename Options>
+struct StageSpec {
+  std::string number;  // "05": the folder's prefix, as in `./kit demo 05`
+  std::string title;   // "DDP with find_unused_parameters"
+  Advice advice;       // the stage's words in a diagnosis (compare.h)
+  std::vector<OptionFlag<Options>> flags;
+  std::function<void(const RunConfig&, Options&)> adapt;  // may be empty
+};
+
+// A flag bound to one Options object: what the (non-template) command-line
+// parser works with. `set` gets the parsed number (1 for a switch).
+struct BoundFlag {
+  std::string name;
+  std::string help;
+  bool takes_number = false;
+  double low = 0.0;
+  double high = 0.0;
+  std::function<void(double value, RunConfig& config)> set;
+};
+
+// Binds each flag to `options`, which must outlive the result.
+template <typename Options>
+std::vector<BoundFlag> bind_flags(const std::vector<OptionFlag<Options>>& flags,
+                                  Options& options) {
+  std::vector<BoundFlag> out;
+  for (const OptionFlag<Options>& f : flags) {
+    BoundFlag b{f.name, f.help, f.number != nullptr, f.low, f.high, nullptr};
+    b.set = [&options, f](double value, RunConfig& config) {
+      if (f.number != nullptr) {
+        options.*f.number = value;
+      } else {
+        options.*f.toggle = f.switch_to;
+      }
+      if (f.plan) f.plan(config);
+    };
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace tp::train

@@ -1,0 +1,30 @@
+// Stage 01's identity, declared once (tp::train::StageSpec in
+// tensorplay/train/stage_spec.h): the title, the options the demo offers
+// as flags, and the stage's words in the checker's diagnoses. Its demo
+// (lessons/01-naive/main.cc), its checker and the benchmarks read it.
+#pragma once
+
+#include "ddp.h"
+#include "tensorplay/train/stage_spec.h"
+
+namespace stage01 {
+
+inline tp::train::StageSpec<Options> stage_spec() {
+  tp::train::StageSpec<Options> spec;
+  spec.number = "01";
+  spec.title = "naive DDP, one all-reduce per parameter after backward";
+  spec.advice.where_sync = "in sync_grads()";
+  spec.advice.how_sync_runs = "by sync_grads() after loss.backward(), on every rank";
+  spec.flags = {{.name = "--no-broadcast-buffers",
+                 .help = "keep each rank's own buffers (try it with --model buffered)",
+                 .toggle = &Options::broadcast_buffers,
+                 .switch_to = false,
+                 // The reference must keep each rank's buffers too, or it would
+                 // disagree with a DDP that does what it is told.
+                 .plan = [](tp::train::RunConfig& config) {
+                   config.buffer_sync = tp::train::BufferSync::None;
+                 }}};
+  return spec;
+}
+
+}  // namespace stage01
