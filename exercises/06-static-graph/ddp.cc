@@ -82,11 +82,13 @@ void DistributedDataParallel::assign_buckets(const std::vector<int64_t>& order) 
   std::map<tp::Dtype, Open> open;  // the bucket being filled, per dtype
   locations_.resize(params_.size());
   auto close = [&](std::vector<int64_t> members) {
-    const tp::Dtype dtype = params_[static_cast<size_t>(members.front())].second.dtype();
+    const Tensor& first = params_[static_cast<size_t>(members.front())].second;
     int64_t numel = 0;
     for (int64_t p : members) numel += params_[static_cast<size_t>(p)].second.numel();
     Bucket bucket;
-    bucket.flat = tp::zeros({numel}, dtype);
+    // On the parameters' device: on a GPU the bucket is filled by the
+    // compute stream and all-reduced by the communication stream.
+    bucket.flat = tp::zeros({numel}, first.dtype(), first.device());
     int64_t offset = 0;
     for (int64_t p : members) {
       const Tensor& param = params_[static_cast<size_t>(p)].second;
