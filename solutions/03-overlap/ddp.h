@@ -69,9 +69,9 @@ class DistributedDataParallel {
  public:
   using Options = stage03::Options;
   // For the kit's trainer: gradients are averaged inside backward, by hooks;
-  // bucket_assignment() lists the buckets.
-  static constexpr tp::train::Capabilities capabilities{.syncs_in_backward = true,
-                                                        .buckets = true};
+  // bucket_assignment() lists the buckets; runs on CUDA tensors too.
+  static constexpr tp::train::Capabilities capabilities{
+      .syncs_in_backward = true, .buckets = true, .cuda = true};
 
   // Verifies that all ranks hold the same parameter shapes, broadcasts rank
   // 0's parameters (and buffers), assigns the buckets and registers the

@@ -132,7 +132,8 @@ void apply_launcher_environment(const std::string& stage, DemoArgs& args, bool w
 }  // namespace
 
 DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
-                         const std::vector<DemoFlag>& stage_flags) {
+                         const std::vector<DemoFlag>& stage_flags,
+                         const std::function<void(const RunConfig&)>& fits_stage) {
   g_stage_flags = &stage_flags;
   DemoArgs args;
   args.config.steps = 10;
@@ -248,6 +249,7 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
                                 args.config.world_size, ")"));
   }
   try {
+    if (fits_stage) fits_stage(args.config);  // first: a stage's limit holds on every machine
     validate(args.config);
     // Before the run, not after it: a run of minutes must not end in "cannot
     // write". A full disk can still show only when the file is written.

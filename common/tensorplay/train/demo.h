@@ -93,10 +93,11 @@ struct DemoSpec {
 };
 
 // Parses the flags above (defaults: 4 ranks, 10 steps) and the stage's own.
-// Prints usage and exits 2 on a bad flag or an unrunnable plan; exits 0 on
-// --help.
+// Prints usage and exits 2 on a bad flag or an unrunnable plan, including
+// one that `fits_stage` (when given) throws tp::Error for; exits 0 on --help.
 DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
-                         const std::vector<DemoFlag>& stage_flags = {});
+                         const std::vector<DemoFlag>& stage_flags = {},
+                         const std::function<void(const RunConfig&)>& fits_stage = {});
 // Prints the table and summary to stdout; writes JSON when asked. With
 // args.worker, `ranks` came from a worker (as_rank_result): no collective
 // counts are shown, and the verdict is check_workers'.
@@ -117,7 +118,10 @@ int demo_main(int argc, char** argv, const DemoSpec<typename D::Options>& spec) 
                        return std::string();
                      }});
   }
-  DemoArgs args = parse_demo_args(argc, argv, spec.stage, flags);
+  // A device the stage cannot train on is a usage error (exit 2).
+  DemoArgs args = parse_demo_args(argc, argv, spec.stage, flags, [](const RunConfig& config) {
+    check_device_fits_stage<D>(config.device);
+  });
   args.worker = use_worker;
   if (args.worker && args.config.trace) {
     std::fprintf(stderr, "demo %s: --trace needs the kit's trainer; drop --worker\n",
