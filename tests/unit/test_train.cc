@@ -968,7 +968,7 @@ struct CudaHookDDP : HookDDP<Launch::EachHook> {
 TEST_CASE("a stage without the cuda capability refuses device cuda, on any machine, before any rank") {
   RunConfig cuda_plan = small_config(2);
   cuda_plan.device = tp::Device{tp::DeviceType::CUDA, -1};
-  const std::string cpu_only = "tp::train: this stage runs on the CPU only (it does not declare "
+  const char* cpu_only = "tp::train: this stage runs on the CPU only (it does not declare "
                                "the cuda capability), so it cannot train on device cuda; stage 03 "
                                "is the stage that runs on CUDA";
   // Spawned, and launched: refused before the rendezvous (env:// with no
