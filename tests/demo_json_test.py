@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs a lesson demo with --json and checks the numbers it reports.
 
-    demo_json_test.py DEMO_EXE [--expect-worker]
+    demo_json_test.py DEMO_EXE [--expect-worker] [--runs-on-cuda]
 
 The JSON must list every rank at every step, agree with the printed table,
 and show DDP matching the reference within the tolerance it states. A second
@@ -10,6 +10,9 @@ per-micro-batch record: K losses per step on every rank, and all-reduces only
 on the micro-batch that syncs. The header names the seed mode of each run.
 A demo that offers --worker (lesson 01: the lesson's own rank worker) must
 give, through the worker, the same losses as through the kit's trainer.
+--device cuda on a stage without the cuda capability is a usage error
+(exit 2) that says which stage runs on CUDA, on any machine; a stage with it
+(--runs-on-cuda: stage 03) is not refused for that reason.
 """
 import json
 import os
@@ -19,6 +22,7 @@ import tempfile
 
 WORLD, STEPS = 3, 5
 EXPECT_WORKER = False  # --expect-worker: the demo must have --worker (lesson 01)
+RUNS_ON_CUDA = False  # --runs-on-cuda: the stage declares the cuda capability (stage 03)
 
 
 def fail(message):
@@ -110,6 +114,7 @@ def main(demo):
     check_write_errors(demo)
     check_diverging_reference(demo)
     check_launch_mistakes(demo)
+    check_cuda_refusal(demo)
 
 
 def check_worker(demo, trainer_data):
@@ -234,6 +239,27 @@ def check_accumulation(demo, k=3, steps=2):
     print(f"ok: K = {k} micro-batches per step recorded on every rank, all-reduces only on the last")
 
 
+def check_cuda_refusal(demo):
+    """A CPU-only stage refuses --device cuda before anything runs, and before
+    asking whether this machine has a GPU, so the answer is the same on every
+    machine. Stage 03 gets past that check (and then trains on a GPU, or
+    says this machine has none)."""
+    cpu_only = "this stage runs on the CPU only (it does not declare the cuda capability)"
+    run = subprocess.run([demo, "--device", "cuda", "--world-size", "1", "--steps", "1"],
+                         capture_output=True, text=True, timeout=240)
+    if RUNS_ON_CUDA:
+        if cpu_only in run.stderr:
+            fail(f"a stage that runs on CUDA refuses --device cuda as CPU-only: {run.stderr!r}")
+        print("ok: --device cuda is not refused as CPU-only by a stage that runs on CUDA")
+        return
+    stage = os.path.basename(demo).split("_")[1]  # demo_04 -> 04
+    if run.returncode != 2 or f"demo {stage}: tp::train: {cpu_only}" not in run.stderr or \
+            "stage 03 is the stage that runs on CUDA" not in run.stderr or "verdict" in run.stdout:
+        fail(f"--device cuda on a CPU-only stage: exit {run.returncode}, stderr: {run.stderr!r}")
+    print("ok: --device cuda on a CPU-only stage is a usage error naming the stage that runs on CUDA")
+
+
 if __name__ == "__main__":
     EXPECT_WORKER = "--expect-worker" in sys.argv[2:]
+    RUNS_ON_CUDA = "--runs-on-cuda" in sys.argv[2:]
     main(sys.argv[1])

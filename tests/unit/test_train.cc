@@ -965,6 +965,34 @@ TEST_CASE("the overlap check tells a DDP that overlaps from two that only look l
                   "gradient 2 was computed") != std::string::npos);
 }
 
+namespace {
+
+// HookDDP with the cuda capability: the device check lets it through.
+struct CudaHookDDP : HookDDP<Launch::EachHook> {
+  using HookDDP::HookDDP;
+  static constexpr train::Capabilities capabilities{.syncs_in_backward = true, .cuda = true};
+};
+
+}  // namespace
+
+TEST_CASE("a stage without the cuda capability refuses device cuda, on any machine, before any rank") {
+  RunConfig cuda_plan = small_config(2);
+  cuda_plan.device = tp::Device{tp::DeviceType::CUDA, -1};
+  const char* cpu_only = "tp::train: this stage runs on the CPU only (it does not declare "
+                               "the cuda capability), so it cannot train on device cuda; stage 03 "
+                               "is the stage that runs on CUDA";
+  // Spawned, and launched: refused before the rendezvous (env:// with no
+  // MASTER_ADDR would fail otherwise, with another message).
+  CHECK_THROWS_WITH_AS(train::run_ddp<HookDDP<Launch::EachHook>>(cuda_plan), Contains(cpu_only),
+                       tp::Error);
+  CHECK_THROWS_WITH_AS(train::run_launched_rank<HookDDP<Launch::EachHook>>(cuda_plan, {}, "env://"),
+                       Contains(cpu_only), tp::Error);
+  CHECK_NOTHROW(train::check_device_fits_stage<HookDDP<Launch::EachHook>>(tp::kCPU));
+  // A stage that declares cuda passes this check (whether this machine has
+  // a GPU is validate()'s question, asked next).
+  CHECK_NOTHROW(train::check_device_fits_stage<CudaHookDDP>(cuda_plan.device));
+}
+
 TEST_CASE("launches before the first wait: back to back passes, one at a time is flagged") {
   auto wait = [](int64_t seq, uint64_t begin, uint64_t end) {
     tp::trace::Event e = span("wait", begin, end);

@@ -176,7 +176,8 @@ void apply_launcher_environment(const std::string& stage, DemoArgs& args, bool w
 // in "cannot write" (a full disk can still show only when the file is
 // written). Launched, only rank 0 writes them (another host may not have
 // the path).
-void check_plan(const std::string& stage, const DemoArgs& args) {
+void check_plan(const std::string& stage, const DemoArgs& args,
+                const std::function<void(const RunConfig&)>& fits_stage) {
   const RunConfig& config = args.config;
   if (!config.batches_per_rank.empty() &&
       config.batches_per_rank.size() != static_cast<size_t>(config.world_size)) {
@@ -185,6 +186,7 @@ void check_plan(const std::string& stage, const DemoArgs& args) {
                                    ")"));
   }
   try {
+    if (fits_stage) fits_stage(config);  // first: a stage's limit holds on every machine
     validate(config);
     const char* launched_rank = std::getenv("RANK");
     const bool writes = args.init_method.empty() || launched_rank == nullptr ||
@@ -200,7 +202,8 @@ void check_plan(const std::string& stage, const DemoArgs& args) {
 
 DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
                          const std::string& title, const std::vector<BoundFlag>& stage_flags,
-                         bool offers_worker) {
+                         bool offers_worker,
+                         const std::function<void(const RunConfig&)>& fits_stage) {
   DemoArgs args;
   RunConfig& config = args.config;
   config.steps = 10;
@@ -318,7 +321,7 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
   config.collective_timeout = std::chrono::milliseconds(timeout_ms);
   config.trace = !args.trace_path.empty();
   apply_launcher_environment(stage, args, app.count("--world-size") > 0);
-  check_plan(stage, args);
+  check_plan(stage, args, fits_stage);
   return args;
 }
 

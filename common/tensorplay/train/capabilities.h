@@ -38,6 +38,12 @@ struct Capabilities {
   // (named_parameters() order) of each bucket, in bucket order, as
   // std::vector<std::vector<int64_t>>, so checkers can check the rule.
   bool buckets = false;
+  // Stage 03: trains on CUDA tensors (RunConfig::device cuda, `--device
+  // cuda`). No member: the DDP keeps every tensor it allocates (its buckets)
+  // on the parameters' device, and touches tensor memory only through ops
+  // and the process group, never through data_ptr<>() on the host. Without
+  // it, the trainer refuses a CUDA plan before starting any rank.
+  bool cuda = false;
 };
 
 }  // namespace tp::train

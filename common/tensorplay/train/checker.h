@@ -46,6 +46,8 @@
 //     the report says so; so is checker mode (a race on a CUDA tensor is
 //     not caught on every run). Without a usable GPU it prints why and returns 77,
 //     the exit code test harnesses count as "skipped": nothing was judged.
+//     A stage without the cuda capability (capabilities.h) is refused first,
+//     on every machine, as a usage error: exit 2.
 //   - `--init-method URL` (env://, tcp://, redis://): one process per rank,
 //     started by a launcher (tprun). The processes form one group (RANK and
 //     WORLD_SIZE from the environment) and run the cases whose world size is
@@ -335,6 +337,14 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
   if (run.only >= static_cast<int>(n_cases + n_scenarios + n_workers)) {
     std::fprintf(stderr, "checker: --only %d: there are %zu cases, scenarios and worker cases "
                  "(see --list)\n", run.only, n_cases + n_scenarios + n_workers);
+    return 2;
+  }
+  // Before asking for a GPU: a CPU-only stage is a usage error everywhere.
+  try {
+    check_device_fits_stage<D>(run.device);
+  } catch (const Error& error) {
+    std::fprintf(stderr, "checker: stage %s: --device cuda: %s\n", spec.stage.number.c_str(),
+                 error.what());
     return 2;
   }
   if (run.device != kCPU && !cuda::is_available()) {

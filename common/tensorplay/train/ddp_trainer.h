@@ -18,10 +18,11 @@
 //     its model on the CPU from the seed and moves it there, and copies its
 //     batches there; the group is NCCL or Gloo staging CUDA tensors
 //     (resolved_backend). Results are CPU values, as on the CPU.
-//   - A plan the stage cannot run (accumulation without no_sync for a stage
-//     that syncs inside backward, uneven inputs without join, parameters
-//     without gradients without unused_parameters) throws tp::Error saying
-//     which capability is missing, before any rank starts.
+//   - A plan the stage cannot run (device cuda without cuda, accumulation
+//     without no_sync for a stage that syncs inside backward, uneven inputs
+//     without join, parameters without gradients without unused_parameters)
+//     throws tp::Error saying which capability is missing, before any rank
+//     starts.
 //   - A rank's exception or hang comes back as tp::multiprocessing::SpawnError
 //     naming the rank (and, for a hang, the collective it waits in).
 //   - run_launched_rank() is the other way to run a job: a launcher (tprun)
@@ -85,9 +86,22 @@ std::shared_ptr<distributed::ProcessGroup> make_rank_group(const RunConfig& conf
                                                            const std::string& rendezvous_dir,
                                                            int rank);
 
+// Throws tp::Error when stage D cannot train on `device`: CUDA without the
+// cuda capability. Needs no GPU, so a CPU-only stage is refused the same way
+// on every machine, before the question of whether this one has a GPU.
+template <DataParallelModel D>
+void check_device_fits_stage(const Device& device) {
+  if (device.type == DeviceType::CUDA && !D::capabilities.cuda) {
+    TP_THROW(Error, "tp::train: this stage runs on the CPU only (it does not declare the cuda "
+             "capability), so it cannot train on device cuda; stage 03 is the stage that runs "
+             "on CUDA (./kit demo 03 --device cuda, ./kit gpu-check)");
+  }
+}
+
 // Throws tp::Error when stage D cannot run this plan (see the contract).
 template <DataParallelModel D>
 void check_plan_fits_stage(const RunConfig& config) {
+  check_device_fits_stage<D>(config.device);
   validate(config);
   constexpr Capabilities caps = D::capabilities;
   if (config.micro_batches > 1 && caps.syncs_in_backward && !caps.no_sync) {

@@ -58,10 +58,12 @@ struct DemoArgs {
 
 // Parses the shared flags and the stage's own (defaults: 4 ranks, 10
 // steps); `offers_worker` adds --worker. Prints the error and exits 2 on a
-// bad flag or an unrunnable plan; prints usage and exits 0 on --help.
+// bad flag or an unrunnable plan, including one that `fits_stage` (when
+// given) throws tp::Error for; prints usage and exits 0 on --help.
 DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
                          const std::string& title, const std::vector<BoundFlag>& stage_flags,
-                         bool offers_worker);
+                         bool offers_worker,
+                         const std::function<void(const RunConfig&)>& fits_stage = {});
 // Prints the table and summary to stdout; writes JSON when asked. With
 // args.worker, `ranks` came from a worker (as_rank_result): no collective
 // counts are shown, and the verdict is check_workers'.
@@ -78,7 +80,11 @@ int demo_main(int argc, char** argv, const StageSpec<typename D::Options>& spec,
               const RankWorker<typename D::Options>& worker = {}) {
   typename D::Options options{};
   const std::vector<BoundFlag> flags = bind_flags(spec.flags, options);
-  DemoArgs args = parse_demo_args(argc, argv, spec.number, spec.title, flags, bool(worker));
+  // A device the stage cannot train on is a usage error (exit 2).
+  DemoArgs args = parse_demo_args(argc, argv, spec.number, spec.title, flags, bool(worker),
+                                  [](const RunConfig& config) {
+                                    check_device_fits_stage<D>(config.device);
+                                  });
   if (args.worker && args.config.trace) {
     std::fprintf(stderr, "demo %s: --trace needs the kit's trainer; drop --worker\n",
                  spec.number.c_str());
