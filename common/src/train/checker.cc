@@ -1,13 +1,13 @@
 // The non-template half of the stage checker (see checker.h).
 #include "tensorplay/train/checker.h"
 
-#include <CLI/CLI.hpp>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 
+#include "command_line.h"
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/error.h"
 #include "tensorplay/util/temp_dir.h"
@@ -48,37 +48,22 @@ CheckerRun parse_checker_args(int argc, char** argv) {
   CLI::App app("A stage's checker: trains it against the reference in every case, then runs "
                "its scenarios, and explains the first failure.",
                argc > 0 ? argv[0] : "checker");
-  app.get_formatter()->column_width(34);
   app.add_flag("--list", run.list, "list the cases, scenarios and worker cases, numbered");
   app.add_option("--only", run.only, "run that one alone (a number from --list)")
       ->type_name("N")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::whole_number(0, INT_MAX));
   app.add_option("--repeat", run.repeat, "run the whole check N times; stop at the first miss")
       ->type_name("N")
-      ->check(CLI::Range(1, 1000));
+      ->check(cli::whole_number(1, 1000));
   app.add_option("--expect-fail", run.expect_file,
                  "a planted bug's mutant file: the check must fail with its expect: lines")
       ->type_name("MUTANT_FILE");
   app.add_option("--init-method", run.init_method,
                  "one rank of a job a launcher started (env://, tcp://, redis://)")
       ->type_name("URL");
-  app.add_option_function<std::string>(
-         "--device",
-         [&run](const std::string& device) {
-           run.device = device == "cuda" ? Device{DeviceType::CUDA, -1} : kCPU;
-         },
-         "where every case's ranks train (cpu or cuda)")
-      ->type_name("NAME")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s\n", app.help().c_str());
-    std::exit(0);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "checker: %s\n(--help lists every flag)\n", e.what());
-    std::exit(2);
-  }
+  cli::add_choice<Device>(app, "--device", "where every case's ranks train (default cpu)",
+                          {{"cpu", kCPU}, {"cuda", Device{DeviceType::CUDA, -1}}}, run.device);
+  cli::parse_or_exit(app, argc, argv, "checker");
   if (const std::string mistake = launch_mistake("the checker", run.init_method); !mistake.empty()) {
     std::fprintf(stderr, "checker: %s\n", mistake.c_str());
     std::exit(2);

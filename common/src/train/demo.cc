@@ -3,7 +3,6 @@
 // demo.h.
 #include "tensorplay/train/demo.h"
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -11,11 +10,18 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "command_line.h"
 #include "tensorplay/trace.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/util/file.h"
 
 namespace tp::train {
+
+using cli::add_choice;
+using cli::number_in;
+using cli::split_commas;
+using cli::whole_number;
+using cli::whole_numbers;
 
 namespace {
 
@@ -26,125 +32,6 @@ namespace {
   std::fprintf(stderr, "demo %s: %s\n(--help lists every flag)\n", stage.c_str(),
                problem.c_str());
   std::exit(2);
-}
-
-// Validators. Each returns "" or what is wrong with the text; CLI11 puts
-// the flag's name in front ("--steps: expects a whole number ...").
-CLI::Validator whole_number(int64_t low, int64_t high) {
-  return CLI::Validator(
-      [low, high](std::string& text) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(text.c_str(), &end);
-        if (text.empty() || *end != '\0' || !std::isfinite(v) || v != std::floor(v) ||
-            v < static_cast<double>(low) || v > static_cast<double>(high)) {
-          return detail::cat("expects a whole number from ", low, " to ", high, ", got '", text,
-                             "'");
-        }
-        return "";
-      },
-      "");
-}
-
-std::vector<std::string> split_commas(const std::string& list) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    out.push_back(list.substr(start, comma - start));
-    start = comma + 1;
-  }
-  return out;
-}
-
-// A comma-separated list of whole numbers, each in [low, high].
-CLI::Validator whole_numbers(int64_t low, int64_t high) {
-  return CLI::Validator(
-      [low, high](std::string& list) -> std::string {
-        for (std::string count : split_commas(list)) {
-          if (const std::string problem = whole_number(low, high)(count); !problem.empty()) {
-            return problem + " in '" + list + "'";
-          }
-        }
-        return "";
-      },
-      "");
-}
-
-// A finite number in [low, high] (`low_open`: above low, not equal to it).
-CLI::Validator number_in(double low, double high, bool low_open = false) {
-  return CLI::Validator(
-      [=](std::string& text) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(text.c_str(), &end);
-        const bool above_low = low_open ? v > low : v >= low;
-        if (text.empty() || *end != '\0' || !std::isfinite(v) || !above_low || v > high) {
-          if (low_open && std::isinf(high)) {
-            return detail::cat("expects a number above ", low, ", got '", text, "'");
-          }
-          if (std::isinf(high)) return detail::cat("expects a number from ", low, ", got '", text, "'");
-          return detail::cat("expects a number from ", low, " to ", high, ", got '", text, "'");
-        }
-        return "";
-      },
-      "");
-}
-
-// A flag whose value is one of a few names, each standing for a value of
-// type T: the names list is the one place they are spelled.
-template <typename T>
-void add_choice(CLI::App& app, const std::string& name, const std::string& help,
-                std::vector<std::pair<std::string, T>> choices, T& target) {
-  std::vector<std::string> names;
-  for (const auto& choice : choices) names.push_back(choice.first);
-  std::string listed;  // "mini, branchy or deep"
-  for (size_t i = 0; i < names.size(); ++i) {
-    listed += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
-  }
-  app.add_option_function<std::string>(
-         name,
-         [&target, choices](const std::string& text) {
-           for (const auto& [n, value] : choices) {
-             if (n == text) target = value;
-           }
-         },
-         help + ": " + listed)
-      ->type_name("NAME")
-      ->check(CLI::Validator(
-          [names, listed](std::string& text) -> std::string {
-            if (std::find(names.begin(), names.end(), text) != names.end()) return "";
-            return "expects " + listed + ", got '" + text + "'";
-          },
-          ""));
-}
-
-// The known flag nearest to a mistyped one (edit distance), or "".
-std::string nearest_flag(const CLI::App& app, const std::string& typed) {
-  auto distance = [](const std::string& a, const std::string& b) {
-    std::vector<size_t> row(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      size_t diagonal = row[0];
-      row[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j) {
-        const size_t above = row[j];
-        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-        diagonal = above;
-      }
-    }
-    return row[b.size()];
-  };
-  std::string best;
-  size_t best_distance = 4;  // further than 3 edits is no suggestion
-  for (const CLI::Option* option : app.get_options()) {
-    for (const std::string& long_name : option->get_lnames()) {
-      const size_t d = distance(typed, "--" + long_name);
-      if (d < best_distance) {
-        best_distance = d;
-        best = "--" + long_name;
-      }
-    }
-  }
-  return best;
 }
 
 // One process per rank (demo.h): the world size comes from the launcher.
@@ -210,8 +97,6 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
   CLI::App app("Lesson " + stage + "'s demo: " + title +
                    ", next to the single-process reference trainer.",
                "./kit demo " + stage);
-  app.allow_extras();  // reported below, with a suggestion
-  app.get_formatter()->column_width(34);
 
   // The shared flags: every demo has them, in --help's groups.
   app.option_defaults()->group("The run");
@@ -303,21 +188,7 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
     }
   }
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s\n", app.help().c_str());
-    std::exit(0);
-  } catch (const CLI::ParseError& e) {
-    usage_error(stage, e.what());
-  }
-  if (const std::vector<std::string> extra = app.remaining(); !extra.empty()) {
-    const std::string& first = extra.front();
-    if (first.rfind("-", 0) != 0) usage_error(stage, "unexpected argument '" + first + "'");
-    const std::string near = nearest_flag(app, first.substr(0, first.find('=')));
-    usage_error(stage, "unknown flag '" + first + "'" +
-                           (near.empty() ? "" : "; did you mean " + near + "?"));
-  }
+  cli::parse_or_exit(app, argc, argv, "demo " + stage);
   config.collective_timeout = std::chrono::milliseconds(timeout_ms);
   config.trace = !args.trace_path.empty();
   apply_launcher_environment(stage, args, app.count("--world-size") > 0);
