@@ -385,7 +385,7 @@ TEST_CASE("TP_DISTRIBUTED_DEBUG accepts OFF, INFO and DETAIL, and names itself o
 
 // ---- mismatched collectives (issue: the 16-bit fingerprint collided) --------------
 
-// Note [Gloo tags] in process_group_gloo.cc: with a 16-bit fingerprint these
+// Note [Gloo tags] in collective_fingerprint.cc: with a 16-bit fingerprint these
 // pairs shared their tag, so SUM against MAX of 59069 float32 elements
 // "succeeded" with a mix of sums and maxima, and 4 against 86007 elements
 // paired up and failed inside Gloo. Now each pair has different tags: the

@@ -15,7 +15,7 @@
 //     by work queued after it on the waiting thread's current stream (the
 //     host: after synchronising that stream, as cpu() does).
 //   - A process group may attach a check to run at the first wait() (checker
-//     mode: Note [In-flight writes] in process_group_gloo.cc); what it throws,
+//     mode: Note [In-flight writes] in in_flight_writes.cc); what it throws,
 //     that wait() and every later one rethrow. It may also attach a hook run
 //     by every wait() that returns normally (set_on_wait): the Gloo group's
 //     staged CUDA tensors make the caller's current CUDA stream wait there
