@@ -1,5 +1,5 @@
 // The gloo backend with CUDA tensors, staged through host memory (Note
-// [Staging CUDA tensors] in process_group_gloo.cc): several ranks on one
+// [Staging CUDA tensors] in gloo_cuda_staging.cc): several ranks on one
 // GPU, which NCCL cannot do. Needs a CUDA device (skips with exit code 77
 // otherwise). Every case runs in spawned ranks: Note [No CUDA in the
 // parent] in cuda_test_util.h.

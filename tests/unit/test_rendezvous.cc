@@ -1,5 +1,5 @@
 // Rendezvous beyond file://: the TCPStore, env:// and tcp:// on loopback at
-// world sizes 1 to 4, bad input (missing variables, a port in use, a master
+// world sizes 1 to 4, a second group from make_process_group, bad input (missing variables, a port in use, a master
 // nobody answers for, world sizes that disagree, a rank claimed twice, a rank
 // that never arrives), the widened tag fingerprint and the debug mode that
 // compares every collective.
@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -185,6 +186,38 @@ TEST_CASE("tcp://HOST:PORT is env:// with the address inline, at world sizes 1 t
   }
 }
 
+TEST_CASE("make_process_group hands each rank a group of its own beside the default one") {
+  const std::string method = "tcp://localhost:" + std::to_string(free_port());
+  const tp::TempDir second_dir;
+  spawn_ranks(3, [&](int rank) {
+    dist::init_process_group("gloo", rank, 3, method, kTimeout);
+    const std::shared_ptr<dist::ProcessGroup> second =
+        dist::make_process_group("gloo", rank, 3, second_dir.file_init_method(), {kTimeout});
+    TP_CHECK_EQ(second->rank(), rank, "the second group's rank");
+    // 1 + 2 + 3 on the second group, then the same on the default one.
+    tp::Tensor t = tp::full({3}, rank + 1.0);
+    second->allreduce(t)->wait();
+    const double sum = t.to_vector()[0];
+    TP_CHECK_EQ(sum, 6.0, "allreduce SUM on the second group");
+    check_sum(rank, 3);
+    dist::destroy_process_group();
+  });
+}
+
+TEST_CASE("make_process_group checks its input as init_process_group does, naming itself") {
+  const tp::TempDir dir;
+  CHECK_THROWS_WITH_AS(dist::make_process_group("mpi", 0, 1, dir.file_init_method()),
+                       "tp::distributed::make_process_group: rank 0: unknown backend 'mpi'; "
+                       "supported backends: gloo and nccl (CUDA tensors, one GPU per rank, in "
+                       "a build with NCCL)",
+                       tp::DistributedError);
+  CHECK_THROWS_WITH_AS(dist::make_process_group("gloo", 2, 2, dir.file_init_method()),
+                       "tp::distributed::make_process_group: rank 2 is out of range for "
+                       "world_size 2; pass a rank in 0 .. 1",
+                       tp::DistributedError);
+  CHECK_FALSE(dist::is_initialized());  // a group made here is never the default
+}
+
 TEST_CASE("every collective runs under TP_DISTRIBUTED_DEBUG=DETAIL when the ranks agree") {
   const int port = free_port();
   spawn_ranks(3, [&](int rank) {
@@ -352,7 +385,7 @@ TEST_CASE("TP_DISTRIBUTED_DEBUG accepts OFF, INFO and DETAIL, and names itself o
 
 // ---- mismatched collectives (issue: the 16-bit fingerprint collided) --------------
 
-// Note [Gloo tags] in process_group_gloo.cc: with a 16-bit fingerprint these
+// Note [Gloo tags] in collective_fingerprint.cc: with a 16-bit fingerprint these
 // pairs shared their tag, so SUM against MAX of 59069 float32 elements
 // "succeeded" with a mix of sums and maxima, and 4 against 86007 elements
 // paired up and failed inside Gloo. Now each pair has different tags: the

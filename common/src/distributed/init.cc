@@ -1,18 +1,21 @@
-// torch.distributed-style free functions over one default process group.
+// torch.distributed-style free functions: make_process_group, and one
+// default process group built by it.
 //
-// init_process_group checks everything it can on its own (a second init,
-// world size, rank, backend, init method and its environment variables, the
-// rendezvous directory) before any rank waits on another, so bad input is an
-// error at once, never a hang. What only the ranks together can check (a
-// rank missing, two ranks with one rank number, world sizes that disagree)
-// is the rendezvous's job (ProcessGroupGloo, ProcessGroupNCCL), bounded by
-// the timeout. Backend "nccl" is built by nccl_backend.h's make_nccl_group,
+// make_process_group (and so init_process_group) checks everything it can
+// on its own (world size, rank, backend, init method and its environment
+// variables, the rendezvous directory; init_process_group also a second
+// init) before any rank waits on another, so bad input is an error at once,
+// never a hang. What only the ranks together can check (a rank missing, two
+// ranks with one rank number, world sizes that disagree) is the
+// rendezvous's job (ProcessGroupGloo, ProcessGroupNCCL), bounded by the
+// timeout. Backend "nccl" is built by nccl_backend.h's make_nccl_group,
 // which a build without NCCL replaces by a stand-in that says why not.
 #include "tensorplay/distributed/init.h"
 
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "dir_store.h"
@@ -54,10 +57,10 @@ struct InitMethod {
 };
 
 // The value of environment variable `name`; an error naming it when unset.
-std::string env_value(const char* name, int rank, const std::string& why) {
+std::string env_value(const char* who, const char* name, int rank, const std::string& why) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') {
-    TP_THROW(DistributedError, kInit, rank >= 0 ? cat(": rank ", rank) : std::string(), ": ",
+    TP_THROW(DistributedError, who, rank >= 0 ? cat(": rank ", rank) : std::string(), ": ",
              why, " reads ", name,
              " from the environment, but it is not set; set ", name,
              " on every rank, or start the job with tprun, which sets MASTER_ADDR, "
@@ -67,12 +70,13 @@ std::string env_value(const char* name, int rank, const std::string& why) {
 }
 
 // `text` as a whole number in [low, high]; an error naming `what` otherwise.
-int parse_int(const std::string& text, int low, int high, const std::string& what, int rank) {
+int parse_int(const char* who, const std::string& text, int low, int high, const std::string& what,
+              int rank) {
   char* end = nullptr;
   errno = 0;
   const long v = std::strtol(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || errno != 0 || v < low || v > high) {
-    TP_THROW(DistributedError, kInit, rank >= 0 ? cat(": rank ", rank) : std::string(), ": ",
+    TP_THROW(DistributedError, who, rank >= 0 ? cat(": rank ", rank) : std::string(), ": ",
              what, "='", text,
              "' is not a whole number from ", low, " to ", high);
   }
@@ -80,11 +84,11 @@ int parse_int(const std::string& text, int low, int high, const std::string& wha
 }
 
 // "host:port" or "[v6 address]:port" -> host, port.
-void split_host_port(const std::string& text, const std::string& init_method, int rank,
-                     std::string& host, int& port) {
+void split_host_port(const char* who, const std::string& text, const std::string& init_method,
+                     int rank, std::string& host, int& port) {
   const std::size_t colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
-    TP_THROW(DistributedError, kInit, ": rank ", rank, ": init_method '", init_method,
+    TP_THROW(DistributedError, who, ": rank ", rank, ": init_method '", init_method,
              "' names no host and port; pass ", init_method.substr(0, init_method.find("//") + 2),
              "HOST:PORT");
   }
@@ -92,15 +96,16 @@ void split_host_port(const std::string& text, const std::string& init_method, in
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  port = parse_int(text.substr(colon + 1), 1, 65535, "the port of '" + init_method + "'", rank);
+  port = parse_int(who, text.substr(colon + 1), 1, 65535, "the port of '" + init_method + "'",
+                   rank);
 }
 
-InitMethod parse_init_method(const std::string& init_method, int rank) {
+InitMethod parse_init_method(const char* who, const std::string& init_method, int rank) {
   InitMethod m;
   if (starts_with(init_method, "file://")) {
     m.dir = init_method.substr(7);
     if (m.dir.empty()) {
-      TP_THROW(DistributedError, kInit, ": rank ", rank, ": init_method '", init_method,
+      TP_THROW(DistributedError, who, ": rank ", rank, ": init_method '", init_method,
                "' names no directory; pass file://DIR, for example "
                "tp::TempDir().file_init_method()");
     }
@@ -108,15 +113,15 @@ InitMethod parse_init_method(const std::string& init_method, int rank) {
   }
   if (init_method == "env://") {
     m.scheme = InitMethod::Scheme::Env;
-    m.host = env_value("MASTER_ADDR", rank, "env://");
-    const std::string port = env_value("MASTER_PORT", rank, "env://");
-    m.port = parse_int(port, 1, 65535, "MASTER_PORT", rank);
+    m.host = env_value(who, "MASTER_ADDR", rank, "env://");
+    const std::string port = env_value(who, "MASTER_PORT", rank, "env://");
+    m.port = parse_int(who, port, 1, 65535, "MASTER_PORT", rank);
     m.origin = cat("env:// with MASTER_ADDR=", m.host, ", MASTER_PORT=", port);
     return m;
   }
   if (starts_with(init_method, "tcp://")) {  // env:// with the address inline
     m.scheme = InitMethod::Scheme::Env;
-    split_host_port(init_method.substr(6), init_method, rank, m.host, m.port);
+    split_host_port(who, init_method.substr(6), init_method, rank, m.host, m.port);
     m.origin = init_method;
     m.host_what = "the host of " + init_method;
     return m;
@@ -129,11 +134,11 @@ InitMethod parse_init_method(const std::string& init_method, int rank) {
       m.job_id = rest.substr(slash + 1);
       rest = rest.substr(0, slash);
     }
-    split_host_port(rest, init_method, rank, m.host, m.port);
+    split_host_port(who, rest, init_method, rank, m.host, m.port);
     if (m.job_id.empty()) {
       const char* job = std::getenv("TP_JOB_ID");
       if (job == nullptr || *job == '\0') {
-        TP_THROW(DistributedError, kInit, ": rank ", rank, ": init_method '", init_method,
+        TP_THROW(DistributedError, who, ": rank ", rank, ": init_method '", init_method,
                  "' names no job id, and TP_JOB_ID is not set; jobs that share a "
                  "redis-server need one each, so their keys never mix: pass "
                  "redis://HOST:PORT/JOB or set TP_JOB_ID (tprun sets it from --job-id)");
@@ -144,7 +149,7 @@ InitMethod parse_init_method(const std::string& init_method, int rank) {
     m.host_what = "the host of " + init_method;
     return m;
   }
-  TP_THROW(DistributedError, kInit, ": rank ", rank, ": unknown init_method '", init_method,
+  TP_THROW(DistributedError, who, ": rank ", rank, ": unknown init_method '", init_method,
            "'; supported: file://DIR (one machine), env:// (MASTER_ADDR, MASTER_PORT, "
            "RANK, WORLD_SIZE), tcp://HOST:PORT and redis://HOST:PORT[/JOB]");
 }
@@ -164,57 +169,55 @@ auto with_context(const std::string& context, const std::string& fix, Make make)
   }
 }
 
-}  // namespace
-
-void init_process_group(const std::string& backend, int rank, int world_size,
-                        const std::string& init_method, std::chrono::milliseconds timeout) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_default) {
-    TP_THROW(DistributedError, kInit, ": the default process group is already initialized "
-             "(rank ", g_default->rank(), " of ", g_default->size(), ", backend ",
-             g_default->backend_name(), "); call destroy_process_group() first");
-  }
+// make_process_group's work, with errors naming `who`: the function the
+// caller called (init_process_group or make_process_group).
+std::shared_ptr<ProcessGroup> build_group(const char* who, const std::string& backend, int rank,
+                                          int world_size, const std::string& init_method,
+                                          const GroupOptions& group_options) {
   // torch.distributed's convention: -1 reads WORLD_SIZE and RANK (not for
   // file://, whose ranks are forked by spawn and told their rank).
   const bool from_env = !starts_with(init_method, "file://");
   if (world_size == kFromEnvironment && from_env) {
-    world_size = parse_int(env_value("WORLD_SIZE", rank, init_method), 1, 1 << 20,
+    world_size = parse_int(who, env_value(who, "WORLD_SIZE", rank, init_method), 1, 1 << 20,
                            "WORLD_SIZE", rank);
   }
   if (rank == kFromEnvironment && from_env) {
-    rank = parse_int(env_value("RANK", rank, init_method), 0, world_size - 1, "RANK", rank);
+    rank = parse_int(who, env_value(who, "RANK", rank, init_method), 0, world_size - 1, "RANK",
+                     rank);
   }
   if (world_size < 1) {
-    TP_THROW(DistributedError, kInit, ": world_size must be >= 1 (got ", world_size,
+    TP_THROW(DistributedError, who, ": world_size must be >= 1 (got ", world_size,
              "); pass the number of ranks in the job");
   }
   if (rank < 0 || rank >= world_size) {
-    TP_THROW(DistributedError, kInit, ": rank ", rank, " is out of range for world_size ",
+    TP_THROW(DistributedError, who, ": rank ", rank, " is out of range for world_size ",
              world_size, "; pass a rank in 0 .. ", world_size - 1);
   }
   const bool nccl = backend == "nccl";
   if (backend != "gloo" && !nccl) {
-    TP_THROW(DistributedError, kInit, ": rank ", rank, ": unknown backend '", backend,
+    TP_THROW(DistributedError, who, ": rank ", rank, ": unknown backend '", backend,
              "'; supported backends: gloo and nccl (CUDA tensors, one GPU per rank, in a "
              "build with NCCL)");
   }
   if (nccl) {
-    if (const std::string why = detail::nccl_unavailable_reason(); !why.empty()) {
-      TP_THROW(DistributedError, kInit, ": rank ", rank, ": backend 'nccl' is not available: ",
+    if (const std::string why = nccl_unavailable_reason(); !why.empty()) {
+      TP_THROW(DistributedError, who, ": rank ", rank, ": backend 'nccl' is not available: ",
                why, why.find("gloo") == std::string::npos
                         ? "; use backend \"gloo\" (it takes CPU tensors, and CUDA tensors "
                           "staged through host memory)"
                         : "");
     }
   }
+  const std::chrono::milliseconds timeout = group_options.timeout;
   if (timeout.count() <= 0) {
-    TP_THROW(DistributedError, kInit, ": rank ", rank, ": timeout must be positive (got ",
+    TP_THROW(DistributedError, who, ": rank ", rank, ": timeout must be positive (got ",
              timeout.count(), " ms)");
   }
-  const InitMethod method = parse_init_method(init_method, rank);
+  const InitMethod method = parse_init_method(who, init_method, rank);
   // PyTorch's TORCH_NCCL_BLOCKING_WAIT=1, or the kit's own name for it:
   // Work::wait() of the NCCL backend then blocks the host too.
-  const auto blocking_wait = [] {
+  const auto blocking_wait = [&] {
+    if (group_options.blocking_wait) return *group_options.blocking_wait;
     for (const char* name : {"TP_NCCL_BLOCKING_WAIT", "TORCH_NCCL_BLOCKING_WAIT"}) {
       const char* value = std::getenv(name);
       if (value != nullptr && std::string(value) == "1") return true;
@@ -223,20 +226,19 @@ void init_process_group(const std::string& backend, int rank, int world_size,
   };
   GlooOptions options;
   options.timeout = timeout;
+  options.check_in_flight_writes = group_options.check_in_flight_writes;
   if (method.scheme == InitMethod::Scheme::File) {
-    detail::prepare_rendezvous_dir(method.dir, rank, kInit);
+    detail::prepare_rendezvous_dir(method.dir, rank, who);
     if (nccl) {
       // NCCL needs a Store (for its ncclUniqueId); file:// has a directory,
       // which is one (dir_store.h).
-      g_default = with_context(cat(kInit, ": rank ", rank, " of ", world_size, ", ",
-                                   init_method, ": "), "", [&] {
+      return with_context(cat(who, ": rank ", rank, " of ", world_size, ", ", init_method, ": "),
+                          "", [&] {
         return detail::make_nccl_group(std::make_shared<detail::DirStore>(method.dir), rank,
                                        world_size, timeout, blocking_wait());
       });
-      return;
     }
-    g_default = std::make_shared<ProcessGroupGloo>(method.dir, rank, world_size, options);
-    return;
+    return std::make_shared<ProcessGroupGloo>(method.dir, rank, world_size, options);
   }
   if (!nccl) {
     // Note [Choosing the interface] (network.h). NCCL chooses its own
@@ -249,7 +251,7 @@ void init_process_group(const std::string& backend, int rank, int world_size,
           detail::local_address_towards(method.host, method.port, method.host_what);
     }
   }
-  const std::string context = cat(kInit, ": rank ", rank, " of ", world_size, ", ",
+  const std::string context = cat(who, ": rank ", rank, " of ", world_size, ", ",
                                   method.origin, ": ");
   std::shared_ptr<Store> store;
   if (method.scheme == InitMethod::Scheme::Env) {
@@ -267,14 +269,33 @@ void init_process_group(const std::string& backend, int rank, int world_size,
     });
   }
   if (nccl) {
-    g_default = with_context(context, "", [&] {
+    return with_context(context, "", [&] {
       return detail::make_nccl_group(store, rank, world_size, timeout, blocking_wait());
     });
-    return;
   }
-  g_default = with_context(context, "", [&] {
+  return with_context(context, "", [&]() -> std::shared_ptr<ProcessGroup> {
     return std::make_shared<ProcessGroupGloo>(store, rank, world_size, options);
   });
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend, int rank,
+                                                 int world_size, const std::string& init_method,
+                                                 const GroupOptions& options) {
+  return build_group("tp::distributed::make_process_group", backend, rank, world_size,
+                     init_method, options);
+}
+
+void init_process_group(const std::string& backend, int rank, int world_size,
+                        const std::string& init_method, std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_default) {
+    TP_THROW(DistributedError, kInit, ": the default process group is already initialized "
+             "(rank ", g_default->rank(), " of ", g_default->size(), ", backend ",
+             g_default->backend_name(), "); call destroy_process_group() first");
+  }
+  g_default = build_group(kInit, backend, rank, world_size, init_method, GroupOptions{timeout});
 }
 
 void init_process_group(const std::string& backend, const std::string& init_method,

@@ -1,6 +1,7 @@
-// Private to libtensorplay: what init_process_group needs of the NCCL
-// backend, defined by process_group_nccl.cc in a build with NCCL and by
-// no_nccl.cc otherwise, so init.cc compiles the same way in both.
+// Private to libtensorplay: what make_process_group needs of the NCCL
+// backend, beside the public nccl_unavailable_reason (init.h). Both are
+// defined by process_group_nccl.cc in a build with NCCL and by no_nccl.cc
+// otherwise, so init.cc compiles the same way in both.
 #pragma once
 
 #include <chrono>
@@ -12,13 +13,9 @@
 
 namespace tp::distributed::detail {
 
-// Empty when init_process_group("nccl", ...) can build a group here; else
-// why not: "tensorplay was built without NCCL (...)" or "no usable CUDA
-// device: ...".
-std::string nccl_unavailable_reason();
-
-// A ProcessGroupNCCL over `store`. REQUIRES: nccl_unavailable_reason() is
-// empty (otherwise throws tp::DistributedError with it).
+// A ProcessGroupNCCL over `store`. REQUIRES: nccl_unavailable_reason()
+// (init.h, defined beside this) is empty (otherwise throws
+// tp::DistributedError with it).
 std::shared_ptr<ProcessGroup> make_nccl_group(std::shared_ptr<Store> store, int rank, int size,
                                               std::chrono::milliseconds timeout,
                                               bool blocking_wait);

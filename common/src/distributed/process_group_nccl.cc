@@ -37,6 +37,7 @@
 #include "nccl_backend.h"
 #include "store_rendezvous.h"
 #include "tensorplay/cuda/runtime.h"
+#include "tensorplay/distributed/init.h"
 #include "tensorplay/error.h"
 #include "tensorplay/cuda/device_trace.h"
 #include "tensorplay/trace.h"
@@ -152,7 +153,7 @@ class NcclWork : public Work {
       Work::wait();  // blocks until the watchdog finished the work; rethrows
     } else {
       trace::Span span("wait", "comm", {{"seq", static_cast<int64_t>(seq())}});
-      report_waiting(true);  // progress to spawn's watch; nothing to wait for on the host
+      report_waiting(true);  // progress to the wait listener; nothing to wait for on the host
       report_waiting(false);
       if (std::exception_ptr error = error_if_finished()) std::rethrow_exception(error);
     }
@@ -728,9 +729,9 @@ std::shared_ptr<Work> ProcessGroupNCCL::barrier() {
   });
 }
 
-// ---- init_process_group's view --------------------------------------------------
+// ---- make_process_group's view --------------------------------------------------
 
-std::string detail::nccl_unavailable_reason() {
+std::string nccl_unavailable_reason() {
   return cuda::is_available() ? std::string() : cuda::unavailable_reason();
 }
 

@@ -3,29 +3,28 @@
 // number of threads may wait().
 #include "tensorplay/distributed/work.h"
 
-#include <string>
+#include <atomic>
 
-#include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/trace.h"
 
 namespace tp::distributed {
 
+namespace {
+
+// The process's wait listener; null until someone sets one (spawn, in the
+// ranks it forks). Atomic, because any thread may wait while it is set.
+std::atomic<WaitListener> g_wait_listener{nullptr};
+
+}  // namespace
+
+void set_wait_listener(WaitListener listener) {
+  g_wait_listener.store(listener, std::memory_order_release);
+}
+
 void Work::report_waiting(bool waiting) const {
-  if (multiprocessing::current_rank() < 0) return;
-  if (!waiting) {
-    multiprocessing::set_rank_waiting("");
-    return;
+  if (const WaitListener listener = g_wait_listener.load(std::memory_order_acquire)) {
+    listener(*this, waiting);
   }
-  // Shown by spawn when a job hangs or a collective times out: "rank 0
-  // (waiting in allreduce #3)" is the first clue to which collective a rank
-  // skipped. Set even when the work is done already: each wait is progress
-  // to spawn's watch (Note [Progress, not a deadline] in spawn.cc), and the
-  // collective becomes the rank's last.
-  std::string status = collective_ + " #" + std::to_string(seq_);
-  if (rank_ != multiprocessing::current_rank()) {
-    status += " (group rank " + std::to_string(rank_) + ")";  // a subgroup
-  }
-  multiprocessing::set_rank_waiting(status);
 }
 
 void Work::wait() {

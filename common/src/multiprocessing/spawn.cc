@@ -62,6 +62,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "tensorplay/distributed/work.h"
 #include "tensorplay/util/temp_dir.h"
 
 namespace tp::multiprocessing {
@@ -227,6 +228,24 @@ void reset_signal_handling() {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
 }
 
+// The wait listener of a spawned rank (distributed/work.h): every wait in a
+// collective is progress to the watch (Note [Progress, not a deadline]), and
+// while it lasts the board shows "allreduce #3", the first clue, when a job
+// hangs or a collective times out, to which collective a rank skipped. A
+// wait that finds the work done already counts too, and its collective
+// becomes the rank's last.
+void report_wait(const distributed::Work& work, bool waiting) {
+  if (!waiting) {
+    set_rank_waiting("");
+    return;
+  }
+  std::string status = work.collective() + " #" + std::to_string(work.seq());
+  if (work.rank() != g_current_rank) {
+    status += " (group rank " + std::to_string(work.rank()) + ")";  // a subgroup
+  }
+  set_rank_waiting(status);
+}
+
 // The body of a child process. Never returns: returning would continue the
 // parent's code (its main, its test runner) in the child.
 [[noreturn]] void run_child(const RankFn& fn, int rank, int report_fd,
@@ -241,6 +260,8 @@ void reset_signal_handling() {
   reset_signal_handling();
 
   g_current_rank = rank;
+  // Every wait in a collective shows on the status board (report_wait).
+  distributed::set_wait_listener(&report_wait);
   // Ranks share the machine's cores; one OpenBLAS thread each by default so
   // W ranks do not oversubscribe the CPU W times over.
   openblas_set_num_threads(options.blas_threads);

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
-#include "../distributed/nccl_backend.h"
 #include "tensorplay/cuda/runtime.h"
+#include "tensorplay/distributed/init.h"
 #include "tensorplay/error.h"
 
 namespace tp::train {
@@ -32,7 +32,7 @@ std::string to_string(Backend backend) {
 Backend resolved_backend(const RunConfig& config) {
   if (config.backend != Backend::Auto) return config.backend;
   if (config.device.type != DeviceType::CUDA) return Backend::Gloo;
-  return distributed::detail::nccl_unavailable_reason().empty() &&
+  return distributed::nccl_unavailable_reason().empty() &&
                  config.world_size <= cuda::device_count()
              ? Backend::NCCL
              : Backend::Gloo;
@@ -55,7 +55,7 @@ void validate_device(const RunConfig& config, const char* who) {
     TP_THROW(Error, who, ": backend nccl moves CUDA tensors only; train on device cuda, or "
              "use backend gloo on the CPU");
   }
-  if (const std::string why = distributed::detail::nccl_unavailable_reason(); !why.empty()) {
+  if (const std::string why = distributed::nccl_unavailable_reason(); !why.empty()) {
     TP_THROW(Error, who, ": backend nccl: ", why);
   }
   if (config.world_size > cuda::device_count()) {

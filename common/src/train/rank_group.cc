@@ -4,10 +4,8 @@
 #include <memory>
 #include <string>
 
-#include "../distributed/dir_store.h"
-#include "../distributed/nccl_backend.h"
 #include "tensorplay/cuda/runtime.h"
-#include "tensorplay/distributed/process_group_gloo.h"
+#include "tensorplay/distributed/init.h"
 #include "tensorplay/error.h"
 #include "tensorplay/train/ddp_trainer.h"
 
@@ -19,22 +17,18 @@ std::shared_ptr<distributed::ProcessGroup> make_rank_group(const RunConfig& conf
   if (config.device.type == DeviceType::CUDA) {
     cuda::set_device(device_for_rank(config, rank).index);
   }
-  switch (resolved_backend(config)) {
-    case Backend::NCCL:
-      // NCCL's rendezvous needs only a key-value store: the job's fresh
-      // directory serves as one. wait() does not block the host (PyTorch's
-      // default): a collective that never completes is failed by the group's
-      // watchdog after the timeout, and the next wait or collective throws.
-      return distributed::detail::make_nccl_group(
-          std::make_shared<distributed::detail::DirStore>(rendezvous_dir), rank,
-          config.world_size, config.collective_timeout, /*blocking_wait=*/false);
-    case Backend::Gloo:
-    case Backend::Auto:
-      break;
-  }
-  return std::make_shared<distributed::ProcessGroupGloo>(
-      rendezvous_dir, rank, config.world_size,
-      distributed::GlooOptions{config.collective_timeout, config.check_in_flight_writes});
+  distributed::GroupOptions options;
+  options.timeout = config.collective_timeout;
+  options.check_in_flight_writes = config.check_in_flight_writes;  // gloo only
+  // NCCL: wait() does not block the host (PyTorch's default), whatever the
+  // environment says: a collective that never completes is failed by the
+  // group's watchdog after the timeout, and the next wait or collective
+  // throws. (Its rendezvous needs only a key-value store: the job's fresh
+  // directory serves as one.)
+  options.blocking_wait = false;
+  // resolved_backend is never Auto: "gloo" or "nccl".
+  return distributed::make_process_group(to_string(resolved_backend(config)), rank,
+                                         config.world_size, "file://" + rendezvous_dir, options);
 }
 
 std::string launch_mistake(const std::string& program, const std::string& init_method) {

@@ -1,6 +1,16 @@
-// torch.distributed-style entry points: one default process group per process.
+// torch.distributed-style entry points: process groups built from a backend
+// name and an init method, and one default process group per process.
 //
 // Contract:
+//   - make_process_group(backend, rank, world_size, init_method, options)
+//     builds a group exactly as init_process_group builds the default one
+//     (everything said below of init_process_group holds for it, with
+//     GroupOptions::timeout as the timeout), but hands it to the caller,
+//     who owns it: dropping the last reference drains and joins it. It is
+//     not the default group, and the free functions below never see it.
+//     Errors name tp::distributed::make_process_group. Each call is a
+//     rendezvous of its own: every rank of the new group calls it, with
+//     its own fresh file:// directory, TCPStore port or redis job id.
 //   - init_process_group(backend, rank, world_size, init_method) creates the
 //     default group. backend: "gloo" (CPU tensors, and CUDA tensors staged
 //     through host memory) or "nccl" (CUDA tensors, one GPU per rank:
@@ -29,6 +39,8 @@
 //     fix, before any rank waits on another. A master that cannot be reached,
 //     ranks that disagree on the world size and ranks that never arrive are
 //     errors within `timeout` (Note [Rendezvous in a store]).
+//   - nccl_unavailable_reason() says, without building anything, whether
+//     backend "nccl" can run here (torch.distributed.is_nccl_available()).
 //   - TP_DISTRIBUTED_DEBUG=DETAIL turns on the group's collective
 //     fingerprint check (process_group_gloo.h).
 //   - destroy_process_group() drains and joins the default group; calling it
@@ -41,6 +53,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +63,31 @@ namespace tp::distributed {
 
 // rank or world_size: read RANK or WORLD_SIZE from the environment.
 inline constexpr int kFromEnvironment = -1;
+
+// What a group built by make_process_group may be told beyond its backend,
+// ranks and init method.
+struct GroupOptions {
+  // The deadline of the rendezvous and of every collective.
+  std::chrono::milliseconds timeout{30000};
+  // Backend "gloo": checker mode (GlooOptions::check_in_flight_writes in
+  // process_group_gloo.h). Ignored by "nccl".
+  bool check_in_flight_writes = false;
+  // Backend "nccl": whether wait() blocks the host (process_group_nccl.h).
+  // Unset: as init_process_group does, yes when TP_NCCL_BLOCKING_WAIT=1 or
+  // TORCH_NCCL_BLOCKING_WAIT=1, else no. Ignored by "gloo".
+  std::optional<bool> blocking_wait = std::nullopt;
+};
+
+// A new process group, owned by the caller (see the contract). REQUIRES:
+// as init_process_group.
+std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend, int rank,
+                                                 int world_size, const std::string& init_method,
+                                                 const GroupOptions& options = {});
+
+// Empty when make_process_group("nccl", ...) can build a group in this
+// process; else why not: "tensorplay was built without NCCL (...)" or "no
+// usable CUDA device: ...".
+std::string nccl_unavailable_reason();
 
 void init_process_group(const std::string& backend, int rank, int world_size,
                         const std::string& init_method,

@@ -27,7 +27,7 @@
 //     when they differ, every rank fails in that collective with a
 //     tp::DistributedError listing each rank's call. It costs one small
 //     all-gather per collective, and catches what the tag cannot
-//     (Note [Gloo tags] in process_group_gloo.cc).
+//     (Note [Gloo tags] in collective_fingerprint.cc).
 //   - ReduceOp::AVG is SUM followed by division by size() on this rank.
 //   - CUDA tensors (a build with CUDA) are staged through pinned host memory
 //     on a communication stream of the group's own: the collective reads the
@@ -39,7 +39,7 @@
 //     always in CUDA. The tensors of one collective are on one GPU (CPU
 //     tensors may be mixed in an all-gather). Several ranks may share one
 //     GPU, which NCCL cannot do (Note [Staging CUDA tensors] in
-//     process_group_gloo.cc).
+//     gloo_cuda_staging.cc).
 //   - Checker mode (GlooOptions::check_in_flight_writes): a tensor written
 //     while its all-reduce or broadcast is in flight is an error at wait(),
 //     every time, and a second all-reduce or broadcast issued on memory
@@ -72,7 +72,7 @@ struct GlooOptions {
   // launched twice, a wait() forgotten) is an error where it is issued. The
   // price: two copies of each such tensor, and the result lands in the
   // tensor only at wait() (Note [In-flight writes] in
-  // process_group_gloo.cc). The stage checkers turn it on.
+  // in_flight_writes.cc). The stage checkers turn it on.
   bool check_in_flight_writes = false;
   // The address this rank's Gloo pairs listen on and tell their peers
   // (store rendezvous only; file:// always uses 127.0.0.1).

@@ -15,11 +15,15 @@
 //     by work queued after it on the waiting thread's current stream (the
 //     host: after synchronising that stream, as cpu() does).
 //   - A process group may attach a check to run at the first wait() (checker
-//     mode: Note [In-flight writes] in process_group_gloo.cc); what it throws,
+//     mode: Note [In-flight writes] in in_flight_writes.cc); what it throws,
 //     that wait() and every later one rethrow. It may also attach a hook run
 //     by every wait() that returns normally (set_on_wait): the Gloo group's
 //     staged CUDA tensors make the caller's current CUDA stream wait there
 //     for the copy back (Note [Staging CUDA tensors]).
+//   - Every wait() tells the process's wait listener (set_wait_listener
+//     below) when it starts and stops waiting: spawn sets one in each rank it
+//     forks, to show which collective a rank waits in when a job hangs and to
+//     count each wait as progress. Without a listener this costs nothing.
 //   - wait() and is_completed() are virtual, for a group whose collectives
 //     complete on a device rather than on a host thread: ProcessGroupNCCL's
 //     work (process_group_nccl.h) returns from wait() once the caller's CUDA
@@ -52,6 +56,8 @@ class Work {
   const std::string& collective() const { return collective_; }
   // 1-based position of this collective in the group's issue order.
   uint64_t seq() const { return seq_; }
+  // The rank, in its group, of the process that issued the collective.
+  int rank() const { return rank_; }
 
   // Called once by the communication thread.
   void finish(std::exception_ptr error = nullptr);
@@ -71,8 +77,9 @@ class Work {
   // The collective's error if it finished with one; null while it runs and
   // once it succeeded. Never blocks.
   std::exception_ptr error_if_finished() const;
-  // Tells spawn's watch that this rank waited for the collective (progress,
-  // and "waiting in allreduce #3" while `waiting`); a no-op outside spawn.
+  // Tells the wait listener, if one is set, that a thread starts
+  // (`waiting`) or stops waiting for this collective. A subclass whose
+  // wait() does not block the host calls it too: each wait is progress.
   void report_waiting(bool waiting) const;
 
  private:
@@ -86,5 +93,17 @@ class Work {
   std::function<void()> on_first_wait_;  // guarded by mutex_; cleared by the wait() that runs it
   std::function<void()> on_wait_;        // guarded by mutex_; set once, before hand-out
 };
+
+// Who wants to know about waits: called by Work::wait() on the waiting
+// thread, with `waiting` true when the wait starts (even if the work is done
+// already: each wait is progress) and false when it ends, under the Work's
+// lock, so it must be quick and must not throw or wait on another Work.
+// distributed/ calls out through this pointer instead of calling its
+// watcher, so it depends on nothing above it (spawn's status board, say).
+using WaitListener = void (*)(const Work& work, bool waiting);
+// Sets the process's wait listener; nullptr (the default) removes it.
+// Thread-safe, but meant to be set once, before any collective: spawn sets
+// it in each rank it forks, before the rank's function runs.
+void set_wait_listener(WaitListener listener);
 
 }  // namespace tp::distributed

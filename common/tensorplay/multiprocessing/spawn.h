@@ -26,9 +26,10 @@
 //   - If no rank makes progress for SpawnOptions::timeout (a rank starting or
 //     finishing a wait in a collective, or ending), every rank is killed and
 //     SpawnError (rank -1, kind Timeout) says which ranks were still running
-//     and what each was doing (set_rank_waiting, which the process group calls
-//     around every collective wait). A job that keeps making progress runs as
-//     long as it needs.
+//     and what each was doing (set_rank_waiting, which each rank calls around
+//     every collective wait through the wait listener spawn sets in it:
+//     set_wait_listener in distributed/work.h). A job that keeps making
+//     progress runs as long as it needs.
 //   - SIGINT, SIGTERM or SIGHUP to the parent while spawn runs (Ctrl-C, kill):
 //     the ranks are killed, the process's TempDirs removed, and the signal
 //     re-raised, so the process ends by it (see Note [Interrupted jobs]).

@@ -80,8 +80,9 @@ concept DataParallelModel =
 
 // Rank `rank`'s process group for a job of `config` meeting in the fresh
 // directory `rendezvous_dir`: Gloo (with the plan's timeout and checker
-// mode) or NCCL, as resolved_backend(config) says. A CUDA rank selects its
-// GPU (device_for_rank) first.
+// mode) or NCCL, as resolved_backend(config) says, built by
+// distributed::make_process_group on file://rendezvous_dir. A CUDA rank
+// selects its GPU (device_for_rank) first.
 std::shared_ptr<distributed::ProcessGroup> make_rank_group(const RunConfig& config,
                                                            const std::string& rendezvous_dir,
                                                            int rank);

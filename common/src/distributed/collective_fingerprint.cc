@@ -1,0 +1,131 @@
+// What must agree between ranks for one collective of ProcessGroupGloo, in
+// its Gloo tag (make_tag) and, in debug mode, compared whole (compare_calls):
+// collective_fingerprint.h.
+#include "collective_fingerprint.h"
+
+#include <gloo/allgather.h>
+
+#include <array>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tensorplay/distributed/process_group.h"
+#include "tensorplay/error.h"
+#include "tensorplay/tensor.h"
+
+namespace tp::distributed::detail {
+
+using std::chrono::milliseconds;
+using tp::detail::cat;
+
+constexpr const char* kWho = "tp::distributed::ProcessGroupGloo";
+
+// Note [Gloo tags]
+// Every Gloo operation carries a 32-bit tag; messages only meet messages
+// with the same tag (and the same kind of operation). The low 8 bits are the
+// sequence number, so consecutive collectives never mix: collectives run one
+// at a time in issue order, and none completes on a rank before every peer
+// has posted its part (Gloo's TCP transport sends only into a receive the
+// peer has posted, even for a broadcast's root), so two ranks are never more
+// than one collective apart, and 8 bits leave a margin of 254.
+// The high 24 bits are a fingerprint of what must agree between ranks
+// (element count, dtype, reduce op, root). Without it, a rank that
+// all-reduces 3 elements while another all-reduces 4 can "succeed" with a
+// wrong result and fail only in a later collective; with it, the two never
+// pair up and the mismatched collective itself times out with a message
+// naming it. A fingerprint is a hash, so two different collectives at the
+// same position share it with probability 2^-24 (about 6e-8, one in 16.8
+// million, for a well-mixed hash); then the mismatch goes unnoticed by the
+// tag, as SUM against MAX of 59069 float32 elements did with the 16-bit
+// fingerprint this replaced. TP_DISTRIBUTED_DEBUG=DETAIL closes that gap:
+// every rank's fingerprint is compared in full before each collective
+// (Note [Collective fingerprints]).
+// Sequence number 0 is no collective's: the constructor's connect barrier
+// (Note [Rendezvous in two steps]) uses tag make_tag(0, {}).
+constexpr int kSeqBits = 8;
+
+uint32_t make_tag(uint64_t seq, std::initializer_list<uint64_t> must_agree) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (uint64_t v : must_agree) {
+    for (int byte = 0; byte < 8; ++byte) {
+      h ^= (v >> (8 * byte)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  // Fold all 64 bits into the 24 the tag has room for.
+  constexpr uint64_t kFingerprintMask = (uint64_t{1} << (32 - kSeqBits)) - 1;
+  const uint64_t fingerprint = (h ^ (h >> 24) ^ (h >> 48)) & kFingerprintMask;
+  const uint64_t seq_bits = seq & ((uint64_t{1} << kSeqBits) - 1);
+  return static_cast<uint32_t>((fingerprint << kSeqBits) | seq_bits);
+}
+
+namespace {
+
+// "allreduce MAX of 59069 float32 elements", for the debug mode's message.
+std::string describe(const Call& c) {
+  const std::string dtype = to_string(static_cast<Dtype>(c.dtype));
+  switch (c.kind) {
+    case Call::kAllreduce:
+      return cat("allreduce ", to_string(static_cast<ReduceOp>(c.param)), " of ", c.count, " ",
+                 dtype, " elements");
+    case Call::kBroadcast:
+      return cat("broadcast of ", c.count, " bytes (", dtype, ") from root ", c.param);
+    case Call::kAllgather:
+      return cat("allgather of ", c.count, " bytes (", dtype, ") per rank");
+    case Call::kBarrier:
+      return "barrier";
+  }
+  return cat("an unknown collective (kind ", c.kind, ")");
+}
+
+}  // namespace
+
+// Note [Collective fingerprints]
+// In debug mode (TP_DISTRIBUTED_DEBUG=DETAIL) each collective starts with an
+// all-gather of its Call and sequence number from every rank, 5 integers
+// each. The all-gathers pair up whatever the ranks call next (every rank runs
+// one before each of its collectives), so a mismatch is seen by every rank,
+// at once, with both sides' calls in the message: no timeout, and no silent
+// wrong result when two different calls share a tag (Note [Gloo tags]).
+// The tag of this all-gather hashes a constant no Call produces, plus the
+// collective's sequence number.
+constexpr uint64_t kFingerprintCheck = 0x7470666370ull;  // "tpfcp"
+
+bool debug_from_environment(int rank) {
+  const char* value = std::getenv("TP_DISTRIBUTED_DEBUG");
+  if (value == nullptr) return false;
+  const std::string v = value;
+  if (v == "DETAIL") return true;
+  if (v.empty() || v == "OFF" || v == "INFO") return false;  // INFO: nothing more to say yet
+  TP_THROW(DistributedError, kWho, ": rank ", rank, ": TP_DISTRIBUTED_DEBUG='", v,
+           "' is not a debug level; use OFF, INFO or DETAIL (DETAIL compares every "
+           "collective across ranks before running it)");
+}
+
+void compare_calls(const std::shared_ptr<gloo::Context>& context, const Call& call, uint64_t seq,
+                   milliseconds timeout) {
+  std::array<int64_t, 5> mine{call.kind, call.count, call.dtype, call.param,
+                              static_cast<int64_t>(seq)};
+  std::vector<int64_t> all(mine.size() * static_cast<std::size_t>(context->size));
+  gloo::AllgatherOptions opts(context);
+  opts.setInput(mine.data(), mine.size());
+  opts.setOutput(all.data(), all.size());
+  opts.setTag(make_tag(seq, {kFingerprintCheck}));
+  opts.setTimeout(timeout);
+  gloo::allgather(opts);
+  bool same = true;
+  for (std::size_t i = 0; i < all.size(); ++i) same = same && all[i] == mine[i % mine.size()];
+  if (same) return;
+  std::string calls;
+  for (int r = 0; r < context->size; ++r) {
+    const int64_t* f = all.data() + r * mine.size();
+    calls += cat(r == 0 ? "" : "; ", "rank ", r, " called ",
+                 describe(Call{f[0], f[1], f[2], f[3]}), " as its collective #", f[4]);
+  }
+  TP_THROW(DistributedError, "TP_DISTRIBUTED_DEBUG=DETAIL found the ranks calling different "
+           "collectives: ", calls, ". Every rank must issue the same collectives, with the "
+           "same sizes, dtypes, reduce ops and roots, in the same order");
+}
+
+}  // namespace tp::distributed::detail

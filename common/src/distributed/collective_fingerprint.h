@@ -1,0 +1,53 @@
+// Private to libtensorplay: what must agree between the ranks for one
+// collective of ProcessGroupGloo (a Call), and the two ways the group checks
+// that it does: a hash of it in every Gloo tag, always (Note [Gloo tags]),
+// and the whole of it compared across ranks before each collective in debug
+// mode, TP_DISTRIBUTED_DEBUG=DETAIL (Note [Collective fingerprints]); both
+// Notes are in collective_fingerprint.cc.
+//
+// Values and pure functions, safe on any thread; compare_calls is a Gloo
+// operation, run by the group's communication thread.
+#pragma once
+
+#include <gloo/context.h>
+
+#include <chrono>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+
+namespace tp::distributed::detail {
+
+// The 32-bit Gloo tag of operation `seq`: its low 8 bits from `seq`, its
+// high 24 a hash of `must_agree` (Note [Gloo tags]). Sequence number 0 is
+// no collective's: the constructor's connect barrier uses make_tag(0, {}).
+uint32_t make_tag(uint64_t seq, std::initializer_list<uint64_t> must_agree);
+
+// What must agree between ranks for one collective: hashed into its tag
+// (Note [Gloo tags]) and, in debug mode, compared whole.
+struct Call {
+  enum Kind : int64_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kBarrier = 4 };
+  int64_t kind = 0;
+  int64_t count = 0;  // elements (allreduce) or bytes (broadcast, allgather)
+  int64_t dtype = 0;
+  int64_t param = 0;  // the ReduceOp (allreduce) or the root (broadcast)
+
+  uint32_t tag(uint64_t seq) const {
+    return make_tag(seq, {static_cast<uint64_t>(kind), static_cast<uint64_t>(count),
+                          static_cast<uint64_t>(dtype), static_cast<uint64_t>(param)});
+  }
+};
+
+// Whether TP_DISTRIBUTED_DEBUG asks for debug mode: true for DETAIL; false
+// when unset, empty, OFF or INFO. Throws tp::DistributedError naming `rank`
+// and the accepted levels for any other value.
+bool debug_from_environment(int rank);
+
+// Debug mode's check, run just before collective `seq` (Note [Collective
+// fingerprints]): every rank of `context` shares its `call` and `seq`;
+// throws tp::DistributedError listing each rank's call when they differ, on
+// every rank at once. A Gloo all-gather: all ranks must call it.
+void compare_calls(const std::shared_ptr<gloo::Context>& context, const Call& call, uint64_t seq,
+                   std::chrono::milliseconds timeout);
+
+}  // namespace tp::distributed::detail
