@@ -9,20 +9,22 @@ repeats much of the one before: the same construction checks, the same
 bucket assignment, the same end-of-backward bookkeeping. Such code is marked
 in every stage that holds it, with the same two lines in each copy:
 
-    // SAME IN STAGES 03-07: finish the buckets
+    // SAME FROM STAGE 03: finish the buckets
     ... the code ...
-    // END SAME IN STAGES 03-07: finish the buckets
+    // END SAME FROM STAGE 03: finish the buckets
 
-The first line tells a reader that stages 03 to 07 hold this code unchanged:
-what a later stage adds is elsewhere, and a fix made here belongs in every
-one of them. The name after the colon (free text, unique in its file) ties
-the copies together; the marker lines are part of the code compared, so all
-copies state the same range.
+The first line tells a reader that this code is as stage 03 wrote it, in
+stage 03 and every stage since that has the region: what a later stage adds
+is elsewhere, and a fix made here belongs in every copy. The name after the
+colon (free text, unique in its file) ties the copies together; the marker
+lines are part of the code compared. A new stage that carries the code over
+copies it with its markers, and nothing in the earlier stages changes.
 
-The check, for each region named R in file F (ddp.h, ddp.cc, ...) of the
-range AA-BB:
-  - every stage from AA to BB has exactly one region R in its F, and no
-    stage outside the range has one;
+The check, for each region named R in file F (ddp.h, ddp.cc, ...) that says
+it is the same from stage AA:
+  - stage AA has it, and the stages that have it follow one another from AA
+    on with no gap (a stage that changes the code on purpose drops the
+    markers, and the stages after it cannot claim to be the same as AA);
   - each stage's copy equals the previous stage's (AA's with AB's, then AB's
     with AC's, ...), after two normalisations:
       * the stage's own namespace reads as stageNN: `stage04` (its namespace,
@@ -34,28 +36,28 @@ range AA-BB:
         `// END SOLUTION` lines, are left out.
     Whitespace counts: a re-indented copy is a changed copy.
 Regions do not nest. A difference fails with a unified diff, the file:line
-of both copies, and the fix: port the change to every stage of the range,
-or, where a stage changes the code on purpose, end the range before it.
+of both copies, and the fix: port the change to every copy, or, where a
+stage changes the code on purpose, drop the markers there and after it.
 """
 import difflib
 import os
 import re
 import sys
 
-OPEN = re.compile(r"^\s*// SAME IN STAGES (\d\d)-(\d\d): (\S.*?)\s*$")
-CLOSE = re.compile(r"^\s*// END SAME IN STAGES (\d\d)-(\d\d): (\S.*?)\s*$")
+OPEN = re.compile(r"^\s*// SAME FROM STAGE (\d\d): (\S.*?)\s*$")
+CLOSE = re.compile(r"^\s*// END SAME FROM STAGE (\d\d): (\S.*?)\s*$")
 # Anything that looks like a marker but is not one of the two above, so that
 # a typo fails instead of leaving a region unchecked.
-LOOKS_LIKE = re.compile(r"SAME IN STAGE", re.IGNORECASE)
+LOOKS_LIKE = re.compile(r"SAME (FROM|IN) STAGE", re.IGNORECASE)
 BEGIN, END = "// BEGIN SOLUTION", "// END SOLUTION"
 
 
 class Region:
-    def __init__(self, stage, path, name, first, last, start, lines):
+    def __init__(self, stage, path, name, first, start, lines):
         self.stage = stage    # "04"
         self.path = path      # the file, as shown in messages
         self.name = name
-        self.first, self.last = first, last  # the range the markers state
+        self.first = first    # the stage the markers name: the code is as it wrote it
         self.start = start    # 1-based line of the opening marker
         self.lines = lines    # the region, both markers included
 
@@ -89,27 +91,27 @@ def parse(text, stage, path, problems):
         if not m:
             if LOOKS_LIKE.search(line):
                 problems.append(f"{path}:{i + 1}: '{line.strip()}' is not a marker; write "
-                                f"'// SAME IN STAGES AA-BB: name' or '// END SAME IN STAGES AA-BB: name'")
+                                f"'// SAME FROM STAGE AA: name' or '// END SAME FROM STAGE AA: name'")
             i += 1
             continue
-        first, last, name = m.groups()
-        if not first <= stage <= last or first == last:
-            problems.append(f"{path}:{i + 1}: region '{name}' is marked for stages {first}-{last}, "
-                            f"which must be two stages or more and include this stage, {stage}")
+        first, name = m.groups()
+        if first > stage:
+            problems.append(f"{path}:{i + 1}: region '{name}' says it is the same from stage "
+                            f"{first}, a stage after this one ({stage})")
         k = i + 1
         while k < len(lines) and not CLOSE.match(lines[k]) and not OPEN.match(lines[k]):
             k += 1
         if k == len(lines) or OPEN.match(lines[k]):
             problems.append(f"{path}:{i + 1}: region '{name}' is never closed (regions do not "
-                            f"nest); end it with '// END SAME IN STAGES {first}-{last}: {name}'")
+                            f"nest); end it with '// END SAME FROM STAGE {first}: {name}'")
             i = k
             continue
         c = CLOSE.match(lines[k])
-        if c.groups() != (first, last, name):
-            problems.append(f"{path}:{k + 1}: region '{name}' (line {i + 1}, stages {first}-{last}) "
+        if c.groups() != (first, name):
+            problems.append(f"{path}:{k + 1}: region '{name}' (line {i + 1}, from stage {first}) "
                             f"is closed by '{lines[k].strip()}'; the closing line repeats the opening's "
-                            f"stages and name")
-        regions.append(Region(stage, path, name, first, last, i + 1, lines[i:k + 1]))
+                            f"stage and name")
+        regions.append(Region(stage, path, name, first, i + 1, lines[i:k + 1]))
         i = k + 1
     return regions
 
@@ -163,22 +165,23 @@ def check(root):
     found = collect(root, problems)
     stages = sorted(stage_dirs(root))
     for (file_name, name), copies in sorted(found.items()):
-        ranges = {(r.first, r.last) for r in copies.values()}
-        if len(ranges) > 1:
-            listed = ", ".join(f"{r.where()} says {r.first}-{r.last}" for r in copies.values())
-            problems.append(f"region '{name}' of {file_name} states different stages in its copies "
-                            f"({listed}); every copy states the same range")
+        firsts = {r.first for r in copies.values()}
+        if len(firsts) > 1:
+            listed = ", ".join(f"{r.where()} says {r.first}" for r in copies.values())
+            problems.append(f"region '{name}' of {file_name} names different stages in its copies "
+                            f"({listed}); every copy names the stage that wrote the code")
             continue
-        first, last = ranges.pop()
-        wanted = [s for s in stages if first <= s <= last]
+        first = firsts.pop()
+        # From the stage that wrote it to the last stage that has it, none missing.
+        wanted = [s for s in stages if first <= s <= max(copies)]
         missing = [s for s in wanted if s not in copies]
-        if missing or first not in stages or last not in stages:
-            any_copy = next(iter(copies.values()))
-            absent = missing or [s for s in (first, last) if s not in stages]
-            problems.append(f"{any_copy.where()}: region '{name}' is marked for stages {first}-{last}, "
-                            f"but stage(s) {', '.join(absent)} have no region '{name}' in their "
-                            f"{file_name}; copy it there with its markers, or narrow the range in "
-                            f"every copy")
+        if missing:
+            any_copy = copies[max(copies)]
+            problems.append(
+                f"{any_copy.where()}: region '{name}' says it is the same from stage {first}, but "
+                f"stage(s) {', '.join(missing)} have no region '{name}' in their {file_name}; copy "
+                f"it there with its markers, or, if a stage changed the code on purpose, drop the "
+                f"markers in the stages after it too")
             continue
         for prev, cur in zip(wanted, wanted[1:]):
             a, b = copies[prev], copies[cur]
@@ -189,11 +192,11 @@ def check(root):
                                                 f"{b.where()} (stage {cur})"))
             problems.append(
                 f"{b.where()}: region '{name}' differs from stage {prev}'s copy at {a.where()}, "
-                f"although both are marked as the same in stages {first}-{last}:\n{diff}"
-                f"fix: make the change in every stage of {first}-{last} (a fix belongs in every "
-                f"stage that carries the code; then regenerate their exercises with "
-                f"tools/gen_exercise.py), or, if stage {cur} changes this code on purpose, end the "
-                f"range at stage {prev} in the copies that stay the same and unmark stage {cur}'s")
+                f"although both are marked as the same from stage {first}:\n{diff}"
+                f"fix: make the change in every copy (a fix belongs in every stage that carries "
+                f"the code; then regenerate their exercises with tools/gen_exercise.py), or, if "
+                f"stage {cur} changes this code on purpose, drop its markers there and in the "
+                f"stages after it")
     return problems, found
 
 

@@ -75,7 +75,7 @@ void DistributedDataParallel::verify_same_model_on_all_ranks() {
   throw tp::NotImplemented("stage 01: DistributedDataParallel::verify_same_model_on_all_ranks is not implemented yet (exercises/01-naive/ddp.cc)");
 }
 
-// SAME IN STAGES 01-07: broadcast rank 0's model
+// SAME FROM STAGE 01: broadcast rank 0's model
 void DistributedDataParallel::broadcast_from_rank0() {
   // The broadcast writes into the parameters: no autograd history for that.
   tp::NoGradGuard no_grad;
@@ -86,7 +86,7 @@ void DistributedDataParallel::broadcast_from_rank0() {
   // finished before this returns.
   throw tp::NotImplemented("stage 01: DistributedDataParallel::broadcast_from_rank0 is not implemented yet (exercises/01-naive/ddp.cc)");
 }
-// END SAME IN STAGES 01-07: broadcast rank 0's model
+// END SAME FROM STAGE 01: broadcast rank 0's model
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   return module_->forward(input);

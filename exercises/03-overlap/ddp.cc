@@ -25,7 +25,7 @@ DistributedDataParallel::DistributedDataParallel(
     : module_(std::move(module)),
       process_group_(std::move(process_group)),
       options_(options) {
-  // SAME IN STAGES 02-07: check the arguments and the model
+  // SAME FROM STAGE 02: check the arguments and the model
   TP_CHECK(module_ != nullptr, "stage03 DDP: the module is null; pass the model to wrap");
   TP_CHECK(process_group_ != nullptr,
            "stage03 DDP: the process group is null; call init_process_group first");
@@ -35,10 +35,10 @@ DistributedDataParallel::DistributedDataParallel(
            "); a tiny cap such as 1e-6 gives one bucket per parameter");
   params_ = module_->named_parameters();
   tp::distributed::verify_same_tensors_on_all_ranks(*process_group_, params_, "stage03 DDP");
-  // END SAME IN STAGES 02-07: check the arguments and the model
+  // END SAME FROM STAGE 02: check the arguments and the model
   broadcast_from_rank0();
   assign_buckets();
-  // SAME IN STAGES 03-07: register the hooks
+  // SAME FROM STAGE 03: register the hooks
   // [snippet:register-hooks]
   // One hook per parameter. It captures `this`, which is why this class can
   // be neither copied nor moved, and why hooks_ is its last member.
@@ -47,10 +47,10 @@ DistributedDataParallel::DistributedDataParallel(
         [this, i](const Tensor& param) { on_gradient_ready(static_cast<int64_t>(i), param); }));
   }
   // [/snippet:register-hooks]
-  // END SAME IN STAGES 03-07: register the hooks
+  // END SAME FROM STAGE 03: register the hooks
 }
 
-// SAME IN STAGES 01-07: broadcast rank 0's model
+// SAME FROM STAGE 01: broadcast rank 0's model
 void DistributedDataParallel::broadcast_from_rank0() {
   // The broadcast writes into the parameters: no autograd history for that.
   tp::NoGradGuard no_grad;
@@ -63,9 +63,9 @@ void DistributedDataParallel::broadcast_from_rank0() {
     }
   }
 }
-// END SAME IN STAGES 01-07: broadcast rank 0's model
+// END SAME FROM STAGE 01: broadcast rank 0's model
 
-// SAME IN STAGES 03-05: bucket assignment
+// SAME FROM STAGE 03: bucket assignment
 // Note [Bucket assignment] is stage 02's (solutions/02-bucketing/ddp.cc):
 // reverse registration order, a bucket closes once it holds at least its cap
 // (first_bucket_cap_mb for the first), one dtype per bucket.
@@ -110,9 +110,9 @@ void DistributedDataParallel::assign_buckets() {
     if (!bucket.params.empty()) close(std::move(bucket.params));
   }
 }
-// END SAME IN STAGES 03-05: bucket assignment
+// END SAME FROM STAGE 03: bucket assignment
 
-// SAME IN STAGES 02-07: bucket_assignment()
+// SAME FROM STAGE 02: bucket_assignment()
 std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() const {
   std::vector<std::vector<int64_t>> out;
   for (const Bucket& bucket : buckets_) {
@@ -121,7 +121,7 @@ std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() c
   }
   return out;
 }
-// END SAME IN STAGES 02-07: bucket_assignment()
+// END SAME FROM STAGE 02: bucket_assignment()
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   if (!unfinished_.empty()) {
@@ -133,7 +133,7 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
   return module_->forward(input);
 }
 
-// SAME IN STAGES 03-07: Note [Overlap]
+// SAME FROM STAGE 03: Note [Overlap]
 // Note [Overlap]
 // ~~~~~~~~~~~~~~
 // The autograd engine runs a parameter's post-accumulate-grad hook the moment
@@ -154,7 +154,7 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
 // With gradient_as_bucket_view, the first time a gradient arrives in a step
 // it is copied into its slot and the parameter's .grad is pointed at the
 // slot; the average then lands in .grad without a copy back.
-// END SAME IN STAGES 03-07: Note [Overlap]
+// END SAME FROM STAGE 03: Note [Overlap]
 void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] const Tensor& param) {
   tp::trace::Span span("hook", "ddp", {{"param", index}});
   // EXERCISE: this parameter's gradient is final. Queue finish_backward()
@@ -176,7 +176,7 @@ void DistributedDataParallel::finish_backward() {
   throw tp::NotImplemented("stage 03: DistributedDataParallel::finish_backward is not implemented yet (exercises/03-overlap/ddp.cc)");
 }
 
-// SAME IN STAGES 03-04: the error for an unfinished backward
+// SAME FROM STAGE 03: the error for an unfinished backward
 void DistributedDataParallel::throw_unfinished() {
   // The parameters whose hook did not run: their buckets never completed.
   std::string missing;
@@ -217,6 +217,6 @@ void DistributedDataParallel::throw_unfinished() {
            ", so its bucket's all-reduce was never launched; every parameter must get a "
            "gradient in every backward, or pass find_unused_parameters = true (stage 05)");
 }
-// END SAME IN STAGES 03-04: the error for an unfinished backward
+// END SAME FROM STAGE 03: the error for an unfinished backward
 
 }  // namespace stage03

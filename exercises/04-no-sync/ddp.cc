@@ -26,7 +26,7 @@ DistributedDataParallel::DistributedDataParallel(
     : module_(std::move(module)),
       process_group_(std::move(process_group)),
       options_(options) {
-  // SAME IN STAGES 02-07: check the arguments and the model
+  // SAME FROM STAGE 02: check the arguments and the model
   TP_CHECK(module_ != nullptr, "stage04 DDP: the module is null; pass the model to wrap");
   TP_CHECK(process_group_ != nullptr,
            "stage04 DDP: the process group is null; call init_process_group first");
@@ -36,10 +36,10 @@ DistributedDataParallel::DistributedDataParallel(
            "); a tiny cap such as 1e-6 gives one bucket per parameter");
   params_ = module_->named_parameters();
   tp::distributed::verify_same_tensors_on_all_ranks(*process_group_, params_, "stage04 DDP");
-  // END SAME IN STAGES 02-07: check the arguments and the model
+  // END SAME FROM STAGE 02: check the arguments and the model
   broadcast_from_rank0();
   assign_buckets();
-  // SAME IN STAGES 03-07: register the hooks
+  // SAME FROM STAGE 03: register the hooks
   // [snippet:register-hooks]
   // One hook per parameter. It captures `this`, which is why this class can
   // be neither copied nor moved, and why hooks_ is its last member.
@@ -48,10 +48,10 @@ DistributedDataParallel::DistributedDataParallel(
         [this, i](const Tensor& param) { on_gradient_ready(static_cast<int64_t>(i), param); }));
   }
   // [/snippet:register-hooks]
-  // END SAME IN STAGES 03-07: register the hooks
+  // END SAME FROM STAGE 03: register the hooks
 }
 
-// SAME IN STAGES 01-07: broadcast rank 0's model
+// SAME FROM STAGE 01: broadcast rank 0's model
 void DistributedDataParallel::broadcast_from_rank0() {
   // The broadcast writes into the parameters: no autograd history for that.
   tp::NoGradGuard no_grad;
@@ -64,9 +64,9 @@ void DistributedDataParallel::broadcast_from_rank0() {
     }
   }
 }
-// END SAME IN STAGES 01-07: broadcast rank 0's model
+// END SAME FROM STAGE 01: broadcast rank 0's model
 
-// SAME IN STAGES 03-05: bucket assignment
+// SAME FROM STAGE 03: bucket assignment
 // Note [Bucket assignment] is stage 02's (solutions/02-bucketing/ddp.cc):
 // reverse registration order, a bucket closes once it holds at least its cap
 // (first_bucket_cap_mb for the first), one dtype per bucket.
@@ -111,9 +111,9 @@ void DistributedDataParallel::assign_buckets() {
     if (!bucket.params.empty()) close(std::move(bucket.params));
   }
 }
-// END SAME IN STAGES 03-05: bucket assignment
+// END SAME FROM STAGE 03: bucket assignment
 
-// SAME IN STAGES 02-07: bucket_assignment()
+// SAME FROM STAGE 02: bucket_assignment()
 std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() const {
   std::vector<std::vector<int64_t>> out;
   for (const Bucket& bucket : buckets_) {
@@ -122,9 +122,9 @@ std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() c
   }
   return out;
 }
-// END SAME IN STAGES 02-07: bucket_assignment()
+// END SAME FROM STAGE 02: bucket_assignment()
 
-// SAME IN STAGES 04-07: Note [Decided at forward]
+// SAME FROM STAGE 04: Note [Decided at forward]
 // Note [Decided at forward]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // Whether a backward syncs is decided when its forward runs, and recorded
@@ -144,14 +144,14 @@ std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() c
 // gradient_as_bucket_view that is the bucket slot itself). The next synced
 // backward then moves the sum into the buckets as stage 03 moves a single
 // gradient: one all-reduce per bucket for all K micro-batches.
-// END SAME IN STAGES 04-07: Note [Decided at forward]
+// END SAME FROM STAGE 04: Note [Decided at forward]
 NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp) : ddp_(&ddp) {
   // EXERCISE: until this guard is destroyed, a forward must record "do not
   // sync" (the destructor below undoes what you do here; guards nest).
   throw tp::NotImplemented("stage 04: NoSyncGuard::NoSyncGuard is not implemented yet (exercises/04-no-sync/ddp.cc)");
 }
 
-// SAME IN STAGES 04-07: NoSyncGuard's move and destructor
+// SAME FROM STAGE 04: NoSyncGuard's move and destructor
 NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
     : ddp_(std::exchange(other.ddp_, nullptr)), previous_(other.previous_) {}
 
@@ -160,7 +160,7 @@ NoSyncGuard::~NoSyncGuard() {
   // end an outer one. A moved-from guard (ddp_ null) does nothing.
   if (ddp_ != nullptr) ddp_->require_backward_grad_sync_ = previous_;
 }
-// END SAME IN STAGES 04-07: NoSyncGuard's move and destructor
+// END SAME FROM STAGE 04: NoSyncGuard's move and destructor
 
 Tensor DistributedDataParallel::forward([[maybe_unused]] const Tensor& input) {
   if (!unfinished_.empty()) {
@@ -174,7 +174,7 @@ Tensor DistributedDataParallel::forward([[maybe_unused]] const Tensor& input) {
   throw tp::NotImplemented("stage 04: DistributedDataParallel::forward is not implemented yet (exercises/04-no-sync/ddp.cc)");
 }
 
-// SAME IN STAGES 03-07: Note [Overlap]
+// SAME FROM STAGE 03: Note [Overlap]
 // Note [Overlap]
 // ~~~~~~~~~~~~~~
 // The autograd engine runs a parameter's post-accumulate-grad hook the moment
@@ -195,7 +195,7 @@ Tensor DistributedDataParallel::forward([[maybe_unused]] const Tensor& input) {
 // With gradient_as_bucket_view, the first time a gradient arrives in a step
 // it is copied into its slot and the parameter's .grad is pointed at the
 // slot; the average then lands in .grad without a copy back.
-// END SAME IN STAGES 03-07: Note [Overlap]
+// END SAME FROM STAGE 03: Note [Overlap]
 void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] const Tensor& param) {
   tp::trace::Span span("hook", "ddp", {{"param", index}});
   // EXERCISE: this parameter's gradient is final. In a backward that does
@@ -238,7 +238,7 @@ void DistributedDataParallel::finish_backward() {
   callback_queued_ = false;
 }
 
-// SAME IN STAGES 03-04: the error for an unfinished backward
+// SAME FROM STAGE 03: the error for an unfinished backward
 void DistributedDataParallel::throw_unfinished() {
   // The parameters whose hook did not run: their buckets never completed.
   std::string missing;
@@ -279,6 +279,6 @@ void DistributedDataParallel::throw_unfinished() {
            ", so its bucket's all-reduce was never launched; every parameter must get a "
            "gradient in every backward, or pass find_unused_parameters = true (stage 05)");
 }
-// END SAME IN STAGES 03-04: the error for an unfinished backward
+// END SAME FROM STAGE 03: the error for an unfinished backward
 
 }  // namespace stage04

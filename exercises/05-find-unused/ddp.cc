@@ -29,7 +29,7 @@ DistributedDataParallel::DistributedDataParallel(
     : module_(std::move(module)),
       process_group_(std::move(process_group)),
       options_(options) {
-  // SAME IN STAGES 02-07: check the arguments and the model
+  // SAME FROM STAGE 02: check the arguments and the model
   TP_CHECK(module_ != nullptr, "stage05 DDP: the module is null; pass the model to wrap");
   TP_CHECK(process_group_ != nullptr,
            "stage05 DDP: the process group is null; call init_process_group first");
@@ -39,11 +39,11 @@ DistributedDataParallel::DistributedDataParallel(
            "); a tiny cap such as 1e-6 gives one bucket per parameter");
   params_ = module_->named_parameters();
   tp::distributed::verify_same_tensors_on_all_ranks(*process_group_, params_, "stage05 DDP");
-  // END SAME IN STAGES 02-07: check the arguments and the model
+  // END SAME FROM STAGE 02: check the arguments and the model
   used_map_ = tp::zeros({static_cast<int64_t>(params_.size())}, tp::kFloat32);
   broadcast_from_rank0();
   assign_buckets();
-  // SAME IN STAGES 03-07: register the hooks
+  // SAME FROM STAGE 03: register the hooks
   // [snippet:register-hooks]
   // One hook per parameter. It captures `this`, which is why this class can
   // be neither copied nor moved, and why hooks_ is its last member.
@@ -52,10 +52,10 @@ DistributedDataParallel::DistributedDataParallel(
         [this, i](const Tensor& param) { on_gradient_ready(static_cast<int64_t>(i), param); }));
   }
   // [/snippet:register-hooks]
-  // END SAME IN STAGES 03-07: register the hooks
+  // END SAME FROM STAGE 03: register the hooks
 }
 
-// SAME IN STAGES 01-07: broadcast rank 0's model
+// SAME FROM STAGE 01: broadcast rank 0's model
 void DistributedDataParallel::broadcast_from_rank0() {
   // The broadcast writes into the parameters: no autograd history for that.
   tp::NoGradGuard no_grad;
@@ -68,9 +68,9 @@ void DistributedDataParallel::broadcast_from_rank0() {
     }
   }
 }
-// END SAME IN STAGES 01-07: broadcast rank 0's model
+// END SAME FROM STAGE 01: broadcast rank 0's model
 
-// SAME IN STAGES 03-05: bucket assignment
+// SAME FROM STAGE 03: bucket assignment
 // Note [Bucket assignment] is stage 02's (solutions/02-bucketing/ddp.cc):
 // reverse registration order, a bucket closes once it holds at least its cap
 // (first_bucket_cap_mb for the first), one dtype per bucket.
@@ -115,9 +115,9 @@ void DistributedDataParallel::assign_buckets() {
     if (!bucket.params.empty()) close(std::move(bucket.params));
   }
 }
-// END SAME IN STAGES 03-05: bucket assignment
+// END SAME FROM STAGE 03: bucket assignment
 
-// SAME IN STAGES 02-07: bucket_assignment()
+// SAME FROM STAGE 02: bucket_assignment()
 std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() const {
   std::vector<std::vector<int64_t>> out;
   for (const Bucket& bucket : buckets_) {
@@ -126,9 +126,9 @@ std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() c
   }
   return out;
 }
-// END SAME IN STAGES 02-07: bucket_assignment()
+// END SAME FROM STAGE 02: bucket_assignment()
 
-// SAME IN STAGES 04-07: Note [Decided at forward]
+// SAME FROM STAGE 04: Note [Decided at forward]
 // Note [Decided at forward]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // Whether a backward syncs is decided when its forward runs, and recorded
@@ -148,16 +148,16 @@ std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() c
 // gradient_as_bucket_view that is the bucket slot itself). The next synced
 // backward then moves the sum into the buckets as stage 03 moves a single
 // gradient: one all-reduce per bucket for all K micro-batches.
-// END SAME IN STAGES 04-07: Note [Decided at forward]
-// SAME IN STAGES 05-07: NoSyncGuard's constructor
+// END SAME FROM STAGE 04: Note [Decided at forward]
+// SAME FROM STAGE 05: NoSyncGuard's constructor
 NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp) : ddp_(&ddp) {
   // Until this guard is destroyed, forwards record "do not sync" (stage 04).
   previous_ = ddp.require_backward_grad_sync_;
   ddp.require_backward_grad_sync_ = false;
 }
-// END SAME IN STAGES 05-07: NoSyncGuard's constructor
+// END SAME FROM STAGE 05: NoSyncGuard's constructor
 
-// SAME IN STAGES 04-07: NoSyncGuard's move and destructor
+// SAME FROM STAGE 04: NoSyncGuard's move and destructor
 NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
     : ddp_(std::exchange(other.ddp_, nullptr)), previous_(other.previous_) {}
 
@@ -166,7 +166,7 @@ NoSyncGuard::~NoSyncGuard() {
   // end an outer one. A moved-from guard (ddp_ null) does nothing.
   if (ddp_ != nullptr) ddp_->require_backward_grad_sync_ = previous_;
 }
-// END SAME IN STAGES 04-07: NoSyncGuard's move and destructor
+// END SAME FROM STAGE 04: NoSyncGuard's move and destructor
 
 Tensor DistributedDataParallel::forward([[maybe_unused]] const Tensor& input) {
   if (!unfinished_.empty()) {
@@ -184,7 +184,7 @@ Tensor DistributedDataParallel::forward([[maybe_unused]] const Tensor& input) {
   return output;
 }
 
-// SAME IN STAGES 05-07: Note [Finding unused parameters]
+// SAME FROM STAGE 05: Note [Finding unused parameters]
 // Note [Finding unused parameters]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A parameter's hook runs when backward accumulates its gradient. One the
@@ -215,7 +215,7 @@ Tensor DistributedDataParallel::forward([[maybe_unused]] const Tensor& input) {
 // sync, summed over the ranks. It is launched right after the last bucket
 // (every rank then issues the same all-reduces in the same order), and read
 // at the end of backward: a parameter with a count of 0 keeps no gradient.
-// END SAME IN STAGES 05-07: Note [Finding unused parameters]
+// END SAME FROM STAGE 05: Note [Finding unused parameters]
 std::vector<int64_t> DistributedDataParallel::unreached_parameters(const Tensor& output) const {
   // EXERCISE: walk the graph from `output` to the gradient accumulators
   // (tensorplay/autograd/node.h) and return the indices into params_ of
@@ -223,7 +223,7 @@ std::vector<int64_t> DistributedDataParallel::unreached_parameters(const Tensor&
   throw tp::NotImplemented("stage 05: DistributedDataParallel::unreached_parameters is not implemented yet (exercises/05-find-unused/ddp.cc)");
 }
 
-// SAME IN STAGES 03-07: Note [Overlap]
+// SAME FROM STAGE 03: Note [Overlap]
 // Note [Overlap]
 // ~~~~~~~~~~~~~~
 // The autograd engine runs a parameter's post-accumulate-grad hook the moment
@@ -244,7 +244,7 @@ std::vector<int64_t> DistributedDataParallel::unreached_parameters(const Tensor&
 // With gradient_as_bucket_view, the first time a gradient arrives in a step
 // it is copied into its slot and the parameter's .grad is pointed at the
 // slot; the average then lands in .grad without a copy back.
-// END SAME IN STAGES 03-07: Note [Overlap]
+// END SAME FROM STAGE 03: Note [Overlap]
 void DistributedDataParallel::on_gradient_ready(int64_t index, const Tensor& param) {
   tp::trace::Span span("hook", "ddp", {{"param", index}});
   used_map_.data_ptr<float>()[index] = 1.0f;  // used since the last sync, no_sync or not
@@ -322,7 +322,7 @@ void DistributedDataParallel::finish_backward() {
   callback_queued_ = false;
 }
 
-// SAME IN STAGES 05-07: the note when nothing is unused
+// SAME FROM STAGE 05: the note when nothing is unused
 void DistributedDataParallel::warn_if_nothing_unused(const float* used) const {
   const int world_size = process_group_->size();
   for (size_t p = 0; p < params_.size(); ++p) {
@@ -335,7 +335,7 @@ void DistributedDataParallel::warn_if_nothing_unused(const float* used) const {
                "graph after every forward; if no parameter ever goes unused, pass "
                "find_unused_parameters = false.\n");
 }
-// END SAME IN STAGES 05-07: the note when nothing is unused
+// END SAME FROM STAGE 05: the note when nothing is unused
 
 void DistributedDataParallel::throw_unfinished() {
   // The parameters whose hook did not run: their buckets never completed.

@@ -74,7 +74,7 @@ struct Options {
 
 class DistributedDataParallel;
 
-// SAME IN STAGES 04-07: NoSyncGuard
+// SAME FROM STAGE 04: NoSyncGuard
 // What no_sync() returns: while it lives, forward() records "do not sync".
 // Move-only; destroying it (or the object it was moved into) restores what
 // no_sync() found, so guards nest.
@@ -91,7 +91,7 @@ class [[nodiscard]] NoSyncGuard {
   DistributedDataParallel* ddp_;  // null once moved from
   bool previous_ = true;          // require_backward_grad_sync_ as found
 };
-// END SAME IN STAGES 04-07: NoSyncGuard
+// END SAME FROM STAGE 04: NoSyncGuard
 
 class DistributedDataParallel {
  public:
@@ -143,7 +143,7 @@ class DistributedDataParallel {
   void join(const std::function<void()>& body);
 
  private:
-  // SAME IN STAGES 03-07: Slot, Bucket and Location
+  // SAME FROM STAGE 03: Slot, Bucket and Location
   // One parameter's place in its bucket (as in stage 02).
   struct Slot {
     int64_t param = 0;   // index into params_
@@ -166,7 +166,7 @@ class DistributedDataParallel {
     size_t bucket = 0;
     size_t slot = 0;
   };
-  // END SAME IN STAGES 03-07: Slot, Bucket and Location
+  // END SAME FROM STAGE 03: Slot, Bucket and Location
 
   void broadcast_from_rank0();
   // Fills buckets_ and locations_ with the parameters in `order` (Note
@@ -202,14 +202,14 @@ class DistributedDataParallel {
   [[noreturn]] void throw_unfinished();
   static int64_t cap_bytes(double mb) { return static_cast<int64_t>(mb * 1024.0 * 1024.0); }
 
-  // SAME IN STAGES 03-07: state constant after construction
+  // SAME FROM STAGE 03: state constant after construction
   std::shared_ptr<tp::nn::Module> module_;                        // constant after construction
   std::shared_ptr<tp::distributed::ProcessGroup> process_group_;  // constant after construction
   Options options_;                                               // constant after construction
   std::vector<tp::nn::NamedTensor> params_;  // named_parameters(), cached at construction
   std::vector<Bucket> buckets_;              // the layout is constant after construction
   std::vector<Location> locations_;          // [param index], constant after construction
-  // END SAME IN STAGES 03-07: state constant after construction
+  // END SAME FROM STAGE 03: state constant after construction
 
   // [snippet:no-sync-state]
   // Set by NoSyncGuard: false while a guard lives.
@@ -259,10 +259,10 @@ class DistributedDataParallel {
 
   friend class NoSyncGuard;
 
-  // SAME IN STAGES 03-07: the hooks, last
+  // SAME FROM STAGE 03: the hooks, last
   // Last, so the hooks are removed before anything they touch is destroyed.
   std::vector<tp::RemovableHandle> hooks_;
-  // END SAME IN STAGES 03-07: the hooks, last
+  // END SAME FROM STAGE 03: the hooks, last
 };
 
 }  // namespace stage07

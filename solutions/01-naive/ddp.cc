@@ -130,7 +130,7 @@ void DistributedDataParallel::verify_same_model_on_all_ranks() {
   // END SOLUTION
 }
 
-// SAME IN STAGES 01-07: broadcast rank 0's model
+// SAME FROM STAGE 01: broadcast rank 0's model
 void DistributedDataParallel::broadcast_from_rank0() {
   // The broadcast writes into the parameters: no autograd history for that.
   tp::NoGradGuard no_grad;
@@ -150,7 +150,7 @@ void DistributedDataParallel::broadcast_from_rank0() {
   }
   // END SOLUTION
 }
-// END SAME IN STAGES 01-07: broadcast rank 0's model
+// END SAME FROM STAGE 01: broadcast rank 0's model
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   return module_->forward(input);

@@ -21,7 +21,7 @@ DistributedDataParallel::DistributedDataParallel(
     : module_(std::move(module)),
       process_group_(std::move(process_group)),
       options_(options) {
-  // SAME IN STAGES 02-07: check the arguments and the model
+  // SAME FROM STAGE 02: check the arguments and the model
   TP_CHECK(module_ != nullptr, "stage02 DDP: the module is null; pass the model to wrap");
   TP_CHECK(process_group_ != nullptr,
            "stage02 DDP: the process group is null; call init_process_group first");
@@ -31,12 +31,12 @@ DistributedDataParallel::DistributedDataParallel(
            "); a tiny cap such as 1e-6 gives one bucket per parameter");
   params_ = module_->named_parameters();
   tp::distributed::verify_same_tensors_on_all_ranks(*process_group_, params_, "stage02 DDP");
-  // END SAME IN STAGES 02-07: check the arguments and the model
+  // END SAME FROM STAGE 02: check the arguments and the model
   broadcast_from_rank0();
   assign_buckets();
 }
 
-// SAME IN STAGES 01-07: broadcast rank 0's model
+// SAME FROM STAGE 01: broadcast rank 0's model
 void DistributedDataParallel::broadcast_from_rank0() {
   // The broadcast writes into the parameters: no autograd history for that.
   tp::NoGradGuard no_grad;
@@ -49,7 +49,7 @@ void DistributedDataParallel::broadcast_from_rank0() {
     }
   }
 }
-// END SAME IN STAGES 01-07: broadcast rank 0's model
+// END SAME FROM STAGE 01: broadcast rank 0's model
 
 // Note [Bucket assignment]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -110,7 +110,7 @@ void DistributedDataParallel::assign_buckets() {
   // END SOLUTION
 }
 
-// SAME IN STAGES 02-07: bucket_assignment()
+// SAME FROM STAGE 02: bucket_assignment()
 std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() const {
   std::vector<std::vector<int64_t>> out;
   for (const Bucket& bucket : buckets_) {
@@ -119,7 +119,7 @@ std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() c
   }
   return out;
 }
-// END SAME IN STAGES 02-07: bucket_assignment()
+// END SAME FROM STAGE 02: bucket_assignment()
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
   return module_->forward(input);

@@ -97,7 +97,7 @@ class DistributedDataParallel {
   std::vector<std::vector<int64_t>> bucket_assignment() const;
 
  private:
-  // SAME IN STAGES 03-07: Slot, Bucket and Location
+  // SAME FROM STAGE 03: Slot, Bucket and Location
   // One parameter's place in its bucket (as in stage 02).
   struct Slot {
     int64_t param = 0;   // index into params_
@@ -120,7 +120,7 @@ class DistributedDataParallel {
     size_t bucket = 0;
     size_t slot = 0;
   };
-  // END SAME IN STAGES 03-07: Slot, Bucket and Location
+  // END SAME FROM STAGE 03: Slot, Bucket and Location
 
   void broadcast_from_rank0();
   // Fills buckets_ and locations_ (Note [Bucket assignment], as in stage 02).
@@ -133,14 +133,14 @@ class DistributedDataParallel {
   [[noreturn]] void throw_unfinished();
   static int64_t cap_bytes(double mb) { return static_cast<int64_t>(mb * 1024.0 * 1024.0); }
 
-  // SAME IN STAGES 03-07: state constant after construction
+  // SAME FROM STAGE 03: state constant after construction
   std::shared_ptr<tp::nn::Module> module_;                        // constant after construction
   std::shared_ptr<tp::distributed::ProcessGroup> process_group_;  // constant after construction
   Options options_;                                               // constant after construction
   std::vector<tp::nn::NamedTensor> params_;  // named_parameters(), cached at construction
   std::vector<Bucket> buckets_;              // the layout is constant after construction
   std::vector<Location> locations_;          // [param index], constant after construction
-  // END SAME IN STAGES 03-07: state constant after construction
+  // END SAME FROM STAGE 03: state constant after construction
 
   // [snippet:iteration-state]
   // Per iteration, touched by the hooks and the callback on the thread that
@@ -150,10 +150,10 @@ class DistributedDataParallel {
   std::string unfinished_;         // set when a backward ended with a bucket unfinished
   // [/snippet:iteration-state]
 
-  // SAME IN STAGES 03-07: the hooks, last
+  // SAME FROM STAGE 03: the hooks, last
   // Last, so the hooks are removed before anything they touch is destroyed.
   std::vector<tp::RemovableHandle> hooks_;
-  // END SAME IN STAGES 03-07: the hooks, last
+  // END SAME FROM STAGE 03: the hooks, last
 };
 
 }  // namespace stage03

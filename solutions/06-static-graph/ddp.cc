@@ -28,7 +28,7 @@ DistributedDataParallel::DistributedDataParallel(
     : module_(std::move(module)),
       process_group_(std::move(process_group)),
       options_(options) {
-  // SAME IN STAGES 02-07: check the arguments and the model
+  // SAME FROM STAGE 02: check the arguments and the model
   TP_CHECK(module_ != nullptr, "stage06 DDP: the module is null; pass the model to wrap");
   TP_CHECK(process_group_ != nullptr,
            "stage06 DDP: the process group is null; call init_process_group first");
@@ -38,7 +38,7 @@ DistributedDataParallel::DistributedDataParallel(
            "); a tiny cap such as 1e-6 gives one bucket per parameter");
   params_ = module_->named_parameters();
   tp::distributed::verify_same_tensors_on_all_ranks(*process_group_, params_, "stage06 DDP");
-  // END SAME IN STAGES 02-07: check the arguments and the model
+  // END SAME FROM STAGE 02: check the arguments and the model
   used_map_ = tp::zeros({static_cast<int64_t>(params_.size())}, tp::kFloat32);
   broadcast_from_rank0();
   std::vector<int64_t> reverse_registration;
@@ -46,7 +46,7 @@ DistributedDataParallel::DistributedDataParallel(
     reverse_registration.push_back(p);
   }
   assign_buckets(reverse_registration);
-  // SAME IN STAGES 03-07: register the hooks
+  // SAME FROM STAGE 03: register the hooks
   // [snippet:register-hooks]
   // One hook per parameter. It captures `this`, which is why this class can
   // be neither copied nor moved, and why hooks_ is its last member.
@@ -55,10 +55,10 @@ DistributedDataParallel::DistributedDataParallel(
         [this, i](const Tensor& param) { on_gradient_ready(static_cast<int64_t>(i), param); }));
   }
   // [/snippet:register-hooks]
-  // END SAME IN STAGES 03-07: register the hooks
+  // END SAME FROM STAGE 03: register the hooks
 }
 
-// SAME IN STAGES 01-07: broadcast rank 0's model
+// SAME FROM STAGE 01: broadcast rank 0's model
 void DistributedDataParallel::broadcast_from_rank0() {
   // The broadcast writes into the parameters: no autograd history for that.
   tp::NoGradGuard no_grad;
@@ -71,9 +71,9 @@ void DistributedDataParallel::broadcast_from_rank0() {
     }
   }
 }
-// END SAME IN STAGES 01-07: broadcast rank 0's model
+// END SAME FROM STAGE 01: broadcast rank 0's model
 
-// SAME IN STAGES 06-07: bucket assignment in a given order
+// SAME FROM STAGE 06: bucket assignment in a given order
 // Note [Bucket assignment] is stage 02's (solutions/02-bucketing/ddp.cc): a
 // bucket closes once it holds at least its cap (first_bucket_cap_mb for the
 // first), one dtype per bucket. Here the parameters come in `order`: reverse
@@ -121,9 +121,9 @@ void DistributedDataParallel::assign_buckets(const std::vector<int64_t>& order) 
     if (!bucket.params.empty()) close(std::move(bucket.params));
   }
 }
-// END SAME IN STAGES 06-07: bucket assignment in a given order
+// END SAME FROM STAGE 06: bucket assignment in a given order
 
-// SAME IN STAGES 02-07: bucket_assignment()
+// SAME FROM STAGE 02: bucket_assignment()
 std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() const {
   std::vector<std::vector<int64_t>> out;
   for (const Bucket& bucket : buckets_) {
@@ -132,9 +132,9 @@ std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() c
   }
   return out;
 }
-// END SAME IN STAGES 02-07: bucket_assignment()
+// END SAME FROM STAGE 02: bucket_assignment()
 
-// SAME IN STAGES 04-07: Note [Decided at forward]
+// SAME FROM STAGE 04: Note [Decided at forward]
 // Note [Decided at forward]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // Whether a backward syncs is decided when its forward runs, and recorded
@@ -154,16 +154,16 @@ std::vector<std::vector<int64_t>> DistributedDataParallel::bucket_assignment() c
 // gradient_as_bucket_view that is the bucket slot itself). The next synced
 // backward then moves the sum into the buckets as stage 03 moves a single
 // gradient: one all-reduce per bucket for all K micro-batches.
-// END SAME IN STAGES 04-07: Note [Decided at forward]
-// SAME IN STAGES 05-07: NoSyncGuard's constructor
+// END SAME FROM STAGE 04: Note [Decided at forward]
+// SAME FROM STAGE 05: NoSyncGuard's constructor
 NoSyncGuard::NoSyncGuard(DistributedDataParallel& ddp) : ddp_(&ddp) {
   // Until this guard is destroyed, forwards record "do not sync" (stage 04).
   previous_ = ddp.require_backward_grad_sync_;
   ddp.require_backward_grad_sync_ = false;
 }
-// END SAME IN STAGES 05-07: NoSyncGuard's constructor
+// END SAME FROM STAGE 05: NoSyncGuard's constructor
 
-// SAME IN STAGES 04-07: NoSyncGuard's move and destructor
+// SAME FROM STAGE 04: NoSyncGuard's move and destructor
 NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
     : ddp_(std::exchange(other.ddp_, nullptr)), previous_(other.previous_) {}
 
@@ -172,7 +172,7 @@ NoSyncGuard::~NoSyncGuard() {
   // end an outer one. A moved-from guard (ddp_ null) does nothing.
   if (ddp_ != nullptr) ddp_->require_backward_grad_sync_ = previous_;
 }
-// END SAME IN STAGES 04-07: NoSyncGuard's move and destructor
+// END SAME FROM STAGE 04: NoSyncGuard's move and destructor
 
 Tensor DistributedDataParallel::forward([[maybe_unused]] const Tensor& input) {
   if (!unfinished_.empty()) {
@@ -199,7 +199,7 @@ Tensor DistributedDataParallel::forward([[maybe_unused]] const Tensor& input) {
   return output;
 }
 
-// SAME IN STAGES 06-07: Note [Static graph] and the counted walk
+// SAME FROM STAGE 06: Note [Static graph] and the counted walk
 // Note [Static graph]
 // ~~~~~~~~~~~~~~~~~~~
 // find_unused_parameters pays twice in every step: a walk of the graph after
@@ -225,9 +225,9 @@ std::vector<int64_t> DistributedDataParallel::unreached_parameters(const Tensor&
   tp::trace::Span span("graph walk", "ddp");
   return walk_graph(output);
 }
-// END SAME IN STAGES 06-07: Note [Static graph] and the counted walk
+// END SAME FROM STAGE 06: Note [Static graph] and the counted walk
 
-// SAME IN STAGES 05-07: Note [Finding unused parameters]
+// SAME FROM STAGE 05: Note [Finding unused parameters]
 // Note [Finding unused parameters]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A parameter's hook runs when backward accumulates its gradient. One the
@@ -258,8 +258,8 @@ std::vector<int64_t> DistributedDataParallel::unreached_parameters(const Tensor&
 // sync, summed over the ranks. It is launched right after the last bucket
 // (every rank then issues the same all-reduces in the same order), and read
 // at the end of backward: a parameter with a count of 0 keeps no gradient.
-// END SAME IN STAGES 05-07: Note [Finding unused parameters]
-// SAME IN STAGES 06-07: the graph walk
+// END SAME FROM STAGE 05: Note [Finding unused parameters]
+// SAME FROM STAGE 06: the graph walk
 std::vector<int64_t> DistributedDataParallel::walk_graph(const Tensor& output) const {
   // As stage 05: from the output's grad_fn to the accumulators.
   std::set<const tp::TensorImpl*> reached;
@@ -283,9 +283,9 @@ std::vector<int64_t> DistributedDataParallel::walk_graph(const Tensor& output) c
   }
   return unreached;
 }
-// END SAME IN STAGES 06-07: the graph walk
+// END SAME FROM STAGE 06: the graph walk
 
-// SAME IN STAGES 03-07: Note [Overlap]
+// SAME FROM STAGE 03: Note [Overlap]
 // Note [Overlap]
 // ~~~~~~~~~~~~~~
 // The autograd engine runs a parameter's post-accumulate-grad hook the moment
@@ -306,8 +306,8 @@ std::vector<int64_t> DistributedDataParallel::walk_graph(const Tensor& output) c
 // With gradient_as_bucket_view, the first time a gradient arrives in a step
 // it is copied into its slot and the parameter's .grad is pointed at the
 // slot; the average then lands in .grad without a copy back.
-// END SAME IN STAGES 03-07: Note [Overlap]
-// SAME IN STAGES 06-07: the hook
+// END SAME FROM STAGE 03: Note [Overlap]
+// SAME FROM STAGE 06: the hook
 void DistributedDataParallel::on_gradient_ready(int64_t index, const Tensor& param) {
   tp::trace::Span span("hook", "ddp", {{"param", index}});
   used_map_.data_ptr<float>()[index] = 1.0f;  // used since the last sync, no_sync or not
@@ -333,9 +333,9 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, const Tensor& par
   }
   file_gradient(index, param.grad());
 }
-// END SAME IN STAGES 06-07: the hook
+// END SAME FROM STAGE 06: the hook
 
-// SAME IN STAGES 06-07: file a gradient
+// SAME FROM STAGE 06: file a gradient
 void DistributedDataParallel::file_gradient(int64_t index, const Tensor& grad) {
   const Location at = locations_[static_cast<size_t>(index)];
   Bucket& bucket = buckets_[at.bucket];
@@ -365,7 +365,7 @@ void DistributedDataParallel::file_gradient(int64_t index, const Tensor& grad) {
     used_map_work_ = process_group_->allreduce(used_map_, ReduceOp::SUM);
   }
 }
-// END SAME IN STAGES 06-07: file a gradient
+// END SAME FROM STAGE 06: file a gradient
 
 void DistributedDataParallel::finish_backward() {
   if (!sync_this_backward_) {
@@ -438,7 +438,7 @@ void DistributedDataParallel::finish_backward() {
   callback_queued_ = false;
 }
 
-// SAME IN STAGES 06-07: Note [Rebuilding the buckets]
+// SAME FROM STAGE 06: Note [Rebuilding the buckets]
 // Note [Rebuilding the buckets]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The constructor fills the buckets in reverse registration order, a guess
@@ -460,7 +460,7 @@ void DistributedDataParallel::finish_backward() {
 // is broadcast and every rank rebuilds from it. With gradient_as_bucket_view
 // the .grad of each parameter is a view of the old bucket: its value is
 // copied into the new slot and .grad pointed there.
-// END SAME IN STAGES 06-07: Note [Rebuilding the buckets]
+// END SAME FROM STAGE 06: Note [Rebuilding the buckets]
 void DistributedDataParallel::rebuild_buckets() {
   // EXERCISE: every rank must rebuild from the same order: rank 0's
   // ready_order_. Then reassign the buckets in that order, and with
@@ -493,7 +493,7 @@ void DistributedDataParallel::rebuild_buckets() {
   rebuilt_ = true;
 }
 
-// SAME IN STAGES 05-07: the note when nothing is unused
+// SAME FROM STAGE 05: the note when nothing is unused
 void DistributedDataParallel::warn_if_nothing_unused(const float* used) const {
   const int world_size = process_group_->size();
   for (size_t p = 0; p < params_.size(); ++p) {
@@ -506,9 +506,9 @@ void DistributedDataParallel::warn_if_nothing_unused(const float* used) const {
                "graph after every forward; if no parameter ever goes unused, pass "
                "find_unused_parameters = false.\n");
 }
-// END SAME IN STAGES 05-07: the note when nothing is unused
+// END SAME FROM STAGE 05: the note when nothing is unused
 
-// SAME IN STAGES 06-07: the error for an unfinished backward, static_graph included
+// SAME FROM STAGE 06: the error for an unfinished backward, static_graph included
 void DistributedDataParallel::throw_unfinished() {
   // The parameters whose hook did not run: their buckets never completed.
   std::string missing;
@@ -568,6 +568,6 @@ void DistributedDataParallel::throw_unfinished() {
            "gradient in every backward, or construct the DDP with find_unused_parameters = "
            "true");
 }
-// END SAME IN STAGES 06-07: the error for an unfinished backward, static_graph included
+// END SAME FROM STAGE 06: the error for an unfinished backward, static_graph included
 
 }  // namespace stage06
