@@ -248,118 +248,6 @@ std::vector<Finding> check_results_complete(const RunConfig& config,
   return out;
 }
 
-namespace {
-
-// Where a value first stops being finite, and on which ranks. A rank's
-// numbers in the order they were made: its parameters after construction,
-// step 0's losses, its parameters after step 0's update, the losses of step
-// 1, 2, ... (each made with the parameters of the update before), and its
-// final parameters; the earliest non-finite one over all ranks is named,
-// alone, since it poisons every difference after it (Note [Non-finite
-// values]).
-std::vector<Finding> check_finite(const RunConfig& config, const ReferenceResult& reference,
-                                  const std::vector<RankResult>& ranks) {
-  const int64_t k = config.micro_batches;
-  for (size_t r = 0; r < reference.losses.size(); ++r) {
-    for (size_t i = 0; i < reference.losses[r].size(); ++i) {
-      if (std::isfinite(reference.losses[r][i])) continue;
-      return {{detail::cat("the reference itself diverged: rank ", r, "'s loss on micro-batch ",
-                           i, " (step ", static_cast<int64_t>(i) / k, ") is ",
-                           num(reference.losses[r][i])),
-               "the learning rate is too large for this model: lower lr (--lr)"}};
-    }
-  }
-  // "fc1.weight element 3 is inf": the first non-finite value of a snapshot.
-  auto first_non_finite = [](const Snapshot& snap) -> std::string {
-    for (const ParamValues& p : snap) {
-      for (size_t i = 0; i < p.values.size(); ++i) {
-        if (!std::isfinite(p.values[i])) {
-          return detail::cat(p.name, " element ", i, " is ", num(p.values[i]), " (",
-                             first_values(&p), ")");
-        }
-      }
-    }
-    return "";
-  };
-  // The first non-finite loss of a rank in step `s`: "is nan", or with
-  // accumulation ", micro-batch 5, is nan".
-  auto loss_in_step = [&](const RankResult& r, int64_t s) -> std::string {
-    for (int64_t i = s * k; i < (s + 1) * k && i < static_cast<int64_t>(r.losses.size()); ++i) {
-      const double loss = r.losses[static_cast<size_t>(i)];
-      if (!std::isfinite(loss)) {
-        return detail::cat(k > 1 ? detail::cat(", micro-batch ", i, ",") : "", " is ", num(loss));
-      }
-    }
-    return "";
-  };
-  // What rank r made at point t: 0 its initial parameters, 2s + 1 the
-  // losses of step s, 2 its parameters after step 0, 2 * steps its final
-  // parameters (after the last step's update); "" while finite.
-  auto non_finite_at = [&](const RankResult& r, int64_t t) -> std::string {
-    const int64_t steps = steps_of(config, r.rank);
-    if (t == 0) return first_non_finite(r.initial_params);
-    if (t % 2 == 1) return (t - 1) / 2 < steps ? loss_in_step(r, (t - 1) / 2) : "";
-    if (t == 2) return first_non_finite(r.after_first_step);
-    return t == 2 * steps ? first_non_finite(r.final_params) : "";
-  };
-  const auto longest = static_cast<int64_t>(total_steps(config));
-  const std::string growth =
-      "a gradient that grew without bound (summed over ranks but never divided, or "
-      "accumulated across steps without being zeroed)";
-  for (int64_t t = 0; t <= 2 * longest; ++t) {
-    std::vector<int> bad;  // ranks non-finite at t
-    std::string first;
-    for (const RankResult& r : ranks) {
-      const std::string what = non_finite_at(r, t);
-      if (what.empty()) continue;
-      if (bad.empty()) first = what;
-      bad.push_back(r.rank);
-    }
-    if (bad.empty()) continue;
-    const int rank = bad.front();
-    std::string others;  // "; also on ranks 1, 2" / "; the other ranks stay finite"
-    if (bad.size() > 1) {
-      std::vector<std::string> rest;
-      for (size_t b = 1; b < bad.size(); ++b) rest.push_back(std::to_string(bad[b]));
-      others = "; also on rank" + std::string(rest.size() > 1 ? "s " : " ") + join(rest);
-    } else if (ranks.size() > 1) {
-      others = "; the other ranks stay finite";
-    }
-    const bool some_ranks = bad.size() < ranks.size();
-    const std::string division = detail::cat(
-        "a division by zero", some_ranks ? " on some ranks only (by a number that is 0 there: "
-                                           "the rank itself, say)" : " (by W - 1 or another count "
-                                           "that can be 0?)",
-        ", or ", growth);
-    if (t == 0) {
-      return {{detail::cat("rank ", rank, "'s parameters are non-finite right after DDP "
-                           "construction: ", first, others),
-               "the constructor must only copy rank 0's finite parameters (broadcast): is a "
-               "parameter divided, or broadcast from memory that was never written?"}};
-    }
-    if (t % 2 == 1) {
-      const int64_t s = (t - 1) / 2;
-      return {{detail::cat("rank ", rank, "'s loss in step ", s, first,
-                           s == 0 ? " although its parameters are finite"
-                                  : detail::cat(", made with the parameters of step ", s - 1,
-                                                "'s update: that update made them non-finite"),
-                           others, "; the reference's is finite"),
-               s == 0 ? "the forward pass must call the wrapped module on this rank's own "
-                        "shard; DDP must not change the forward result"
-                      : detail::cat("step ", s - 1, "'s averaged gradient was not finite: ",
-                                    division)}};
-    }
-    const int64_t step = t / 2 - 1;  // the update that made them
-    return {{detail::cat("rank ", rank, "'s parameters went non-finite in step ", step,
-                         "'s update", t == 2 ? "" : " (the last)", ": ", first, others,
-                         "; the reference's are finite"),
-             detail::cat("step ", step, "'s averaged gradient was not finite: ", division)}};
-  }
-  return {};
-}
-
-}  // namespace
-
 Comparison compare(const ReferenceResult& reference, const std::vector<RankResult>& ranks,
                    double tolerance) {
   Comparison c;
@@ -398,370 +286,674 @@ Comparison compare(const ReferenceResult& reference, const std::vector<RankResul
   return c;
 }
 
-std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& reference,
-                              const std::vector<RankResult>& ranks, double tolerance,
-                              const Advice& advice) {
-  std::vector<Finding> out = check_results_complete(config, reference, ranks);
-  if (!out.empty()) return out;
-  out = check_finite(config, reference, ranks);
-  if (!out.empty()) return out;
-  // Step 0 is judged on the ranks that took it: with uneven inputs a rank
-  // may have no batch at all. rank0 is the first of them.
-  std::vector<RankResult> stepped;
-  for (const RankResult& r : ranks) {
-    if (!r.after_first_step.empty()) stepped.push_back(r);
-  }
-  if (stepped.empty()) stepped.push_back(ranks[0]);
-  const RankResult& rank0 = stepped.front();
-  const int64_t k_micro = config.micro_batches;
+namespace {
 
-  // 1. Do the replicas start equal? (the constructor's broadcast)
+// Note [Diagnosis order]
+// diagnose() runs a list of diagnoses (kDiagnoses, below), each looking for
+// one symptom, and reports the first that finds one. A wrong DDP goes wrong
+// at one point and everything after it is a consequence, so the earliest
+// symptom is the one that names the bug; the list therefore follows the
+// run's own order: construction (replicas, then buffers), step 0's
+// forwards, step 0's update, the later steps. Two exceptions come first:
+// a non-finite value poisons every difference after it (Note [Non-finite
+// values]), and a diverged reference leaves nothing to compare with. Only
+// the last diagnosis, the later steps, may report several findings (the
+// losses, the final parameters, the final buffers).
+
+// What every diagnosis looks at: the run, and the ranks that took step 0.
+struct Evidence {
+  const RunConfig& config;
+  const ReferenceResult& reference;
+  const std::vector<RankResult>& ranks;
+  double tolerance;
+  const Advice& advice;
+  // Step 0 is judged on the ranks that took it: with uneven inputs a rank
+  // may have no batch at all. Never empty: ranks[0] stands in when none did.
+  std::vector<const RankResult*> stepped;
+
+  // The first rank that took step 0: the replica the others are held to.
+  const RankResult& rank0() const { return *stepped.front(); }
+};
+
+// REQUIRES: ranks is not empty (check_results_complete() passed).
+Evidence gather_evidence(const RunConfig& config, const ReferenceResult& reference,
+                         const std::vector<RankResult>& ranks, double tolerance,
+                         const Advice& advice) {
+  Evidence e{config, reference, ranks, tolerance, advice, {}};
   for (const RankResult& r : ranks) {
-    std::vector<std::string> bad = params_differing(r.initial_params, rank0.initial_params, tolerance);
-    if (bad.empty()) continue;
-    ParamDiff d = diff_snapshots(r.initial_params, rank0.initial_params, r.rank);
-    out.push_back({detail::cat("right after DDP construction, rank ", r.rank,
-                               "'s parameters differ from rank 0's (", join(bad), "); ",
-                               d.name, ": max |diff| ", sci(d.max_abs), ", rank 0 ",
-                               first_values(find(rank0.initial_params, d.name)), ", rank ",
-                               r.rank, " ", first_values(find(r.initial_params, d.name))),
-                   config.per_rank_seed
-                       ? "each rank seeded differently, so only a broadcast makes the replicas "
-                         "equal: does the constructor broadcast every parameter (and buffer) "
-                         "from rank 0?"
-                       : "the replicas must be equal after construction: does the constructor "
-                         "broadcast every parameter from rank 0?"});
-    return out;  // everything after this is a consequence
+    if (!r.after_first_step.empty()) e.stepped.push_back(&r);
   }
-  // 2. Equal, but are they rank 0's (the reference's)?
-  ParamDiff init = diff_snapshots(rank0.initial_params, reference.initial_params, 0);
-  if (differs(init.max_abs, 0.0, tolerance)) {
-    out.push_back({detail::cat("all ranks start from the same parameters, but not from rank 0's "
-                               "model, which the reference uses: ", init.name, " max |diff| ",
-                               sci(init.max_abs), ", DDP ",
-                               first_values(find(rank0.initial_params, init.name)),
-                               ", reference ", first_values(find(reference.initial_params, init.name))),
-                   "broadcast with src = 0: DDP makes every replica a copy of rank 0's model"});
-    return out;
-  }
-  // 2b. Buffers after construction: each rank's must be what the plan says
-  // (rank 0's when buffers are broadcast, the rank's own otherwise).
-  for (const RankResult& r : ranks) {
-    const Snapshot& expected = reference.initial_buffers[static_cast<size_t>(r.rank)];
-    std::vector<std::string> bad = params_differing(r.initial_buffers, expected, tolerance);
-    if (bad.empty()) continue;
-    ParamDiff d = diff_snapshots(r.initial_buffers, expected, r.rank);
-    const bool synced = config.buffer_sync != BufferSync::None;
-    out.push_back({detail::cat("right after DDP construction, rank ", r.rank, "'s buffers (",
-                               join(bad), ") are not ", synced ? "rank 0's" : "its own", "; ",
-                               d.name, ": max |diff| ", sci(d.max_abs), ", rank ", r.rank, " ",
-                               first_values(find(r.initial_buffers, d.name)), ", expected ",
-                               first_values(find(expected, d.name))),
-                   synced ? "with broadcast_buffers on, the constructor must broadcast every "
-                            "buffer (named_buffers()) from rank 0, like the parameters"
-                          : "with broadcast_buffers off, every rank keeps the buffers it built: "
-                            "is a buffer broadcast anyway?"});
-    return out;
-  }
-  // 3. Step 0's forwards: same parameters, so the losses must match exactly.
-  for (const RankResult& r : ranks) {
-    const std::vector<double>& ref_losses = reference.losses[static_cast<size_t>(r.rank)];
-    for (size_t i = 0; i < static_cast<size_t>(k_micro) && i < r.losses.size(); ++i) {
-      const double ref = ref_losses[i];
-      if (!differs(r.losses[i], ref, tolerance)) continue;
-      out.push_back({detail::cat("step 0, rank ", r.rank, k_micro > 1 ? detail::cat(", micro-batch ", i) : "",
-                                 ": loss ", num(r.losses[i]), ", reference ", num(ref), " (|diff| ",
-                                 sci(std::abs(r.losses[i] - ref)), ") although the parameters match"),
-                     "the forward pass must call the wrapped module on this rank's own shard "
-                     "(micro-batch i takes rows (i*W + rank)*B ...); DDP must not change the "
-                     "forward result"});
-      return out;
+  if (e.stepped.empty()) e.stepped.push_back(&ranks[0]);
+  return e;
+}
+
+// ---- Non-finite values -------------------------------------------------------
+
+// A non-finite loss in the reference: it diverged itself, so no DDP can
+// match it and the learning rate is to blame.
+std::vector<Finding> reference_diverged(const Evidence& e) {
+  const int64_t k = e.config.micro_batches;
+  const std::vector<std::vector<double>>& losses = e.reference.losses;
+  for (size_t r = 0; r < losses.size(); ++r) {
+    for (size_t i = 0; i < losses[r].size(); ++i) {
+      if (std::isfinite(losses[r][i])) continue;
+      return {{detail::cat("the reference itself diverged: rank ", r, "'s loss on micro-batch ",
+                           i, " (step ", static_cast<int64_t>(i) / k, ") is ",
+                           num(losses[r][i])),
+               "the learning rate is too large for this model: lower lr (--lr)"}};
     }
   }
-  // 4. Step 0's update: the averaged gradient.
-  bool ranks_agree_after_step0 = true;
-  std::set<std::string> split_params;
-  for (const RankResult& r : stepped) {
-    for (const std::string& name : params_differing(r.after_first_step, rank0.after_first_step, tolerance)) {
-      ranks_agree_after_step0 = false;
-      split_params.insert(name);
-    }
-  }
-  ParamDiff step0 = diff_snapshots(rank0.after_first_step, reference.after_first_step, rank0.rank);
-  for (const RankResult& r : stepped) {
-    ParamDiff d = diff_snapshots(r.after_first_step, reference.after_first_step, r.rank);
-    if (d.max_abs > step0.max_abs) step0 = d;
-  }
-  const double ref_update = update_norm(reference.initial_params, reference.after_first_step);
-  const double w = divisor_at(config, 0);
-  // This rank's first update as a multiple of the reference's.
-  auto update_ratio = [&](const RankResult& r) {
-    double ddp_update = update_norm(r.initial_params, r.after_first_step);
-    return ref_update > 0 ? ddp_update / ref_update : INFINITY;
-  };
-  auto near = [](double ratio, double target) { return std::abs(ratio - target) < 0.05 * target; };
-  if (!ranks_agree_after_step0) {
-    std::vector<std::string> names(split_params.begin(), split_params.end());
-    const size_t total = rank0.after_first_step.size();
-    // Ranks that stepped with W times the mean: the division ran on some ranks only.
-    std::vector<std::string> times_w;
-    bool others_right = true;
-    for (const RankResult& r : stepped) {
-      const double ratio = update_ratio(r);
-      if (near(ratio, w)) {
-        times_w.push_back(std::to_string(r.rank));
-      } else if (!near(ratio, 1.0)) {
-        others_right = false;
+  return {};
+}
+
+// "fc1.weight element 3 is inf (...)": the first non-finite value of a
+// snapshot; "" when every value is finite.
+std::string first_non_finite(const Snapshot& snap) {
+  for (const ParamValues& p : snap) {
+    for (size_t i = 0; i < p.values.size(); ++i) {
+      if (!std::isfinite(p.values[i])) {
+        return detail::cat(p.name, " element ", i, " is ", num(p.values[i]), " (",
+                           first_values(&p), ")");
       }
     }
-    std::string cause =
-        names.size() == total && others_right && !times_w.empty() && w > 1
-            ? detail::cat("the first update of rank", times_w.size() == 1 ? " " : "s ",
-                          join(times_w), " is ", w, "x the reference's while "
-                          "the other ranks match it: is the summed gradient divided by the "
-                          "world size on every rank?")
-        : std::all_of(names.begin(), names.end(), [&](const std::string& n) {
-            const auto& unreached = reference.unreached_in_step0;
-            return std::find(unreached.begin(), unreached.end(), n) != unreached.end();
-          })
-            ? detail::cat("only ", join(names), " disagree", names.size() == 1 ? "s" : "",
-                          " between ranks, parameters that some rank's step-0 micro-batch did not "
-                          "reach (no gradient there): such a parameter still takes part in the sync "
-                          "and must end with the average on every rank; is its gradient set "
-                          "where the rank had none?")
-        : names.size() < total
-            ? detail::cat("only ", join(names), " disagree", names.size() == 1 ? "s" : "",
-                          " between ranks while the other parameters agree: is ",
-                          names.size() == 1 ? "that parameter" : "each of them",
-                          " all-reduced ", advice.where_sync, ", or skipped?")
-            : "every parameter disagrees between ranks: each rank stepped with its own "
-              "gradient, so gradients were not all-reduced, or were read before their "
-              "all-reduce finished (are gradients averaged " +
-                  advice.how_sync_runs + ", is every gradient all-reduced " + advice.where_sync +
-                  ", and is every all-reduce waited for before the optimizer step?)";
-    const RankResult& worst = ranks[static_cast<size_t>(std::max(step0.rank, 0))];  // by rank number
-    out.push_back({detail::cat("after step 0's update, ranks hold different parameters (",
-                               join(names), "); worst vs the reference: rank ", step0.rank, ", ",
-                               step0.name, " max |diff| ", sci(step0.max_abs), ", DDP ",
-                               first_values(find(worst.after_first_step, step0.name)),
-                               ", reference ",
-                               first_values(find(reference.after_first_step, step0.name))),
-                   cause});
-    return out;
   }
-  if (differs(step0.max_abs, 0.0, tolerance)) {
-    const double ratio = update_ratio(rank0);
-    std::string cause;
-    if (near(ratio, w)) {
-      cause = detail::cat("step 0's losses match, but the first update is ",
-                          num(ratio), "x the reference's (W = ", w,
-                          "): is the sum divided by the world size? And divided in place "
-                          "(grad.div_(W))? Dividing a copy (grad = grad / W makes a new "
-                          "tensor and rebinds the handle) leaves the parameter's .grad "
-                          "holding the sum");
-    } else if (ratio < 1e-6) {
-      cause = "the first update is zero: every gradient was zero after the sync, so no "
-              "averaged gradient reached the optimizer. Was it scaled by an integer 1 / W "
-              "(0 for W > 1: divide by W, or multiply by 1.0 / W), or zeroed (zero_()) after "
-              "the sync? Or was the average written where .grad does not point (with "
-              "gradient_as_bucket_view: a bucket slot that .grad is not yet a view of, after "
-              "the engine made a fresh .grad), or was .grad replaced after the sync?";
-    } else if (k_micro > 1 && near(ratio, 1.0 / static_cast<double>(k_micro))) {
-      // With W == K both readings fit the numbers: name both.
-      const bool both = near(static_cast<double>(k_micro), w);
-      cause = detail::cat(
-          "the first update is 1/", k_micro, " of the reference's", both ? " (1/K = 1/W here)" : "",
-          ": is the accumulated gradient divided by the number of micro-batches K = ", k_micro,
-          "? Each micro-batch's loss is already scaled by 1/K, so the sum of the K gradients "
-          "already is their mean", both ? "; or is it divided by the world size twice?" : "");
-    } else if (near(ratio, 1.0 / w)) {
-      cause = detail::cat("the first update is 1/", w,
-                          " of the reference's: is the gradient divided by the world size twice?");
-    } else if (implied_gradient_is_the_parameter(reference.initial_params,
-                                                 rank0.after_first_step, config.lr)) {
-      cause = "the first update is lr times the parameters themselves: the parameters "
-              "themselves were averaged instead of their gradients (all-reduce param.grad(), "
-              "not param)";
-    } else if (const std::vector<std::string> wrong =
-                   params_differing(rank0.after_first_step, reference.after_first_step, tolerance);
-               wrong.size() < rank0.after_first_step.size()) {
-      const auto& unreached = reference.unreached_in_step0;
-      const bool all_unreached = std::all_of(wrong.begin(), wrong.end(), [&](const std::string& n) {
-        return std::find(unreached.begin(), unreached.end(), n) != unreached.end();
-      });
-      cause = all_unreached
-                  ? detail::cat(
-                        "only ", join(wrong), wrong.size() == 1 ? " was" : " were",
-                        " updated wrongly, parameters that some micro-batch of step 0 did not "
-                        "reach (no gradient there), while the other parameters match the "
-                        "reference: does such a parameter bring to the sync what its .grad "
-                        "holds (what it accumulated under no_sync, zeros where it has "
-                        "nothing), and end with the average, or with no gradient where no "
-                        "rank used it?")
-                  : unmoved(reference.initial_params, rank0.after_first_step, wrong)
-                  ? detail::cat("only ", join(wrong), wrong.size() == 1 ? " was" : " were",
-                                " updated wrongly, and did not move at all: ",
-                                wrong.size() == 1 ? "its gradient was" : "their gradients were",
-                                " zero after the sync while the other parameters match the "
-                                "reference. Scaled by an integer 1 / W (0 for W > 1), or "
-                                "zeroed (zero_()) after the sync? Are they ",
-                                advice.where_grads_move, "?")
-                  : detail::cat("only ", join(wrong), wrong.size() == 1 ? " was" : " were",
-                                " updated wrongly while the other parameters match the "
-                                "reference: are their gradients ",
-                                advice.where_grads_move, "?");
-    } else {
-      cause = detail::cat("all ranks agree with each other but not with the reference; the first "
-                          "update is ", num(ratio), "x the reference's: the gradients are "
-                          "combined wrongly (all-reduce SUM, then divide by the world size)");
+  return "";
+}
+
+// The first non-finite loss of rank r in step s: " is nan", or with
+// accumulation ", micro-batch 5, is nan"; "" while finite.
+std::string non_finite_loss(const RunConfig& config, const RankResult& r, int64_t s) {
+  const int64_t k = config.micro_batches;
+  for (int64_t i = s * k; i < (s + 1) * k && i < static_cast<int64_t>(r.losses.size()); ++i) {
+    const double loss = r.losses[static_cast<size_t>(i)];
+    if (!std::isfinite(loss)) {
+      return detail::cat(k > 1 ? detail::cat(", micro-batch ", i, ",") : "", " is ", num(loss));
     }
-    out.push_back({detail::cat("after step 0's update, every rank holds the same parameters but not "
-                               "the reference's: ", step0.name, " max |diff| ", sci(step0.max_abs),
-                               ", DDP ", first_values(find(rank0.after_first_step, step0.name)),
-                               ", reference ",
-                               first_values(find(reference.after_first_step, step0.name))),
-                   cause});
-    return out;
   }
-  // 5. Later steps. When every parameter that ends wrong is one some
-  // micro-batch left without a gradient (a branch not taken), the handling
-  // of such parameters is the first suspect.
-  Comparison c = compare(reference, ranks, tolerance);
+  return "";
+}
+
+// Note [Points of a run]
+// A rank's numbers in the order they were made, numbered by point t: its
+// parameters after construction (t = 0), the losses of step s (t = 2s + 1,
+// made with the parameters of the update before), its parameters after
+// step 0's update (t = 2) and its final parameters, after the last step's
+// update (t = 2 * steps). The points in between have no snapshot.
+
+// What rank r made at point t (Note [Points of a run]) that is not finite;
+// "" while finite.
+std::string non_finite_at(const RunConfig& config, const RankResult& r, int64_t t) {
+  const int64_t steps = steps_of(config, r.rank);
+  if (t == 0) return first_non_finite(r.initial_params);
+  if (t % 2 == 1) return (t - 1) / 2 < steps ? non_finite_loss(config, r, (t - 1) / 2) : "";
+  if (t == 2) return first_non_finite(r.after_first_step);
+  return t == 2 * steps ? first_non_finite(r.final_params) : "";
+}
+
+// "; also on ranks 1, 2" or "; the other ranks stay finite": the ranks
+// besides the first of `bad` (the ranks non-finite at one point).
+std::string also_non_finite_on(const std::vector<int>& bad, size_t world) {
+  if (bad.size() > 1) {
+    std::vector<std::string> rest;
+    for (size_t b = 1; b < bad.size(); ++b) rest.push_back(std::to_string(bad[b]));
+    return "; also on rank" + std::string(rest.size() > 1 ? "s " : " ") + join(rest);
+  }
+  return world > 1 ? "; the other ranks stay finite" : "";
+}
+
+// Why an averaged gradient was not finite, on some ranks or on all.
+std::string non_finite_gradient_cause(bool some_ranks) {
+  return detail::cat(
+      "a division by zero",
+      some_ranks ? " on some ranks only (by a number that is 0 there: the rank itself, say)"
+                 : " (by W - 1 or another count that can be 0?)",
+      ", or a gradient that grew without bound (summed over ranks but never divided, or "
+      "accumulated across steps without being zeroed)");
+}
+
+// The finding for point t (Note [Points of a run]), where the ranks `bad`
+// are non-finite, the first of them with `first`.
+Finding non_finite_finding(const Evidence& e, int64_t t, const std::vector<int>& bad,
+                           const std::string& first) {
+  const int rank = bad.front();
+  const std::string others = also_non_finite_on(bad, e.ranks.size());
+  const std::string division = non_finite_gradient_cause(bad.size() < e.ranks.size());
+  if (t == 0) {
+    return {detail::cat("rank ", rank, "'s parameters are non-finite right after DDP "
+                        "construction: ", first, others),
+            "the constructor must only copy rank 0's finite parameters (broadcast): is a "
+            "parameter divided, or broadcast from memory that was never written?"};
+  }
+  if (t % 2 == 1) {
+    const int64_t s = (t - 1) / 2;
+    return {detail::cat("rank ", rank, "'s loss in step ", s, first,
+                        s == 0 ? " although its parameters are finite"
+                               : detail::cat(", made with the parameters of step ", s - 1,
+                                             "'s update: that update made them non-finite"),
+                        others, "; the reference's is finite"),
+            s == 0 ? "the forward pass must call the wrapped module on this rank's own "
+                     "shard; DDP must not change the forward result"
+                   : detail::cat("step ", s - 1, "'s averaged gradient was not finite: ",
+                                 division)};
+  }
+  const int64_t step = t / 2 - 1;  // the update that made them
+  return {detail::cat("rank ", rank, "'s parameters went non-finite in step ", step,
+                      "'s update", t == 2 ? "" : " (the last)", ": ", first, others,
+                      "; the reference's are finite"),
+          detail::cat("step ", step, "'s averaged gradient was not finite: ", division)};
+}
+
+// The earliest point (Note [Points of a run]) where a value on some rank is
+// not finite, over all ranks; named alone, since it poisons every
+// difference after it (Note [Non-finite values]).
+std::vector<Finding> first_non_finite_value(const Evidence& e) {
+  const int64_t longest = total_steps(e.config);
+  for (int64_t t = 0; t <= 2 * longest; ++t) {
+    std::vector<int> bad;  // ranks non-finite at t
+    std::string first;     // what the first of them made
+    for (const RankResult& r : e.ranks) {
+      const std::string what = non_finite_at(e.config, r, t);
+      if (what.empty()) continue;
+      if (bad.empty()) first = what;
+      bad.push_back(r.rank);
+    }
+    if (!bad.empty()) return {non_finite_finding(e, t, bad, first)};
+  }
+  return {};
+}
+
+// ---- Construction ------------------------------------------------------------
+
+// Some rank's parameters differ from rank 0's right after construction: the
+// constructor's broadcast, the first thing DDP does.
+std::vector<Finding> replicas_start_apart(const Evidence& e) {
+  const RankResult& rank0 = e.rank0();
+  for (const RankResult& r : e.ranks) {
+    std::vector<std::string> bad =
+        params_differing(r.initial_params, rank0.initial_params, e.tolerance);
+    if (bad.empty()) continue;
+    ParamDiff d = diff_snapshots(r.initial_params, rank0.initial_params, r.rank);
+    return {{detail::cat("right after DDP construction, rank ", r.rank,
+                         "'s parameters differ from rank 0's (", join(bad), "); ", d.name,
+                         ": max |diff| ", sci(d.max_abs), ", rank 0 ",
+                         first_values(find(rank0.initial_params, d.name)), ", rank ", r.rank,
+                         " ", first_values(find(r.initial_params, d.name))),
+             e.config.per_rank_seed
+                 ? "each rank seeded differently, so only a broadcast makes the replicas "
+                   "equal: does the constructor broadcast every parameter (and buffer) "
+                   "from rank 0?"
+                 : "the replicas must be equal after construction: does the constructor "
+                   "broadcast every parameter from rank 0?"}};
+  }
+  return {};
+}
+
+// The replicas start equal, but not as rank 0's model (the reference's):
+// the broadcast came from another rank.
+std::vector<Finding> replicas_not_rank0s(const Evidence& e) {
+  const RankResult& rank0 = e.rank0();
+  ParamDiff init = diff_snapshots(rank0.initial_params, e.reference.initial_params, 0);
+  if (!differs(init.max_abs, 0.0, e.tolerance)) return {};
+  return {{detail::cat("all ranks start from the same parameters, but not from rank 0's "
+                       "model, which the reference uses: ", init.name, " max |diff| ",
+                       sci(init.max_abs), ", DDP ",
+                       first_values(find(rank0.initial_params, init.name)), ", reference ",
+                       first_values(find(e.reference.initial_params, init.name))),
+           "broadcast with src = 0: DDP makes every replica a copy of rank 0's model"}};
+}
+
+// A rank's buffers after construction are not what the plan says (rank 0's
+// when buffers are broadcast, the rank's own otherwise).
+std::vector<Finding> initial_buffers_wrong(const Evidence& e) {
+  for (const RankResult& r : e.ranks) {
+    const Snapshot& expected = e.reference.initial_buffers[static_cast<size_t>(r.rank)];
+    std::vector<std::string> bad = params_differing(r.initial_buffers, expected, e.tolerance);
+    if (bad.empty()) continue;
+    ParamDiff d = diff_snapshots(r.initial_buffers, expected, r.rank);
+    const bool synced = e.config.buffer_sync != BufferSync::None;
+    return {{detail::cat("right after DDP construction, rank ", r.rank, "'s buffers (",
+                         join(bad), ") are not ", synced ? "rank 0's" : "its own", "; ",
+                         d.name, ": max |diff| ", sci(d.max_abs), ", rank ", r.rank, " ",
+                         first_values(find(r.initial_buffers, d.name)), ", expected ",
+                         first_values(find(expected, d.name))),
+             synced ? "with broadcast_buffers on, the constructor must broadcast every "
+                      "buffer (named_buffers()) from rank 0, like the parameters"
+                    : "with broadcast_buffers off, every rank keeps the buffers it built: "
+                      "is a buffer broadcast anyway?"}};
+  }
+  return {};
+}
+
+// ---- Step 0 ------------------------------------------------------------------
+
+// A loss of step 0 differs although the parameters match: the forward pass
+// (with equal parameters the losses must match exactly).
+std::vector<Finding> step0_loss_differs(const Evidence& e) {
+  const int64_t k = e.config.micro_batches;
+  for (const RankResult& r : e.ranks) {
+    const std::vector<double>& ref_losses = e.reference.losses[static_cast<size_t>(r.rank)];
+    for (size_t i = 0; i < static_cast<size_t>(k) && i < r.losses.size(); ++i) {
+      const double ref = ref_losses[i];
+      if (!differs(r.losses[i], ref, e.tolerance)) continue;
+      return {{detail::cat("step 0, rank ", r.rank,
+                           k > 1 ? detail::cat(", micro-batch ", i) : "", ": loss ",
+                           num(r.losses[i]), ", reference ", num(ref), " (|diff| ",
+                           sci(std::abs(r.losses[i] - ref)), ") although the parameters match"),
+               "the forward pass must call the wrapped module on this rank's own shard "
+               "(micro-batch i takes rows (i*W + rank)*B ...); DDP must not change the "
+               "forward result"}};
+    }
+  }
+  return {};
+}
+
+// Where any rank that took step 0 differs most from the reference after it.
+ParamDiff worst_after_step0(const Evidence& e) {
+  const RankResult& rank0 = e.rank0();
+  ParamDiff worst =
+      diff_snapshots(rank0.after_first_step, e.reference.after_first_step, rank0.rank);
+  for (const RankResult* r : e.stepped) {
+    ParamDiff d = diff_snapshots(r->after_first_step, e.reference.after_first_step, r->rank);
+    if (d.max_abs > worst.max_abs) worst = d;
+  }
+  return worst;
+}
+
+// Rank r's first update as a multiple of the reference's.
+double update_ratio(const Evidence& e, const RankResult& r) {
+  const double ref_update = update_norm(e.reference.initial_params, e.reference.after_first_step);
+  const double ddp_update = update_norm(r.initial_params, r.after_first_step);
+  return ref_update > 0 ? ddp_update / ref_update : INFINITY;
+}
+
+// A ratio within 5% of `target`: far above rounding, far below any other
+// ratio the diagnoses tell apart.
+bool near(double ratio, double target) { return std::abs(ratio - target) < 0.05 * target; }
+
+// True when every name is a parameter that some micro-batch of step 0 did
+// not reach (in the reference's run).
+bool all_unreached_in_step0(const Evidence& e, const std::vector<std::string>& names) {
+  const std::vector<std::string>& unreached = e.reference.unreached_in_step0;
+  return std::all_of(names.begin(), names.end(), [&](const std::string& n) {
+    return std::find(unreached.begin(), unreached.end(), n) != unreached.end();
+  });
+}
+
+// Why the ranks hold different values of `names` after step 0; the first
+// explanation that fits the numbers wins.
+std::string why_ranks_split(const Evidence& e, const std::vector<std::string>& names) {
+  const double w = divisor_at(e.config, 0);
+  const size_t total = e.rank0().after_first_step.size();
+  // Some ranks stepped with W times the mean, the others with the mean:
+  // the division ran on some ranks only.
+  std::vector<std::string> times_w;
+  bool others_right = true;
+  for (const RankResult* r : e.stepped) {
+    const double ratio = update_ratio(e, *r);
+    if (near(ratio, w)) {
+      times_w.push_back(std::to_string(r->rank));
+    } else if (!near(ratio, 1.0)) {
+      others_right = false;
+    }
+  }
+  if (names.size() == total && others_right && !times_w.empty() && w > 1) {
+    return detail::cat("the first update of rank", times_w.size() == 1 ? " " : "s ",
+                       join(times_w), " is ", w, "x the reference's while the other ranks "
+                       "match it: is the summed gradient divided by the world size on every "
+                       "rank?");
+  }
+  if (all_unreached_in_step0(e, names)) {
+    return detail::cat("only ", join(names), " disagree", names.size() == 1 ? "s" : "",
+                       " between ranks, parameters that some rank's step-0 micro-batch did not "
+                       "reach (no gradient there): such a parameter still takes part in the "
+                       "sync and must end with the average on every rank; is its gradient set "
+                       "where the rank had none?");
+  }
+  if (names.size() < total) {
+    return detail::cat("only ", join(names), " disagree", names.size() == 1 ? "s" : "",
+                       " between ranks while the other parameters agree: is ",
+                       names.size() == 1 ? "that parameter" : "each of them", " all-reduced ",
+                       e.advice.where_sync, ", or skipped?");
+  }
+  return "every parameter disagrees between ranks: each rank stepped with its own gradient, so "
+         "gradients were not all-reduced, or were read before their all-reduce finished (are "
+         "gradients averaged " + e.advice.how_sync_runs + ", is every gradient all-reduced " +
+         e.advice.where_sync + ", and is every all-reduce waited for before the optimizer step?)";
+}
+
+// The ranks hold different parameters after step 0's update: they stepped
+// with different gradients. Before a wrong update they agree on, since a
+// gradient not synced alike is the more basic mistake.
+std::vector<Finding> ranks_split_after_step0(const Evidence& e) {
+  std::set<std::string> split;  // parameters some rank holds apart from rank0
+  for (const RankResult* r : e.stepped) {
+    for (const std::string& name :
+         params_differing(r->after_first_step, e.rank0().after_first_step, e.tolerance)) {
+      split.insert(name);
+    }
+  }
+  if (split.empty()) return {};
+  const std::vector<std::string> names(split.begin(), split.end());
+  const ParamDiff step0 = worst_after_step0(e);
+  const RankResult& worst = e.ranks[static_cast<size_t>(std::max(step0.rank, 0))];  // by rank number
+  return {{detail::cat("after step 0's update, ranks hold different parameters (", join(names),
+                       "); worst vs the reference: rank ", step0.rank, ", ", step0.name,
+                       " max |diff| ", sci(step0.max_abs), ", DDP ",
+                       first_values(find(worst.after_first_step, step0.name)), ", reference ",
+                       first_values(find(e.reference.after_first_step, step0.name))),
+           why_ranks_split(e, names)}};
+}
+
+// Why only the parameters `wrong` (not all) were updated wrongly, with
+// every rank agreeing.
+std::string why_only_some_updated_wrongly(const Evidence& e, const std::vector<std::string>& wrong) {
+  const std::string only = detail::cat("only ", join(wrong), wrong.size() == 1 ? " was" : " were");
+  if (all_unreached_in_step0(e, wrong)) {
+    return only + " updated wrongly, parameters that some micro-batch of step 0 did not reach "
+                  "(no gradient there), while the other parameters match the reference: does "
+                  "such a parameter bring to the sync what its .grad holds (what it accumulated "
+                  "under no_sync, zeros where it has nothing), and end with the average, or "
+                  "with no gradient where no rank used it?";
+  }
+  if (unmoved(e.reference.initial_params, e.rank0().after_first_step, wrong)) {
+    return detail::cat(only, " updated wrongly, and did not move at all: ",
+                       wrong.size() == 1 ? "its gradient was" : "their gradients were",
+                       " zero after the sync while the other parameters match the reference. "
+                       "Scaled by an integer 1 / W (0 for W > 1), or zeroed (zero_()) after the "
+                       "sync? Are they ", e.advice.where_grads_move, "?");
+  }
+  return detail::cat(only, " updated wrongly while the other parameters match the reference: "
+                     "are their gradients ", e.advice.where_grads_move, "?");
+}
+
+// Why the first update, the same on every rank, is not the reference's;
+// told by its size against the reference's, the first fit winning.
+std::string why_first_update_wrong(const Evidence& e) {
+  const RankResult& rank0 = e.rank0();
+  const double ratio = update_ratio(e, rank0);
+  const double w = divisor_at(e.config, 0);
+  const int64_t k = e.config.micro_batches;
+  if (near(ratio, w)) {  // the sum, never divided
+    return detail::cat("step 0's losses match, but the first update is ", num(ratio),
+                       "x the reference's (W = ", w, "): is the sum divided by the world size? "
+                       "And divided in place (grad.div_(W))? Dividing a copy (grad = grad / W "
+                       "makes a new tensor and rebinds the handle) leaves the parameter's .grad "
+                       "holding the sum");
+  }
+  if (ratio < 1e-6) {  // no update at all
+    return "the first update is zero: every gradient was zero after the sync, so no averaged "
+           "gradient reached the optimizer. Was it scaled by an integer 1 / W (0 for W > 1: "
+           "divide by W, or multiply by 1.0 / W), or zeroed (zero_()) after the sync? Or was "
+           "the average written where .grad does not point (with gradient_as_bucket_view: a "
+           "bucket slot that .grad is not yet a view of, after the engine made a fresh "
+           ".grad), or was .grad replaced after the sync?";
+  }
+  if (k > 1 && near(ratio, 1.0 / static_cast<double>(k))) {  // the mean divided by K again
+    const bool both = near(static_cast<double>(k), w);  // W == K: both readings fit, name both
+    return detail::cat(
+        "the first update is 1/", k, " of the reference's", both ? " (1/K = 1/W here)" : "",
+        ": is the accumulated gradient divided by the number of micro-batches K = ", k,
+        "? Each micro-batch's loss is already scaled by 1/K, so the sum of the K gradients "
+        "already is their mean", both ? "; or is it divided by the world size twice?" : "");
+  }
+  if (near(ratio, 1.0 / w)) {  // the mean divided by W again
+    return detail::cat("the first update is 1/", w,
+                       " of the reference's: is the gradient divided by the world size twice?");
+  }
+  if (implied_gradient_is_the_parameter(e.reference.initial_params, rank0.after_first_step,
+                                        e.config.lr)) {
+    return "the first update is lr times the parameters themselves: the parameters themselves "
+           "were averaged instead of their gradients (all-reduce param.grad(), not param)";
+  }
+  if (const std::vector<std::string> wrong = params_differing(
+          rank0.after_first_step, e.reference.after_first_step, e.tolerance);
+      wrong.size() < rank0.after_first_step.size()) {
+    return why_only_some_updated_wrongly(e, wrong);
+  }
+  return detail::cat("all ranks agree with each other but not with the reference; the first "
+                     "update is ", num(ratio), "x the reference's: the gradients are combined "
+                     "wrongly (all-reduce SUM, then divide by the world size)");
+}
+
+// Every rank holds the same parameters after step 0's update, but not the
+// reference's: the gradients were combined wrongly.
+std::vector<Finding> step0_update_wrong(const Evidence& e) {
+  const ParamDiff step0 = worst_after_step0(e);
+  if (!differs(step0.max_abs, 0.0, e.tolerance)) return {};
+  const RankResult& rank0 = e.rank0();
+  return {{detail::cat("after step 0's update, every rank holds the same parameters but not the "
+                       "reference's: ", step0.name, " max |diff| ", sci(step0.max_abs), ", DDP ",
+                       first_values(find(rank0.after_first_step, step0.name)), ", reference ",
+                       first_values(find(e.reference.after_first_step, step0.name))),
+           why_first_update_wrong(e)}};
+}
+
+// ---- Later steps -------------------------------------------------------------
+
+// How a run whose step 0 was right ended.
+struct Ending {
+  Comparison c;                    // the whole run against the reference
   std::set<std::string> ungraded;  // parameters some rank's micro-batch did not reach
-  for (const RankResult& r : ranks) {
+  std::set<std::string> wrong;     // parameters that end wrong on some rank
+  std::set<std::string> apart;     // parameters some rank ends without rank0's values
+};
+
+Ending how_the_run_ended(const Evidence& e) {
+  const Snapshot& params = e.rank0().final_params;
+  Ending end;
+  end.c = compare(e.reference, e.ranks, e.tolerance);
+  for (const RankResult& r : e.ranks) {
     for (const std::vector<int64_t>& micro : r.unreached_per_micro) {
       for (int64_t p : micro) {
-        if (static_cast<size_t>(p) < rank0.final_params.size()) {
-          ungraded.insert(rank0.final_params[static_cast<size_t>(p)].name);
+        if (static_cast<size_t>(p) < params.size()) {
+          end.ungraded.insert(params[static_cast<size_t>(p)].name);
         }
       }
     }
-  }
-  std::set<std::string> wrong;  // parameters that end wrong on some rank
-  bool ranks_disagree = false;
-  for (const RankResult& r : ranks) {
-    for (const std::string& n : params_differing(r.final_params, reference.final_params, tolerance)) {
-      wrong.insert(n);
+    for (const std::string& n :
+         params_differing(r.final_params, e.reference.final_params, e.tolerance)) {
+      end.wrong.insert(n);
     }
-    ranks_disagree |= !params_differing(r.final_params, rank0.final_params, tolerance).empty();
+    for (const std::string& n : params_differing(r.final_params, params, e.tolerance)) {
+      end.apart.insert(n);
+    }
   }
-  std::string later_cause =
+  return end;
+}
+
+std::string join(const std::set<std::string>& items) {
+  return join(std::vector<std::string>(items.begin(), items.end()));
+}
+
+// True when the first wrong update is the first step with fewer ranks
+// training than the one before it (uneven inputs: a rank ran out).
+bool first_wrong_update_lost_a_rank(const RunConfig& config, const Comparison& c) {
+  const int64_t s = c.first_bad_index / config.micro_batches - 1;  // the first wrong update
+  return c.first_bad_index >= 0 && uneven(config) && active_ranks(config, s) < config.world_size &&
+         active_ranks(config, std::max<int64_t>(s - 1, 0)) == config.world_size;
+}
+
+// Why a later step went wrong, step 0 being right; the first explanation
+// that fits wins, the most specific first.
+std::string why_later_step_wrong(const Evidence& e, const Ending& end) {
+  const std::string carried =
       "step 0 is right, so the error is in what carries over between steps: gradients not "
       "zeroed, state kept from an earlier step, or a sync that runs only on some steps";
-  if (!wrong.empty() && wrong.size() < rank0.final_params.size() &&
-      std::all_of(wrong.begin(), wrong.end(),
-                  [&](const std::string& n) { return ungraded.count(n) != 0; })) {
-    later_cause = detail::cat(
-        "only ", join(std::vector<std::string>(wrong.begin(), wrong.end())), " end wrong",
-        ranks_disagree ? ", and the ranks no longer agree on them" : "",
+  const bool only_ungraded_wrong =
+      !end.wrong.empty() && end.wrong.size() < e.rank0().final_params.size() &&
+      std::all_of(end.wrong.begin(), end.wrong.end(),
+                  [&](const std::string& n) { return end.ungraded.count(n) != 0; });
+  if (only_ungraded_wrong) {  // the parameters a branch not taken left without a gradient
+    return detail::cat(
+        "only ", join(end.wrong), " end wrong",
+        end.apart.empty() ? "" : ", and the ranks no longer agree on them",
         ": parameters that some micro-batch left without a gradient. Is such a parameter "
         "handled right when it syncs: zeros in its slot where this rank did not use it, the "
         "average where another rank did, no gradient at all where no rank did, and what it "
         "accumulated under no_sync kept?");
-  } else if (c.first_bad_index < 0 && !wrong.empty()) {
-    // Every loss right: every step's model was right where it was used.
-    later_cause = uneven(config)
+  }
+  if (end.c.first_bad_index < 0 && !end.wrong.empty()) {  // every loss right, the end wrong
+    return uneven(e.config)
         ? "every micro-batch's loss matches the reference, so every step trained the right "
           "model; only the final parameters differ, so they changed after the last step that "
           "used them. A rank that ran out of inputs stops stepping: is the final model "
           "broadcast to every rank from the last rank to join (the one that trained longest)?"
         : "every micro-batch's loss matches the reference, so every step trained the right "
           "model; only the final parameters differ: what changes them after the last step?";
-  } else if (c.first_bad_index >= 0 && uneven(config) &&
-             active_ranks(config, c.first_bad_index / k_micro - 1) < config.world_size &&
-             active_ranks(config, std::max<int64_t>(c.first_bad_index / k_micro - 2, 0)) ==
-                 config.world_size) {
-    const int64_t s = c.first_bad_index / k_micro - 1;
-    later_cause = detail::cat(
+  }
+  if (first_wrong_update_lost_a_rank(e.config, end.c)) {  // the divisor once a rank ran out
+    const int64_t s = end.c.first_bad_index / e.config.micro_batches - 1;
+    return detail::cat(
         "the first wrong update is step ", s, "'s, the first step with fewer ranks training (",
-        active_ranks(config, s), " of ", config.world_size, "): is the summed gradient divided "
-        "by what the plan asks (", config.divisor == Divisor::ActiveRanks
-                                       ? "the ranks still training"
-                                       : "the initial world size",
+        active_ranks(e.config, s), " of ", e.config.world_size, "): is the summed gradient "
+        "divided by what the plan asks (", e.config.divisor == Divisor::ActiveRanks
+                                               ? "the ranks still training"
+                                               : "the initial world size",
         "), and do the ranks that ran out add zeros to every bucket?");
-  } else if (ranks_disagree) {
-    std::set<std::string> apart;  // parameters some rank ends without rank 0's values
-    for (const RankResult& r : ranks) {
-      for (const std::string& n : params_differing(r.final_params, rank0.final_params, tolerance)) {
-        apart.insert(n);
-      }
-    }
-    later_cause = detail::cat(
-        "step 0 is right, but the ranks end with different values of ",
-        join(std::vector<std::string>(apart.begin(), apart.end())),
+  }
+  if (!end.apart.empty()) {  // the ranks drifted apart in some later step
+    return detail::cat(
+        "step 0 is right, but the ranks end with different values of ", join(end.apart),
         ": in some later step the ranks did not all get the same averaged gradient for them",
-        ungraded.empty()
+        end.ungraded.empty()
             ? " (is every gradient synced in every step?)"
-            : detail::cat(". Some micro-batches left ",
-                          join(std::vector<std::string>(ungraded.begin(), ungraded.end())),
+            : detail::cat(". Some micro-batches left ", join(end.ungraded),
                           " without a gradient: does every rank end such a step with the same "
                           "gradient for them (the average where any rank used them, none where "
                           "no rank did)?"));
-  } else if (!ungraded.empty() && !wrong.empty()) {
+  }
+  if (!end.ungraded.empty() && !end.wrong.empty()) {
     // A wrong update spreads to every parameter by the end; which ones it
     // hit first is not known. The parameters without a gradient are still
     // the likeliest place in a model that has them.
-    later_cause += detail::cat(
-        ". Some micro-batches left ", join(std::vector<std::string>(ungraded.begin(),
-                                                                    ungraded.end())),
+    return carried + detail::cat(
+        ". Some micro-batches left ", join(end.ungraded),
         " without a gradient: is such a parameter handled right when it syncs (zeros in its "
         "slot where this rank did not use it, the average where another rank did, no gradient "
         "where no rank did, what it accumulated under no_sync kept)?");
   }
-  // Note [Tolerance] bounds the rounding of the kit's runs of tens of steps.
-  // Over thousands, a unit in the last place per step can compound past the
-  // tolerance with nothing wrong (measured: `./kit demo 01 --steps 20000`, a
-  // correct stage 01, first differs by 1.2e-5 at step 3547). A float32 run
-  // whose first wrong step comes that late, with a difference that small,
-  // says so; float64 tells rounding from a bug.
+  return carried;
+}
+
+// Note [Tolerance] bounds the rounding of the kit's runs of tens of steps.
+// Over thousands, a unit in the last place per step can compound past the
+// tolerance with nothing wrong (measured: `./kit demo 01 --steps 20000`, a
+// correct stage 01, first differs by 1.2e-5 at step 3547). A float32 run
+// whose first wrong step comes that late, with a difference that small,
+// says so before `cause`; float64 tells rounding from a bug.
+std::string unless_rounding(const RunConfig& config, const Comparison& c,
+                            const std::string& cause) {
   constexpr int64_t kLongRunSteps = 1000;
-  if (c.first_bad_index >= 0 && config.dtype == kFloat32 &&
-      c.first_bad_index / k_micro >= kLongRunSteps && c.max_loss_diff < 1e-3) {
-    later_cause = detail::cat(
-        "after ", c.first_bad_index / k_micro, " matching steps, a difference this small is "
-        "most likely float32 rounding compounding over a long run (DDP and the reference sum "
-        "in different orders, a unit in the last place per step), not a bug: if the same run "
-        "in float64 (--dtype float64) matches, it is rounding. Otherwise: ", later_cause);
+  const int64_t first_bad_step = c.first_bad_index / config.micro_batches;
+  const bool late_and_small = c.first_bad_index >= 0 && config.dtype == kFloat32 &&
+                              first_bad_step >= kLongRunSteps && c.max_loss_diff < 1e-3;
+  if (!late_and_small) return cause;
+  return detail::cat(
+      "after ", first_bad_step, " matching steps, a difference this small is most likely "
+      "float32 rounding compounding over a long run (DDP and the reference sum in different "
+      "orders, a unit in the last place per step), not a bug: if the same run in float64 "
+      "(--dtype float64) matches, it is rounding. Otherwise: ", cause);
+}
+
+// The first step whose losses differ, and the largest loss difference.
+// REQUIRES: c.first_bad_index >= 0.
+Finding losses_differ(const Evidence& e, const Comparison& c, const std::string& cause) {
+  const int64_t k = e.config.micro_batches;
+  const RankResult& r = e.ranks[static_cast<size_t>(c.loss_rank)];
+  const auto at = static_cast<size_t>(c.loss_index);
+  const double ref = e.reference.losses[static_cast<size_t>(c.loss_rank)][at];
+  const int64_t first_bad_step = c.first_bad_index / k;
+  return {detail::cat("losses match through step ", first_bad_step - 1,
+                      " and first differ at step ", first_bad_step,
+                      ", so the update at the end of step ", first_bad_step - 1,
+                      " is the first wrong one; the largest difference is at step ",
+                      c.loss_index / k,
+                      k > 1 ? detail::cat(" (micro-batch ", c.loss_index, ")") : "", ", rank ",
+                      c.loss_rank, ": ", num(r.losses[at]), " vs reference ", num(ref),
+                      " (|diff| ", sci(c.max_loss_diff), ")"),
+          cause};
+}
+
+// Where the final parameters differ most from the reference's.
+Finding final_params_differ(const Evidence& e, const Comparison& c, const std::string& cause) {
+  const ParamDiff& d = c.final_params;
+  const RankResult& r = e.ranks[static_cast<size_t>(d.rank)];
+  return {detail::cat("final parameters: rank ", d.rank, ", ", d.name, " max |diff| ",
+                      sci(d.max_abs), " at element ", d.element, ", DDP ",
+                      first_values(find(r.final_params, d.name)), ", reference ",
+                      first_values(find(e.reference.final_params, d.name))),
+          cause};
+}
+
+// Where the final buffers differ most from the reference's for that rank.
+Finding final_buffers_differ(const Evidence& e, const Comparison& c) {
+  const ParamDiff& d = c.final_buffers;
+  const auto rank = static_cast<size_t>(d.rank);
+  return {detail::cat("final buffers: rank ", rank, ", ", d.name, " max |diff| ",
+                      sci(d.max_abs), ", DDP ",
+                      first_values(find(e.ranks[rank].final_buffers, d.name)), ", reference ",
+                      first_values(find(e.reference.final_buffers[rank], d.name))),
+          e.config.buffer_sync == BufferSync::EveryStep
+              ? "buffers must be broadcast from rank 0 before the first forward of every step"
+              : "each rank's buffers evolve with its own forwards after construction: are "
+                "they broadcast or changed later?"};
+}
+
+// Step 0 was right, and something after it is not: the first wrong loss,
+// the final parameters and the final buffers, each found where it differs.
+std::vector<Finding> later_steps(const Evidence& e) {
+  const Ending end = how_the_run_ended(e);
+  const std::string cause = unless_rounding(e.config, end.c, why_later_step_wrong(e, end));
+  std::vector<Finding> out;
+  if (end.c.first_bad_index >= 0) out.push_back(losses_differ(e, end.c, cause));
+  if (differs(end.c.final_params.max_abs, 0.0, e.tolerance)) {
+    out.push_back(final_params_differ(e, end.c, out.empty() ? cause : "see above"));
   }
-  if (c.first_bad_index >= 0) {
-    const RankResult& r = ranks[static_cast<size_t>(c.loss_rank)];
-    const auto at = static_cast<size_t>(c.loss_index);
-    const double ref = reference.losses[static_cast<size_t>(c.loss_rank)][at];
-    const int64_t first_bad_step = c.first_bad_index / k_micro;
-    out.push_back({detail::cat("losses match through step ", first_bad_step - 1,
-                               " and first differ at step ", first_bad_step,
-                               ", so the update at the end of step ", first_bad_step - 1,
-                               " is the first wrong one; the largest difference is at step ",
-                               c.loss_index / k_micro,
-                               k_micro > 1 ? detail::cat(" (micro-batch ", c.loss_index, ")") : "",
-                               ", rank ", c.loss_rank, ": ", num(r.losses[at]), " vs reference ",
-                               num(ref), " (|diff| ", sci(c.max_loss_diff), ")"),
-                   later_cause});
-  }
-  if (differs(c.final_params.max_abs, 0.0, tolerance)) {
-    const RankResult& r = ranks[static_cast<size_t>(c.final_params.rank)];
-    out.push_back({detail::cat("final parameters: rank ", c.final_params.rank, ", ",
-                               c.final_params.name, " max |diff| ", sci(c.final_params.max_abs),
-                               " at element ", c.final_params.element, ", DDP ",
-                               first_values(find(r.final_params, c.final_params.name)),
-                               ", reference ",
-                               first_values(find(reference.final_params, c.final_params.name))),
-                   out.empty() ? later_cause : "see above"});
-  }
-  if (differs(c.final_buffers.max_abs, 0.0, tolerance)) {
-    const auto rank = static_cast<size_t>(c.final_buffers.rank);
-    out.push_back({detail::cat("final buffers: rank ", rank, ", ", c.final_buffers.name,
-                               " max |diff| ", sci(c.final_buffers.max_abs), ", DDP ",
-                               first_values(find(ranks[rank].final_buffers, c.final_buffers.name)),
-                               ", reference ",
-                               first_values(find(reference.final_buffers[rank], c.final_buffers.name))),
-                   config.buffer_sync == BufferSync::EveryStep
-                       ? "buffers must be broadcast from rank 0 before the first forward of "
-                         "every step"
-                       : "each rank's buffers evolve with its own forwards after construction: "
-                         "are they broadcast or changed later?"});
+  if (differs(end.c.final_buffers.max_abs, 0.0, e.tolerance)) {
+    out.push_back(final_buffers_differ(e, end.c));
   }
   return out;
+}
+
+// The diagnoses, in the order diagnose() runs them: the first to find
+// something is reported (Note [Diagnosis order]).
+using Diagnosis = std::vector<Finding> (*)(const Evidence&);
+constexpr Diagnosis kDiagnoses[] = {
+    // The reference is not finite: nothing to compare with.
+    reference_diverged,
+    // A NaN or inf on some rank: it poisons every later difference.
+    first_non_finite_value,
+    // Ranks differ after construction: the broadcast, DDP's first act.
+    replicas_start_apart,
+    // Equal replicas, but not rank 0's model: broadcast from the wrong rank.
+    replicas_not_rank0s,
+    // Buffers not as the plan says after construction: with the parameters right.
+    initial_buffers_wrong,
+    // Step 0's loss wrong with the parameters right: the forward pass.
+    step0_loss_differs,
+    // Ranks disagree after step 0's update: gradients not synced alike.
+    ranks_split_after_step0,
+    // Ranks agree after step 0, but not with the reference: the averaging.
+    step0_update_wrong,
+    // Step 0 right, something later wrong: what carries over between steps.
+    later_steps,
+};
+
+}  // namespace
+
+std::vector<Finding> diagnose(const RunConfig& config, const ReferenceResult& reference,
+                              const std::vector<RankResult>& ranks, double tolerance,
+                              const Advice& advice) {
+  // Results that are not what the plan says make every number meaningless,
+  // and the evidence needs a rank: this comes before the list.
+  std::vector<Finding> out = check_results_complete(config, reference, ranks);
+  if (!out.empty()) return out;
+  const Evidence e = gather_evidence(config, reference, ranks, tolerance, advice);
+  for (Diagnosis diagnosis : kDiagnoses) {
+    out = diagnosis(e);
+    if (!out.empty()) return out;
+  }
+  return {};
 }
 
 std::string format_findings(const std::vector<Finding>& findings) {

@@ -300,11 +300,197 @@ std::vector<Finding> check_sync_between_backward_and_step(const CaseRun& run,
   return {};
 }
 
+namespace {
+
+// What check_overlap holds every step to.
+struct OverlapRule {
+  const std::vector<std::vector<int64_t>>& buckets;  // may be empty: order unknown
+  size_t trailing;  // all-reduces launched after the buckets (stage 05's used-map)
+  const std::string& launch_cause;
+  const std::string& wait_cause;
+};
+
+// The engine's marks of a step's syncing backward, and what it launched.
+struct BackwardMarks {
+  const trace::Event* done = nullptr;      // the "graph done" mark inside the backward
+  std::vector<const trace::Event*> ready;  // its "grad ready" marks, in order
+  // All-reduces queued during the backward (a stage may issue others
+  // earlier, e.g. in forward; those are not the buckets').
+  std::vector<const AllReduce*> launched;
+};
+
+// REQUIRES: s.last_backward != nullptr.
+BackwardMarks marks_of_backward(const StepEvents& s) {
+  const uint64_t backward_begin = s.last_backward->begin_order;
+  const uint64_t backward_end = s.last_backward->end_order;
+  auto inside_backward = [&](const trace::Event* e) {
+    return e->begin_order > backward_begin && e->begin_order < backward_end;
+  };
+  BackwardMarks m;
+  for (const trace::Event* g : s.graph_done) {
+    if (inside_backward(g)) m.done = g;
+  }
+  for (const trace::Event* g : s.grad_ready) {
+    if (inside_backward(g)) m.ready.push_back(g);
+  }
+  for (const AllReduce& a : s.allreduces) {
+    if (a.queued->begin_order > backward_begin) m.launched.push_back(&a);
+  }
+  return m;
+}
+
+// All-reduces launched after the autograd graph had finished (from an
+// end-of-backward callback), so they could not overlap with backward. The
+// ones after the buckets (a used-map) are named apart: a late used-map is a
+// different mistake from a late bucket.
+// REQUIRES: m.done != nullptr.
+std::vector<Finding> launched_after_graph_done(const std::string& at, const BackwardMarks& m,
+                                               const OverlapRule& rule) {
+  size_t late = 0;
+  for (const AllReduce* a : m.launched) late += a->queued->begin_order > m.done->begin_order;
+  size_t late_trailing = 0;
+  for (size_t i = rule.buckets.size(); i < m.launched.size() && rule.trailing > 0; ++i) {
+    late_trailing += m.launched[i]->queued->begin_order > m.done->begin_order;
+  }
+  if (late > 0 && late == late_trailing) {
+    return {{cat(at, ": the ", late, " all-reduce", late == 1 ? "" : "s",
+                 " after the buckets (the used-map) ", late == 1 ? "was" : "were",
+                 " launched after the autograd graph had finished (from an end-of-backward "
+                 "callback), while the buckets left from the hooks"),
+             rule.launch_cause}};
+  }
+  if (late > 0) {
+    return {{cat(at, ": ", late, " of ", m.launched.size(), " all-reduces were launched after "
+                 "the autograd graph had finished (from end-of-backward callbacks), so they "
+                 "could not overlap with backward"),
+             rule.launch_cause}};
+  }
+  return {};
+}
+
+// Note [Launch deadlines]
+// Launched in bucket order, bucket b can leave as soon as every parameter
+// of buckets 0..b has its gradient; it must leave before the engine
+// produces the next gradient after that (or, for the last one, before the
+// graph is done). A DDP that holds a complete bucket back (launching
+// everything from the last hook, say) misses its deadline. A parameter the
+// syncing micro-batch did not reach gets no "grad ready" mark; a DDP that
+// finds unused parameters can mark it ready as early as the first
+// gradient, so that is its deadline's start.
+
+// parameter -> position of its gradient in m.ready (Note [Launch deadlines]).
+std::map<int64_t, size_t> ready_positions(const RankResult& r, const StepEvents& s, int64_t k,
+                                          const BackwardMarks& m,
+                                          const std::map<int64_t, int64_t>& param_of_id) {
+  std::map<int64_t, size_t> ready_at;
+  for (size_t i = 0; i < m.ready.size(); ++i) {
+    const auto p = param_of_id.find(arg_of(*m.ready[i], "tensor"));
+    if (p != param_of_id.end()) ready_at[p->second] = i;
+  }
+  const auto last_micro = static_cast<size_t>((s.step + 1) * k - 1);
+  if (last_micro < r.unreached_per_micro.size()) {
+    for (int64_t p : r.unreached_per_micro[last_micro]) ready_at.emplace(p, 0);
+  }
+  return ready_at;
+}
+
+// For each bucket b in order, the position in m.ready of the last gradient
+// buckets 0..b need; stops before the first bucket with a parameter
+// without a mark (no deadline to hold it to), or at once when the launches
+// do not pair with the buckets.
+std::vector<size_t> bucket_completions(const BackwardMarks& m,
+                                       const std::map<int64_t, size_t>& ready_at,
+                                       const OverlapRule& rule) {
+  std::vector<size_t> completions;
+  if (m.launched.size() != rule.buckets.size() + rule.trailing) return completions;
+  size_t complete = 0;
+  for (const std::vector<int64_t>& bucket : rule.buckets) {
+    for (int64_t p : bucket) {
+      const auto found = ready_at.find(p);
+      if (found == ready_at.end()) return completions;
+      complete = std::max(complete, found->second);
+    }
+    completions.push_back(complete);
+  }
+  return completions;
+}
+
+// A bucket launched after its deadline (Note [Launch deadlines]): it
+// waited instead of overlapping.
+std::vector<Finding> bucket_held_back(const std::string& at, const BackwardMarks& m,
+                                      const std::vector<size_t>& completions,
+                                      const OverlapRule& rule) {
+  const size_t gradients = m.ready.size();
+  for (size_t b = 0; b < completions.size(); ++b) {
+    const size_t complete = completions[b];
+    const uint64_t deadline = complete + 1 < gradients ? m.ready[complete + 1]->begin_order
+                                                       : m.done->begin_order;
+    if (m.launched[b]->queued->begin_order <= deadline) continue;
+    return {{cat(at, ": bucket ", b, "'s all-reduce was complete at gradient ", complete + 1,
+                 " of ", gradients, " but launched only after gradient ",
+                 complete + 2 > gradients ? "the last" : std::to_string(complete + 2),
+                 " was computed, so it waited instead of overlapping"),
+             rule.launch_cause}};
+  }
+  return {};
+}
+
+// Without the buckets' deadlines, what holds for any order: the first
+// all-reduce leaves before the last gradient is ready.
+std::vector<Finding> launched_after_last_gradient(const std::string& at, const BackwardMarks& m,
+                                                  const OverlapRule& rule) {
+  if (m.launched.size() < 2 ||
+      m.launched.front()->queued->begin_order <= m.ready.back()->begin_order) {
+    return {};
+  }
+  return {{cat(at, ": all ", m.launched.size(), " all-reduces were launched only after the "
+               "last gradient of the backward was ready, so none overlapped with computing "
+               "the others"),
+           rule.launch_cause}};
+}
+
+// check_overlap on one step of rank r: the first rule it breaks, in the
+// order the step runs (launch, then wait).
+std::vector<Finding> overlap_in_step(const CaseRun& run, const RankResult& r,
+                                     const StepEvents& s,
+                                     const std::map<int64_t, int64_t>& param_of_id,
+                                     const OverlapRule& rule) {
+  const int64_t k = run.config.micro_batches;
+  const std::string at = cat("rank ", r.rank, ", step ", s.step);
+  if (s.last_backward == nullptr) {
+    return {{at + ": the trace shows no backward", "the order checks need RunConfig::trace"}};
+  }
+  const BackwardMarks m = marks_of_backward(s);
+  if (m.done == nullptr || m.ready.empty()) {
+    return {{at + ": the trace has no \"grad ready\" and \"graph done\" marks inside the "
+                  "backward span",
+             "the autograd engine marks them when tracing is on; is backward run through "
+             "tp::Tensor::backward?"}};
+  }
+  if (m.launched.empty() && allreduces_in_step(r, k, s.step) > 0) {
+    return {{at + ": no all-reduce was launched during the step's backward", rule.launch_cause}};
+  }
+  if (std::vector<Finding> f = launched_after_graph_done(at, m, rule); !f.empty()) return f;
+  const std::vector<size_t> completions =
+      bucket_completions(m, ready_positions(r, s, k, m, param_of_id), rule);
+  if (std::vector<Finding> f = bucket_held_back(at, m, completions, rule); !f.empty()) return f;
+  const bool deadlines_known = !rule.buckets.empty() && completions.size() == rule.buckets.size();
+  if (!deadlines_known) {
+    if (std::vector<Finding> f = launched_after_last_gradient(at, m, rule); !f.empty()) return f;
+  }
+  if (const AllReduce* a = unfinished_before_optimizer(s)) {
+    return {{still_running_at_optimizer(at, s, *a), rule.wait_cause}};
+  }
+  return {};
+}
+
+}  // namespace
+
 std::vector<Finding> check_overlap(const CaseRun& run,
                                    const std::vector<std::vector<int64_t>>& buckets,
                                    const std::string& launch_cause,
                                    const std::string& wait_cause, size_t trailing) {
-  const int64_t k = run.config.micro_batches;
+  const OverlapRule rule{buckets, trailing, launch_cause, wait_cause};
   for (const RankResult& r : run.ranks) {
     std::vector<StepEvents> steps;
     if (std::vector<Finding> missing = traced_steps(run, r, steps); !missing.empty()) return missing;
@@ -313,112 +499,8 @@ std::vector<Finding> check_overlap(const CaseRun& run,
       param_of_id[r.param_ids[p]] = static_cast<int64_t>(p);
     }
     for (const StepEvents& s : steps) {
-      const std::string at = cat("rank ", r.rank, ", step ", s.step);
-      if (s.last_backward == nullptr) {
-        return {{at + ": the trace shows no backward", "the order checks need RunConfig::trace"}};
-      }
-      const uint64_t backward_begin = s.last_backward->begin_order;
-      const uint64_t backward_end = s.last_backward->end_order;
-      auto inside_backward = [&](const trace::Event* e) {
-        return e->begin_order > backward_begin && e->begin_order < backward_end;
-      };
-      // The engine's marks for the syncing backward: the ones inside its span.
-      const trace::Event* done = nullptr;
-      std::vector<const trace::Event*> ready;  // "grad ready", in order
-      for (const trace::Event* g : s.graph_done) {
-        if (inside_backward(g)) done = g;
-      }
-      for (const trace::Event* g : s.grad_ready) {
-        if (inside_backward(g)) ready.push_back(g);
-      }
-      if (done == nullptr || ready.empty()) {
-        return {{at + ": the trace has no \"grad ready\" and \"graph done\" marks inside the "
-                      "backward span",
-                 "the autograd engine marks them when tracing is on; is backward run through "
-                 "tp::Tensor::backward?"}};
-      }
-      // All-reduces launched during the syncing backward (a stage may issue
-      // others earlier, e.g. in forward; those are not the buckets').
-      std::vector<const AllReduce*> launched;
-      for (const AllReduce& a : s.allreduces) {
-        if (a.queued->begin_order > backward_begin) launched.push_back(&a);
-      }
-      const uint64_t counted = allreduces_in_step(r, k, s.step);
-      if (launched.empty() && counted > 0) {
-        return {{at + ": no all-reduce was launched during the step's backward", launch_cause}};
-      }
-      size_t late = 0;
-      for (const AllReduce* a : launched) late += a->queued->begin_order > done->begin_order;
-      // The ones after the buckets (a used-map) are named apart: a late
-      // used-map is a different mistake from a late bucket.
-      size_t late_trailing = 0;
-      for (size_t i = buckets.size(); i < launched.size() && trailing > 0; ++i) {
-        late_trailing += launched[i]->queued->begin_order > done->begin_order;
-      }
-      if (late > 0 && late == late_trailing) {
-        return {{cat(at, ": the ", late, " all-reduce", late == 1 ? "" : "s",
-                     " after the buckets (the used-map) ", late == 1 ? "was" : "were",
-                     " launched after the autograd graph had finished (from an end-of-backward "
-                     "callback), while the buckets left from the hooks"),
-                 launch_cause}};
-      }
-      if (late > 0) {
-        return {{cat(at, ": ", late, " of ", launched.size(), " all-reduces were launched after "
-                     "the autograd graph had finished (from end-of-backward callbacks), so they "
-                     "could not overlap with backward"),
-                 launch_cause}};
-      }
-      // Note [Launch deadlines]: launched in bucket order, bucket b can leave
-      // as soon as every parameter of buckets 0..b has its gradient; it must
-      // leave before the engine produces the next gradient after that (or,
-      // for the last one, before the graph is done). A DDP that holds a
-      // complete bucket back (launching everything from the last hook, say)
-      // misses its deadline.
-      std::map<int64_t, size_t> ready_at;  // parameter -> position in `ready`
-      for (size_t i = 0; i < ready.size(); ++i) {
-        const auto p = param_of_id.find(arg_of(*ready[i], "tensor"));
-        if (p != param_of_id.end()) ready_at[p->second] = i;
-      }
-      // A parameter the syncing micro-batch did not reach gets no mark; a
-      // DDP that finds unused parameters can mark it ready as early as the
-      // first gradient, so that is its deadline's start.
-      const auto last_micro = static_cast<size_t>((s.step + 1) * k - 1);
-      if (last_micro < r.unreached_per_micro.size()) {
-        for (int64_t p : r.unreached_per_micro[last_micro]) ready_at.emplace(p, 0);
-      }
-      size_t complete = 0;  // position of the last gradient buckets 0..b need
-      bool known = !buckets.empty() && launched.size() == buckets.size() + trailing;
-      for (size_t b = 0; known && b < buckets.size(); ++b) {
-        for (int64_t p : buckets[b]) {
-          const auto found = ready_at.find(p);
-          if (found == ready_at.end()) {
-            known = false;  // a parameter without a mark: no deadline to hold it to
-            break;
-          }
-          complete = std::max(complete, found->second);
-        }
-        if (!known) break;
-        const uint64_t deadline = complete + 1 < ready.size() ? ready[complete + 1]->begin_order
-                                                              : done->begin_order;
-        if (launched[b]->queued->begin_order > deadline) {
-          return {{cat(at, ": bucket ", b, "'s all-reduce was complete at gradient ", complete + 1,
-                       " of ", ready.size(), " but launched only after gradient ",
-                       complete + 2 > ready.size() ? "the last" : std::to_string(complete + 2),
-                       " was computed, so it waited instead of overlapping"),
-                   launch_cause}};
-        }
-      }
-      // Without the buckets, what holds for any order: the first all-reduce
-      // leaves before the last gradient is ready.
-      if (!known && launched.size() >= 2 &&
-          launched.front()->queued->begin_order > ready.back()->begin_order) {
-        return {{cat(at, ": all ", launched.size(), " all-reduces were launched only after the "
-                     "last gradient of the backward was ready, so none overlapped with computing "
-                     "the others"),
-                 launch_cause}};
-      }
-      if (const AllReduce* a = unfinished_before_optimizer(s)) {
-        return {{still_running_at_optimizer(at, s, *a), wait_cause}};
+      if (std::vector<Finding> f = overlap_in_step(run, r, s, param_of_id, rule); !f.empty()) {
+        return f;
       }
     }
   }

@@ -69,8 +69,14 @@ std::vector<WorkerResult> run_workers(const RunConfig& config, const Worker& wor
   return out;
 }
 
-std::vector<Finding> check_workers(const RunConfig& config, const ReferenceResult& reference,
-                                   const std::vector<WorkerResult>& ranks, double tolerance) {
+namespace {
+
+// Findings when a worker's results are not what the plan says: a loss per
+// step, the model's parameters and buffers. Numbers of such results mean
+// nothing, so this comes first.
+std::vector<Finding> worker_results_incomplete(const RunConfig& config,
+                                               const ReferenceResult& reference,
+                                               const std::vector<WorkerResult>& ranks) {
   const int64_t steps = config.steps;
   if (ranks.size() != static_cast<size_t>(config.world_size) ||
       reference.final_buffers.size() != ranks.size()) {
@@ -78,7 +84,6 @@ std::vector<Finding> check_workers(const RunConfig& config, const ReferenceResul
                          config.world_size, " ranks"),
              "every rank must run its worker to the end and return its result"}};
   }
-  // 1. Complete results: a loss per step, the model's parameters and buffers.
   for (size_t r = 0; r < ranks.size(); ++r) {
     const WorkerResult& w = ranks[r];
     if (static_cast<int64_t>(w.losses.size()) != steps) {
@@ -96,66 +101,74 @@ std::vector<Finding> check_workers(const RunConfig& config, const ReferenceResul
                "return snapshot(model->named_buffers()) after the last step"}};
     }
   }
+  return {};
+}
 
-  // 2. The first (step, rank) whose loss differs. Each rank is compared
-  // alone, so that its own first bad step is known.
-  std::vector<Comparison> alone;
+// The first step whose loss differs on any rank, each rank compared alone
+// so that its own first bad step is known; -1 when every loss matches.
+int64_t first_wrong_step(const std::vector<Comparison>& alone) {
   int64_t first_step = -1;
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    alone.push_back(compare(reference, {as_rank_result(static_cast<int>(r), ranks[r])}, tolerance));
-    const int64_t bad = alone.back().first_bad_index;
+  for (const Comparison& c : alone) {
+    const int64_t bad = c.first_bad_index;
     if (bad >= 0 && (first_step < 0 || bad < first_step)) first_step = bad;
   }
-  std::vector<RankResult> all;
-  for (size_t r = 0; r < ranks.size(); ++r) all.push_back(as_rank_result(static_cast<int>(r), ranks[r]));
-  const Comparison together = compare(reference, all, tolerance);
-  if (first_step >= 0) {
-    std::string which;
-    size_t first_rank = ranks.size();
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      if (alone[r].first_bad_index != first_step) continue;
-      which += (which.empty() ? "" : ", ") + std::to_string(r);
-      if (first_rank == ranks.size()) first_rank = r;
-    }
-    const auto s = static_cast<size_t>(first_step);
-    const std::string fact = detail::cat(
-        "the first loss that differs from the reference is at step ", first_step, " (rank",
-        which.find(',') == std::string::npos ? " " : "s ", which, "): rank ", first_rank, " ",
-        value(ranks[first_rank].losses[s]), ", reference ",
-        value(reference.losses[first_rank][s]));
-    if (first_step == 0 && alone[0].first_bad_index == 0) {
-      return {{fact, "rank 0 does not start from the plan's model or does not train on its own "
-                     "rows: seed with tp::manual_seed(model_seed_for_rank(config, rank)) before "
-                     "make_model(config) builds the model, and take micro_batch(dataset, config, "
-                     "rank, step) from a data set built with data_options(config)"}};
-    }
-    if (first_step == 0) {
-      return {{fact + "; rank 0's matches",
-               "this rank starts from another model than rank 0, or trains on other rows: is "
-               "the model wrapped in DDP before training (its constructor broadcasts rank 0's "
-               "parameters, and its buffers when broadcast_buffers is on)? Is DDP built with "
-               "the options you were given? Does every rank take its own micro_batch(dataset, "
-               "config, rank, step)? With broadcast_buffers off, each rank's buffers are the "
-               "ones its own seed built: seed with model_seed_for_rank(config, rank), not a "
-               "seed of your own"}};
-    }
-    if (together.final_between_ranks.max_abs > tolerance) {
-      return {{detail::cat(fact, "; every loss before it matches, and the ranks end with "
-                                 "different parameters (",
-                           together.final_between_ranks.name, " on rank ",
-                           together.final_between_ranks.rank, " differs from rank 0's by ",
-                           value(together.final_between_ranks.max_abs), ")"),
-               "the ranks stepped with their own gradients, not the mean: wrap the model in "
-               "DDP and call sync_grads() after loss.backward() and before optimizer.step(), "
-               "every step, on every rank"}};
-    }
-    return {{fact + "; every loss before it matches, and the ranks agree with each other",
-             "every rank made the same wrong update: clear the gradients at the start of every "
-             "step (optimizer.zero_grad()), build SGD with the plan's lr and momentum over "
-             "ddp.parameters(), and step once per step, after sync_grads()"}};
-  }
+  return first_step;
+}
 
-  // 3. Every loss matches: the final update and the returned snapshots.
+// The first wrong loss, at `first_step`, and why: a wrong start (step 0)
+// or a wrong update, told apart by whether the ranks still agree.
+std::vector<Finding> first_wrong_loss(const ReferenceResult& reference,
+                                      const std::vector<WorkerResult>& ranks,
+                                      const std::vector<Comparison>& alone,
+                                      const Comparison& together, int64_t first_step,
+                                      double tolerance) {
+  std::string which;
+  size_t first_rank = ranks.size();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (alone[r].first_bad_index != first_step) continue;
+    which += (which.empty() ? "" : ", ") + std::to_string(r);
+    if (first_rank == ranks.size()) first_rank = r;
+  }
+  const auto s = static_cast<size_t>(first_step);
+  const std::string fact = detail::cat(
+      "the first loss that differs from the reference is at step ", first_step, " (rank",
+      which.find(',') == std::string::npos ? " " : "s ", which, "): rank ", first_rank, " ",
+      value(ranks[first_rank].losses[s]), ", reference ",
+      value(reference.losses[first_rank][s]));
+  if (first_step == 0 && alone[0].first_bad_index == 0) {
+    return {{fact, "rank 0 does not start from the plan's model or does not train on its own "
+                   "rows: seed with tp::manual_seed(model_seed_for_rank(config, rank)) before "
+                   "make_model(config) builds the model, and take micro_batch(dataset, config, "
+                   "rank, step) from a data set built with data_options(config)"}};
+  }
+  if (first_step == 0) {
+    return {{fact + "; rank 0's matches",
+             "this rank starts from another model than rank 0, or trains on other rows: is "
+             "the model wrapped in DDP before training (its constructor broadcasts rank 0's "
+             "parameters, and its buffers when broadcast_buffers is on)? Is DDP built with "
+             "the options you were given? Does every rank take its own micro_batch(dataset, "
+             "config, rank, step)? With broadcast_buffers off, each rank's buffers are the "
+             "ones its own seed built: seed with model_seed_for_rank(config, rank), not a "
+             "seed of your own"}};
+  }
+  if (together.final_between_ranks.max_abs > tolerance) {
+    return {{detail::cat(fact, "; every loss before it matches, and the ranks end with "
+                               "different parameters (",
+                         together.final_between_ranks.name, " on rank ",
+                         together.final_between_ranks.rank, " differs from rank 0's by ",
+                         value(together.final_between_ranks.max_abs), ")"),
+             "the ranks stepped with their own gradients, not the mean: wrap the model in "
+             "DDP and call sync_grads() after loss.backward() and before optimizer.step(), "
+             "every step, on every rank"}};
+  }
+  return {{fact + "; every loss before it matches, and the ranks agree with each other",
+           "every rank made the same wrong update: clear the gradients at the start of every "
+           "step (optimizer.zero_grad()), build SGD with the plan's lr and momentum over "
+           "ddp.parameters(), and step once per step, after sync_grads()"}};
+}
+
+// With every loss right: the final update and the returned snapshots.
+std::vector<Finding> final_state_differs(const Comparison& together, double tolerance) {
   if (together.final_params.max_abs > tolerance) {
     return {{detail::cat("every loss matches, but rank ", together.final_params.rank,
                          "'s final parameters differ from the reference's (",
@@ -173,6 +186,28 @@ std::vector<Finding> check_workers(const RunConfig& config, const ReferenceResul
              "buffers after the last step"}};
   }
   return {};
+}
+
+}  // namespace
+
+// In order: complete results, then the first wrong loss (everything after
+// it is a consequence), then the final parameters and buffers.
+std::vector<Finding> check_workers(const RunConfig& config, const ReferenceResult& reference,
+                                   const std::vector<WorkerResult>& ranks, double tolerance) {
+  if (std::vector<Finding> f = worker_results_incomplete(config, reference, ranks); !f.empty()) {
+    return f;
+  }
+  std::vector<Comparison> alone;  // each rank against the reference by itself
+  std::vector<RankResult> all;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    all.push_back(as_rank_result(static_cast<int>(r), ranks[r]));
+    alone.push_back(compare(reference, {all.back()}, tolerance));
+  }
+  const Comparison together = compare(reference, all, tolerance);
+  if (const int64_t first_step = first_wrong_step(alone); first_step >= 0) {
+    return first_wrong_loss(reference, ranks, alone, together, first_step, tolerance);
+  }
+  return final_state_differs(together, tolerance);
 }
 
 }  // namespace tp::train

@@ -6,10 +6,13 @@
 //     reference (initial, after step 0, final), and the largest difference
 //     between any two ranks' final parameters.
 //   - diagnose() returns an empty list when the run matches within
-//     `tolerance`, else one Finding per failed check, first the most basic
-//     ("ranks start from different parameters") and last the downstream
-//     symptoms. A Finding names the step, rank, parameter, the max difference,
-//     the first values, and the likely cause in lesson terms.
+//     `tolerance`, else the findings of the earliest symptom in the run's
+//     order ("ranks start from different parameters" before a wrong update,
+//     a wrong step 0 before later steps), since what follows it is a
+//     consequence; only a wrong later step reports up to three findings
+//     (losses, final parameters, final buffers). See Note [Diagnosis order]
+//     in compare.cc. A Finding names the step, rank, parameter, the max
+//     difference, the first values, and the likely cause in lesson terms.
 #pragma once
 
 #include <string>
