@@ -65,7 +65,6 @@ namespace detail {
 inline bool smoke = false;  // set by --smoke=1 before the ranks are spawned (they inherit it)
 }  // namespace detail
 
-// A benchmark's fixed iteration count: n, or 1 under --smoke=1.
 // Names a stage in the results' context ("stage 03": its title, from its
 // StageSpec), so that a results file says what BM_StepStage03 measured.
 // Call it from the registration function (every rank).
@@ -74,6 +73,7 @@ void describe_stage(const train::StageSpec<Options>& spec) {
   benchmark::AddCustomContext("stage " + spec.number, spec.title);
 }
 
+// A benchmark's fixed iteration count: n, or 1 under --smoke=1.
 inline int64_t iterations(int64_t n) { return detail::smoke ? 1 : n; }
 
 // Untimed iterations before a timed loop (the first ones allocate buffers,

@@ -8,7 +8,8 @@ Both parse through CLI11 with usage generated from the flags' declarations
 --help exits 0 and lists every flag, the stage's own in a group of their
 own; a typo is a usage error (exit 2) that names the flag and suggests the
 nearest one; a bad value names the flag, the range and the value; nothing
-runs (no table, no verdict) when the command line is wrong.
+runs (no table, no verdict) when the command line is wrong; and a value the
+check accepts is the value the flag gets ("2e0" is 2; given twice, the last).
 """
 import re
 import subprocess
@@ -77,6 +78,18 @@ def main(demo, checker, stage_h):
                        "got 'x' in '3,x,1'")
     expect_usage_error(demo, ["--steps"], "--steps")  # the value is missing
     expect_usage_error(demo, ["stray"], "unexpected argument 'stray'")
+    expect_usage_error(demo, ["--json", "--steps", "3"], "--json: expects a file name",
+                       "was the file name left out?")
+    expect_usage_error(demo, ["--trace", ""], "--trace: expects a file name, got ''")
+    expect_usage_error(demo, ["-x"], "unknown flag '-x'")
+
+    # What a check accepts is what the flag gets: "2e0" and "0x2" are 2, and
+    # a flag given twice keeps its last value. One rank, so it is quick.
+    r = run(demo, "--world-size", "1", "--steps", "5", "--steps", "2e0", "--batch", "0x2")
+    header = r.stdout.splitlines()[0] if r.stdout else ""
+    if r.returncode != 0 or "2 steps, batch 2 per rank" not in header:
+        fail(f"--steps 5 --steps 2e0 --batch 0x2: exit {r.returncode}, header {header!r}, "
+             f"stderr {r.stderr!r}; expected 2 steps of batch 2")
     if "--bucket-cap-mb" in own:
         expect_usage_error(demo, ["--bucket-cap-mb", "-1"],
                            "--bucket-cap-mb: expects a number from 1e-09 to 1e+06, got '-1'")

@@ -5,8 +5,9 @@
 
 A stage is its folders plus one row in the `stages` table of meson.build
 (the arguments here); the build reads everything else from the folders.
-This names what a new stage still lacks, instead of a Meson error about a
-missing file, and checks that tests/mutants/NN-topic/mutants.txt lists
+Meson refuses to configure a row whose stage lacks a file the build reads,
+naming it; this test names everything else a stage must have (ANSWERS.md,
+the lesson) and checks that tests/mutants/NN-topic/mutants.txt lists
 exactly the planted bugs of its folder (a .mutant file left out of the list
 would never run).
 """

@@ -17,8 +17,11 @@ The first line tells a reader that this code is as stage 03 wrote it, in
 stage 03 and every stage since that has the region: what a later stage adds
 is elsewhere, and a fix made here belongs in every copy. The name after the
 colon (free text, unique in its file) ties the copies together; the marker
-lines are part of the code compared. A new stage that carries the code over
-copies it with its markers, and nothing in the earlier stages changes.
+lines are part of the code compared. A new stage that carries marked code
+over copies it with its markers, and nothing in the earlier stages changes;
+code the stage before wrote itself is not marked yet (a region needs two
+stages), so carrying that over marks both copies, one pair of lines in the
+stage before.
 
 The check, for each region named R in file F (ddp.h, ddp.cc, ...) that says
 it is the same from stage AA:

@@ -1,7 +1,8 @@
 // Stage 05's identity, declared once (tp::train::StageSpec in
 // tensorplay/train/stage_spec.h): the title, the options the demo offers
 // as flags, and the stage's words in the checker's diagnoses. Its demo
-// (lessons/05-find-unused/main.cc), its checker and the benchmarks read it.
+// (lessons/05-find-unused/main.cc), its checker and, where they measure the stage,
+// the benchmarks read it.
 #pragma once
 
 #include "ddp.h"

@@ -48,13 +48,14 @@ CheckerRun parse_checker_args(int argc, char** argv) {
   CLI::App app("A stage's checker: trains it against the reference in every case, then runs "
                "its scenarios, and explains the first failure.",
                argc > 0 ? argv[0] : "checker");
+  cli::use_kit_defaults(app);
   app.add_flag("--list", run.list, "list the cases, scenarios and worker cases, numbered");
   app.add_option("--only", run.only, "run that one alone (a number from --list)")
       ->type_name("N")
-      ->check(cli::whole_number(0, INT_MAX));
+      ->transform(cli::whole_number(0, INT_MAX));
   app.add_option("--repeat", run.repeat, "run the whole check N times; stop at the first miss")
       ->type_name("N")
-      ->check(cli::whole_number(1, 1000));
+      ->transform(cli::whole_number(1, 1000));
   app.add_option("--expect-fail", run.expect_file,
                  "a planted bug's mutant file: the check must fail with its expect: lines")
       ->type_name("MUTANT_FILE");
@@ -65,8 +66,7 @@ CheckerRun parse_checker_args(int argc, char** argv) {
                           {{"cpu", kCPU}, {"cuda", Device{DeviceType::CUDA, -1}}}, run.device);
   cli::parse_or_exit(app, argc, argv, "checker");
   if (const std::string mistake = launch_mistake("the checker", run.init_method); !mistake.empty()) {
-    std::fprintf(stderr, "checker: %s\n", mistake.c_str());
-    std::exit(2);
+    cli::usage_error("checker", mistake);
   }
   return run;
 }

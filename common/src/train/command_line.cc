@@ -4,26 +4,45 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 #include "tensorplay/error.h"
 
 namespace tp::train::cli {
 
-// Validators. Each returns "" or what is wrong with the text; CLI11 puts
-// the flag's name in front ("--steps: expects a whole number ...").
+void use_kit_defaults(CLI::App& app) {
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.allow_extras();  // named by parse_or_exit, with a suggestion
+  app.get_formatter()->column_width(34);
+}
+
+namespace {
+
+// The number `text` spells in full, or nothing (strtod's forms: "10",
+// "1e1", "0x3", " 2.5"; not "", "3x", "nan" or "inf").
+std::optional<double> finite_number(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+// `what` for one count: "" and `text` rewritten as a plain integer, or why not.
+std::string check_whole(std::string& text, int64_t low, int64_t high) {
+  const std::optional<double> v = finite_number(text);
+  if (!v || *v != std::floor(*v) || *v < static_cast<double>(low) ||
+      *v > static_cast<double>(high)) {
+    return detail::cat("expects a whole number from ", low, " to ", high, ", got '", text, "'");
+  }
+  text = std::to_string(static_cast<int64_t>(*v));
+  return "";
+}
+
+}  // namespace
+
 CLI::Validator whole_number(int64_t low, int64_t high) {
-  return CLI::Validator(
-      [low, high](std::string& text) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(text.c_str(), &end);
-        if (text.empty() || *end != '\0' || !std::isfinite(v) || v != std::floor(v) ||
-            v < static_cast<double>(low) || v > static_cast<double>(high)) {
-          return detail::cat("expects a whole number from ", low, " to ", high, ", got '", text,
-                             "'");
-        }
-        return "";
-      },
-      "");
+  return CLI::Validator([low, high](std::string& text) { return check_whole(text, low, high); },
+                        "");
 }
 
 std::vector<std::string> split_commas(const std::string& list) {
@@ -37,38 +56,52 @@ std::vector<std::string> split_commas(const std::string& list) {
   return out;
 }
 
-// A comma-separated list of whole numbers, each in [low, high].
 CLI::Validator whole_numbers(int64_t low, int64_t high) {
   return CLI::Validator(
       [low, high](std::string& list) -> std::string {
+        std::string plain;
         for (std::string count : split_commas(list)) {
-          if (const std::string problem = whole_number(low, high)(count); !problem.empty()) {
+          if (const std::string problem = check_whole(count, low, high); !problem.empty()) {
             return problem + " in '" + list + "'";
           }
+          plain += (plain.empty() ? "" : ",") + count;
+        }
+        list = plain;
+        return "";
+      },
+      "");
+}
+
+CLI::Validator number_in(double low, double high, bool low_open) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        const std::optional<double> v = finite_number(text);
+        if (!v || (low_open ? *v <= low : *v < low) || *v > high) {
+          const std::string from = detail::cat(low_open ? "above " : "from ", low);
+          const std::string to = std::isinf(high) ? "" : detail::cat(" to ", high);
+          return "expects a number " + from + to + ", got '" + text + "'";
+        }
+        char plain[40];
+        std::snprintf(plain, sizeof plain, "%.17g", *v);  // exact: 17 digits round-trip
+        text = plain;
+        return "";
+      },
+      "");
+}
+
+CLI::Validator file_name() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty()) return "expects a file name, got ''";
+        if (text[0] == '-') {
+          return "expects a file name, got '" + text + "', a flag: was the file name left out?";
         }
         return "";
       },
       "");
 }
 
-// A finite number in [low, high] (`low_open`: above low, not equal to it).
-CLI::Validator number_in(double low, double high, bool low_open) {
-  return CLI::Validator(
-      [=](std::string& text) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(text.c_str(), &end);
-        const bool above_low = low_open ? v > low : v >= low;
-        if (text.empty() || *end != '\0' || !std::isfinite(v) || !above_low || v > high) {
-          if (low_open && std::isinf(high)) {
-            return detail::cat("expects a number above ", low, ", got '", text, "'");
-          }
-          if (std::isinf(high)) return detail::cat("expects a number from ", low, ", got '", text, "'");
-          return detail::cat("expects a number from ", low, " to ", high, ", got '", text, "'");
-        }
-        return "";
-      },
-      "");
-}
+std::string default_text(double value) { return detail::cat("(default ", value, ")"); }
 
 namespace {
 
@@ -89,7 +122,9 @@ std::string nearest_flag(const CLI::App& app, const std::string& typed) {
     return row[b.size()];
   };
   std::string best;
-  size_t best_distance = 4;  // further than 3 edits is no suggestion
+  // At most a third of the name's letters changed (and never more than 3):
+  // "--stpes" is --steps, but "-x" is no flag in particular.
+  size_t best_distance = std::min<size_t>(3, typed.size() / 3) + 1;
   for (const CLI::Option* option : app.get_options()) {
     for (const std::string& long_name : option->get_lnames()) {
       const size_t d = distance(typed, "--" + long_name);
@@ -104,26 +139,30 @@ std::string nearest_flag(const CLI::App& app, const std::string& typed) {
 
 }  // namespace
 
+void usage_error(const std::string& prefix, const std::string& problem) {
+  std::fprintf(stderr, "%s: %s\n(--help lists every flag)\n", prefix.c_str(), problem.c_str());
+  std::exit(2);
+}
+
 void parse_or_exit(CLI::App& app, int argc, char** argv, const std::string& prefix) {
-  app.allow_extras();  // reported below, with a suggestion
-  app.get_formatter()->column_width(34);
-  auto fail = [&prefix](const std::string& problem) {
-    std::fprintf(stderr, "%s: %s\n(--help lists every flag)\n", prefix.c_str(), problem.c_str());
-    std::exit(2);
-  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
-    std::printf("%s\n", app.help().c_str());
+    std::string usage = app.help();
+    while (!usage.empty() && usage.back() == '\n') usage.pop_back();
+    std::printf("%s\n", usage.c_str());
     std::exit(0);
   } catch (const CLI::ParseError& e) {
-    fail(e.what());
+    usage_error(prefix, e.what());
   }
   if (const std::vector<std::string> extra = app.remaining(); !extra.empty()) {
     const std::string& first = extra.front();
-    if (first.rfind("-", 0) != 0) fail("unexpected argument '" + first + "'");
+    if (first.size() < 2 || first[0] != '-' || first == "--") {
+      usage_error(prefix, "unexpected argument '" + first + "'");
+    }
     const std::string near = nearest_flag(app, first.substr(0, first.find('=')));
-    fail("unknown flag '" + first + "'" + (near.empty() ? "" : "; did you mean " + near + "?"));
+    usage_error(prefix, "unknown flag '" + first + "'" +
+                            (near.empty() ? "" : "; did you mean " + near + "?"));
   }
 }
 

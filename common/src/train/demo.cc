@@ -18,6 +18,7 @@
 namespace tp::train {
 
 using cli::add_choice;
+using cli::add_number;
 using cli::number_in;
 using cli::split_commas;
 using cli::whole_number;
@@ -29,9 +30,7 @@ namespace {
 
 // A usage error: what is wrong, then where to look; exit 2.
 [[noreturn]] void usage_error(const std::string& stage, const std::string& problem) {
-  std::fprintf(stderr, "demo %s: %s\n(--help lists every flag)\n", stage.c_str(),
-               problem.c_str());
-  std::exit(2);
+  cli::usage_error("demo " + stage, problem);
 }
 
 // One process per rank (demo.h): the world size comes from the launcher.
@@ -46,7 +45,7 @@ void apply_launcher_environment(const std::string& stage, DemoArgs& args, bool w
     usage_error(stage, "--init-method " + args.init_method + " runs one rank of a launched job "
                        "and reads WORLD_SIZE and RANK, which are not set; start it with tprun");
   }
-  std::string text = world;
+  std::string text = world;  // made plain by the check
   if (const std::string problem = whole_number(1, 64)(text); !problem.empty()) {
     usage_error(stage, "WORLD_SIZE " + problem);
   }
@@ -94,51 +93,41 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
   DemoArgs args;
   RunConfig& config = args.config;
   config.steps = 10;
-  CLI::App app("Lesson " + stage + "'s demo: " + title +
-                   ", next to the single-process reference trainer.",
-               "./kit demo " + stage);
+  CLI::App app(
+      "Lesson " + stage + "'s demo: " + title + ", next to the single-process reference trainer.",
+      "./kit demo " + stage);
+  cli::use_kit_defaults(app);
 
-  // The shared flags: every demo has them, in --help's groups.
+  // The shared flags: every demo has them, in --help's groups. Each
+  // default shown is the value the flag's target holds now.
   app.option_defaults()->group("The run");
-  app.add_option("--world-size", config.world_size, "ranks (default 4)")
-      ->type_name("W")
-      ->check(whole_number(1, 64));
-  app.add_option("--steps", config.steps, "optimizer steps (default 10)")
-      ->type_name("N")
-      ->check(whole_number(1, 100000));
-  app.add_option("--batch", config.batch_size, "rows per micro-batch and rank (default 8)")
-      ->type_name("B")
-      ->check(whole_number(1, 1 << 20));
-  app.add_option("--lr", config.lr, "SGD learning rate (default 0.05)")
-      ->type_name("X")
-      ->check(number_in(0, INFINITY, /*low_open=*/true));
-  app.add_option("--momentum", config.momentum, "SGD momentum (default 0)")
-      ->type_name("M")
-      ->check(number_in(0, INFINITY));
-  add_choice<Dtype>(app, "--dtype", "of the model and the data (default float32)",
+  add_number(app, "--world-size", config.world_size, "W", "ranks", whole_number(1, 64));
+  add_number(app, "--steps", config.steps, "N", "optimizer steps", whole_number(1, 100000));
+  add_number(app, "--batch", config.batch_size, "B", "rows per micro-batch and rank",
+             whole_number(1, 1 << 20));
+  add_number(app, "--lr", config.lr, "X", "SGD learning rate",
+             number_in(0, INFINITY, /*low_open=*/true));
+  add_number(app, "--momentum", config.momentum, "M", "SGD momentum", number_in(0, INFINITY));
+  add_choice<Dtype>(app, "--dtype", "of the model and the data",
                     {{"float32", kFloat32}, {"float64", kFloat64}}, config.dtype);
   app.add_flag("--per-rank-seed", config.per_rank_seed,
                "seed each rank's model differently (DDP's broadcast must undo it)");
-  add_choice<ModelKind>(app, "--model", "the model (default mini)",
+  add_choice<ModelKind>(app, "--model", "the model",
                         {{"mini", ModelKind::MiniMLP},
                          {"branchy", ModelKind::Branchy},
                          {"buffered", ModelKind::Buffered},
                          {"reordered", ModelKind::Reordered},
                          {"deep", ModelKind::Deep}},
                         config.model_kind);
-  app.add_option("--hidden", config.model.hidden, "hidden width")
-      ->type_name("N")
-      ->check(whole_number(1, 4096));
-  app.add_option("--depth", config.deep_depth, "hidden layers of --model deep")
-      ->type_name("N")
-      ->check(whole_number(1, 1024));
-  app.add_option("--micro-batches", config.micro_batches,
-                 "micro-batches (backward passes) per optimizer step (default 1)")
-      ->type_name("K")
-      ->check(whole_number(1, 1024));
+  add_number(app, "--hidden", config.model.hidden, "N", "hidden width",
+             whole_number(1, 4096));
+  add_number(app, "--depth", config.deep_depth, "N", "hidden layers of --model deep",
+             whole_number(1, 1024));
+  add_number(app, "--micro-batches", config.micro_batches, "K",
+             "micro-batches (backward passes) per optimizer step", whole_number(1, 1024));
   app.add_option_function<std::string>(
          "--batches",
-         [&config](const std::string& list) {
+         [&config](const std::string& list) {  // plain counts: whole_numbers made them so
            config.batches_per_rank.clear();
            for (const std::string& count : split_commas(list)) {
              config.batches_per_rank.push_back(std::stoll(count));
@@ -146,7 +135,7 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
          },
          "micro-batches of each rank, one count per rank: uneven inputs")
       ->type_name("N0,N1,...")
-      ->check(whole_numbers(1, 100000));
+      ->transform(whole_numbers(1, 100000));
   app.add_flag_callback(
       "--divide-by-active-ranks", [&config] { config.divisor = Divisor::ActiveRanks; },
       "with uneven inputs, divide by the ranks still training, not by W");
@@ -155,34 +144,36 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
                  "run the lesson's own rank worker instead of the kit's trainer");
   }
   app.option_defaults()->group("Devices and processes");
-  add_choice<Device>(app, "--device", "where the ranks train (default cpu; the reference stays on it)",
+  add_choice<Device>(app, "--device", "where the ranks train (the reference stays on the CPU)",
                      {{"cpu", kCPU}, {"cuda", Device{DeviceType::CUDA, -1}}}, config.device);
-  add_choice<Backend>(app, "--backend", "the process group's backend (default auto)",
+  add_choice<Backend>(app, "--backend", "the process group's backend",
                       {{"auto", Backend::Auto}, {"gloo", Backend::Gloo}, {"nccl", Backend::NCCL}},
                       config.backend);
   int64_t timeout_ms = config.collective_timeout.count();
-  app.add_option("--collective-timeout", timeout_ms,
-                 "bound on the rendezvous and every collective, in ms (default 10000)")
-      ->type_name("MS")
-      ->check(whole_number(100, 3600000));
+  add_number(app, "--collective-timeout", timeout_ms, "MS",
+             "bound on the rendezvous and every collective, in ms", whole_number(100, 3600000));
   app.add_option("--init-method", args.init_method,
                  "one rank of a job a launcher started (env://, tcp://, redis://)")
       ->type_name("URL");
   app.option_defaults()->group("Output");
   app.add_option("--json", args.json_path, "write the numbers, every rank included")
-      ->type_name("FILE");
+      ->type_name("FILE")
+      ->check(cli::file_name());
   app.add_option("--trace", args.trace_path,
                  "write every rank's timeline as a Chrome trace; print the last step's")
-      ->type_name("FILE");
+      ->type_name("FILE")
+      ->check(cli::file_name());
 
-  // The stage's own flags (its stage.h).
+  // The stage's own flags (its stage.h); a number's default is the value
+  // its Options member holds before parsing.
   app.option_defaults()->group("Stage " + stage + "'s options");
   for (const BoundFlag& f : stage_flags) {
     if (f.takes_number) {
       app.add_option_function<double>(
-             f.name, [&f, &config](double value) { f.set(value, config); }, f.help)
+             f.name, [&f, &config](double value) { f.set(value, config); },
+             f.help + " " + cli::default_text(f.initial))
           ->type_name("X")
-          ->check(number_in(f.low, f.high));
+          ->transform(number_in(f.low, f.high));
     } else {
       app.add_flag_callback(f.name, [&f, &config] { f.set(1.0, config); }, f.help);
     }

@@ -58,9 +58,10 @@ double norm(const Snapshot& snapshot) {
 
 // ---- the exchange form ----------------------------------------------------------
 // A RankResult as a JSON object (nlohmann/json), sent as CBOR, JSON's binary
-// twin (RFC 8949): CBOR stores a double as its 8 bytes, so every value comes
-// back bit for bit, -0.0, infinities and NaN included, which JSON text
-// cannot carry (nlohmann writes them as null).
+// twin (RFC 8949): CBOR stores a double in binary (in 4 bytes when a float
+// holds it exactly, else in 8), so every finite value, -0.0 and the
+// infinities come back exactly, and a NaN as a NaN; JSON text cannot carry
+// the non-finite ones (nlohmann writes them as null).
 namespace {
 
 using Json = nlohmann::json;

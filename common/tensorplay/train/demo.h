@@ -1,10 +1,11 @@
 // The lesson demo: train the reference and a DDP stage side by side and
 // print the per-step table.
 //
-//   ./kit demo NN [flags]      (--help lists every flag, with its range and
-//                               default: the list is generated from the
-//                               flags' declarations in demo.cc and in the
-//                               stage's stage.h, so it cannot go stale)
+//   ./kit demo NN [flags]      (--help lists every flag with its default:
+//                               the list is generated from the flags'
+//                               declarations in demo.cc and in the stage's
+//                               stage.h, and each default is read from the
+//                               value the flag's target holds before parsing)
 //
 // Columns: step; the reference's loss (mean over the ranks' micro-batches);
 // DDP's loss on rank 0 and the reference's for rank 0's micro-batches (the
@@ -80,10 +81,11 @@ int demo_main(int argc, char** argv, const StageSpec<typename D::Options>& spec,
               const RankWorker<typename D::Options>& worker = {}) {
   typename D::Options options{};
   const std::vector<BoundFlag> flags = bind_flags(spec.flags, options);
-  // A device the stage cannot train on is a usage error (exit 2).
+  // A plan the stage cannot run (a device, uneven inputs, accumulation it
+  // lacks the capability for) is a usage error (exit 2), before any rank.
   DemoArgs args = parse_demo_args(argc, argv, spec.number, spec.title, flags, bool(worker),
                                   [](const RunConfig& config) {
-                                    check_device_fits_stage<D>(config.device);
+                                    check_plan_fits_stage<D>(config);
                                   });
   if (args.worker && args.config.trace) {
     std::fprintf(stderr, "demo %s: --trace needs the kit's trainer; drop --worker\n",

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensorplay/error.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/config.h"
 
@@ -40,7 +41,7 @@ struct OptionFlag {
   std::string name;  // "--bucket-cap-mb"
   std::string help;  // one line for --help
   // A number flag sets *number within [low, high]; a switch sets *toggle to
-  // `switch_to`. Exactly one of the two members is set.
+  // `switch_to`. Exactly one of the two members is set (bind_flags checks).
   double Options::*number = nullptr;
   double low = 0.0;
   double high = 0.0;
@@ -82,9 +83,9 @@ template <typename Options>
 std::vector<OptionFlag<Options>> bucket_cap_flags(std::vector<OptionFlag<Options>> more = {}) {
   std::vector<OptionFlag<Options>> flags = {
       number_flag("--bucket-cap-mb", &Options::bucket_cap_mb, 1e-9, 1e6,
-                  "cap of every bucket but the first, in MiB (default 25)"),
+                  "cap of every bucket but the first, in MiB"),
       number_flag("--first-bucket-cap-mb", &Options::first_bucket_cap_mb, 1e-9, 1e6,
-                  "cap of the first bucket, in MiB (default 1)")};
+                  "cap of the first bucket, in MiB")};
   flags.insert(flags.end(), more.begin(), more.end());
   return flags;
 }
@@ -124,6 +125,7 @@ struct BoundFlag {
   bool takes_number = false;
   double low = 0.0;
   double high = 0.0;
+  double initial = 0.0;  // a number's value before parsing: its default
   std::function<void(double value, RunConfig& config)> set;
 };
 
@@ -133,7 +135,10 @@ std::vector<BoundFlag> bind_flags(const std::vector<OptionFlag<Options>>& flags,
                                   Options& options) {
   std::vector<BoundFlag> out;
   for (const OptionFlag<Options>& f : flags) {
-    BoundFlag b{f.name, f.help, f.number != nullptr, f.low, f.high, nullptr};
+    TP_CHECK((f.number != nullptr) != (f.toggle != nullptr), "tp::train::bind_flags: flag ",
+             f.name, " must set exactly one member of the stage's Options (number or toggle)");
+    BoundFlag b{f.name, f.help, f.number != nullptr, f.low, f.high,
+                f.number != nullptr ? options.*f.number : 0.0, nullptr};
     b.set = [&options, f](double value, RunConfig& config) {
       if (f.number != nullptr) {
         options.*f.number = value;
