@@ -84,22 +84,11 @@ void check_plan(const std::string& stage, const DemoArgs& args,
   }
 }
 
-}  // namespace
+// The shared flags, every demo's, one function per --help group. Each
+// default shown is the value the flag's target holds now.
 
-DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
-                         const std::string& title, const std::vector<BoundFlag>& stage_flags,
-                         bool offers_worker,
-                         const std::function<void(const RunConfig&)>& fits_stage) {
-  DemoArgs args;
+void add_run_flags(CLI::App& app, DemoArgs& args, bool offers_worker) {
   RunConfig& config = args.config;
-  config.steps = 10;
-  CLI::App app(
-      "Lesson " + stage + "'s demo: " + title + ", next to the single-process reference trainer.",
-      "./kit demo " + stage);
-  cli::use_kit_defaults(app);
-
-  // The shared flags: every demo has them, in --help's groups. Each
-  // default shown is the value the flag's target holds now.
   app.option_defaults()->group("The run");
   add_number(app, "--world-size", config.world_size, "W", "ranks", whole_number(1, 64));
   add_number(app, "--steps", config.steps, "N", "optimizer steps", whole_number(1, 100000));
@@ -143,18 +132,26 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
     app.add_flag("--worker", args.worker,
                  "run the lesson's own rank worker instead of the kit's trainer");
   }
+}
+
+// `timeout_ms`: --collective-timeout, turned into the plan's duration after
+// parsing (CLI11 reads numbers, not std::chrono durations).
+void add_process_flags(CLI::App& app, DemoArgs& args, int64_t& timeout_ms) {
+  RunConfig& config = args.config;
   app.option_defaults()->group("Devices and processes");
   add_choice<Device>(app, "--device", "where the ranks train (the reference stays on the CPU)",
                      {{"cpu", kCPU}, {"cuda", Device{DeviceType::CUDA, -1}}}, config.device);
   add_choice<Backend>(app, "--backend", "the process group's backend",
                       {{"auto", Backend::Auto}, {"gloo", Backend::Gloo}, {"nccl", Backend::NCCL}},
                       config.backend);
-  int64_t timeout_ms = config.collective_timeout.count();
   add_number(app, "--collective-timeout", timeout_ms, "MS",
              "bound on the rendezvous and every collective, in ms", whole_number(100, 3600000));
   app.add_option("--init-method", args.init_method,
                  "one rank of a job a launcher started (env://, tcp://, redis://)")
       ->type_name("URL");
+}
+
+void add_output_flags(CLI::App& app, DemoArgs& args) {
   app.option_defaults()->group("Output");
   app.add_option("--json", args.json_path, "write the numbers, every rank included")
       ->type_name("FILE")
@@ -163,9 +160,12 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
                  "write every rank's timeline as a Chrome trace; print the last step's")
       ->type_name("FILE")
       ->check(cli::file_name());
+}
 
-  // The stage's own flags (its stage.h); a number's default is the value
-  // its Options member holds before parsing.
+// The stage's own flags (its stage.h); a number's default is the value its
+// Options member holds before parsing.
+void add_stage_flags(CLI::App& app, const std::string& stage,
+                     const std::vector<BoundFlag>& stage_flags, RunConfig& config) {
   app.option_defaults()->group("Stage " + stage + "'s options");
   for (const BoundFlag& f : stage_flags) {
     if (f.takes_number) {
@@ -178,7 +178,27 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
       app.add_flag_callback(f.name, [&f, &config] { f.set(1.0, config); }, f.help);
     }
   }
+}
 
+}  // namespace
+
+DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
+                         const std::string& title, const std::vector<BoundFlag>& stage_flags,
+                         bool offers_worker,
+                         const std::function<void(const RunConfig&)>& fits_stage) {
+  DemoArgs args;
+  RunConfig& config = args.config;
+  config.steps = 10;
+  CLI::App app(
+      "Lesson " + stage + "'s demo: " + title + ", next to the single-process reference trainer.",
+      "./kit demo " + stage);
+  cli::use_kit_defaults(app);
+
+  add_run_flags(app, args, offers_worker);
+  int64_t timeout_ms = config.collective_timeout.count();
+  add_process_flags(app, args, timeout_ms);
+  add_output_flags(app, args);
+  add_stage_flags(app, stage, stage_flags, config);
   cli::parse_or_exit(app, argc, argv, "demo " + stage);
   config.collective_timeout = std::chrono::milliseconds(timeout_ms);
   config.trace = !args.trace_path.empty();
