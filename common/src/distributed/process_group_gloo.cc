@@ -8,7 +8,8 @@
 //   2. The communication thread pops tasks one by one and runs each inside
 //      a trace span "<op>"; Gloo blocks it until every rank has joined.
 //   3. It calls work->finish(), with the error if Gloo threw; wait() on the
-//      calling thread returns or rethrows.
+//      calling thread returns or rethrows, and the work's future, if one
+//      was asked for, completes there, running its callbacks (future.h).
 // One thread, one queue: collectives run one at a time in issue order, the
 // CPU analogue of a CUDA communication stream.
 //
@@ -451,7 +452,8 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const Tensor& tensor, ReduceOp
         }
       },
       staging);
-  if (staging) return work;
+  if (staging) return work;  // no future: Work::get_future says why
+  work->set_outputs({tensor});
   return arm_checks(options_.check_in_flight_writes, impl_->in_flight, std::move(work), tensor,
                     buf, rank());
 }
@@ -487,7 +489,8 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root
         gloo::broadcast(opts);
       },
       staging);
-  if (staging) return work;
+  if (staging) return work;  // no future: Work::get_future says why
+  work->set_outputs({tensor});
   return arm_checks(options_.check_in_flight_writes, impl_->in_flight, std::move(work), tensor,
                     buf, rank());
 }
@@ -525,7 +528,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& out
   for (const Tensor& t : outputs) outs.push_back(buffer(t, false, true));
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
-  return impl_->enqueue(
+  std::shared_ptr<Work> work = impl_->enqueue(
       "allgather", "allgather queued", in.nbytes,
       Call{Call::kAllgather, static_cast<int64_t>(in.nbytes), static_cast<int64_t>(in.dtype), 0},
       [context, in, outs, timeout](uint32_t tag) {
@@ -545,19 +548,24 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& out
         }
       },
       staging);
+  if (!staging) work->set_outputs(outputs);  // a staged work has no future
+  return work;
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::barrier() {
   ++counters_.barrier;
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
-  return impl_->enqueue("barrier", "barrier queued", 0, Call{Call::kBarrier, 0, 0, 0},
-                        [context, timeout](uint32_t tag) {
+  std::shared_ptr<Work> work =
+      impl_->enqueue("barrier", "barrier queued", 0, Call{Call::kBarrier, 0, 0, 0},
+                     [context, timeout](uint32_t tag) {
     gloo::BarrierOptions opts(context);
     opts.setTag(tag);
     opts.setTimeout(timeout);
     gloo::barrier(opts);
   });
+  work->set_outputs({});  // its future's value is empty: a barrier has no output
+  return work;
 }
 
 }  // namespace tp::distributed

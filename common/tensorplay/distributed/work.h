@@ -20,6 +20,15 @@
 //     by every wait() that returns normally (set_on_wait): the Gloo group's
 //     staged CUDA tensors make the caller's current CUDA stream wait there
 //     for the copy back (Note [Staging CUDA tensors]).
+//   - get_future() hands out a tp::distributed::Future (future.h) that
+//     completes when the collective does, on the communication thread, with
+//     its output tensors or its error; callbacks chained with then() run
+//     there. Only works whose group gave them their outputs (set_outputs)
+//     have one: ProcessGroupGloo's on CPU tensors. Others throw, saying why.
+//     Completing the future counts as the first wait(): the first-wait check
+//     runs then, on the communication thread, so a callback reads the
+//     result (Note [In-flight writes]). Inside a future's callback, wait()
+//     for a collective that has not finished throws instead of hanging.
 //   - Every wait() tells the process's wait listener (set_wait_listener
 //     below) when it starts and stops waiting: spawn sets one in each rank it
 //     forks, to show which collective a rank waits in when a job hangs and to
@@ -38,6 +47,10 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
+
+#include "tensorplay/distributed/future.h"
+#include "tensorplay/tensor.h"
 
 namespace tp::distributed {
 
@@ -59,8 +72,20 @@ class Work {
   // The rank, in its group, of the process that issued the collective.
   int rank() const { return rank_; }
 
-  // Called once by the communication thread.
+  // Called once by the communication thread; completes the future, if one
+  // was handed out, and runs its callbacks on this thread.
   void finish(std::exception_ptr error = nullptr);
+
+  // The future of this collective: completed with the tensors given to
+  // set_outputs once it finished without error, or failed with its error
+  // (the same that wait() throws). The same future on every call.
+  // REQUIRES: the group gave this work its outputs (otherwise
+  // tp::DistributedError naming the collective and why).
+  std::shared_ptr<Future> get_future();
+  // The tensors the future's value holds (the collective's outputs, in
+  // place). Set by the process group before the Work is handed out, like
+  // set_on_first_wait; a group that does not call it has no futures.
+  void set_outputs(std::vector<Tensor> outputs);
 
   // Runs `check` once, in the first wait() that finds the collective finished
   // without error, on the waiting thread, before that wait() returns; other
@@ -92,6 +117,15 @@ class Work {
   std::exception_ptr error_;       // guarded by mutex_; also what on_first_wait_ threw
   std::function<void()> on_first_wait_;  // guarded by mutex_; cleared by the wait() that runs it
   std::function<void()> on_wait_;        // guarded by mutex_; set once, before hand-out
+  bool has_outputs_ = false;             // guarded by mutex_; set once, before hand-out
+  std::vector<Tensor> outputs_;          // guarded by mutex_; set once, before hand-out
+  std::shared_ptr<Future> future_;       // guarded by mutex_; made by the first get_future()
+
+  // Runs on_first_wait_ if it is armed and the work succeeded, recording
+  // what it throws in error_. REQUIRES: mutex_ held, done_.
+  void run_first_wait_check();
+  // Completes `future` with outputs_ or error_ (read under the lock), outside it.
+  void complete_future(const std::shared_ptr<Future>& future);
 };
 
 // Who wants to know about waits: called by Work::wait() on the waiting

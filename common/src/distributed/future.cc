@@ -1,0 +1,120 @@
+// tp::distributed::Future: a completed flag, a value or an error, and the
+// callbacks waiting for them, behind one mutex. Callbacks are moved out
+// under the lock and run outside it, so a callback may call anything on
+// this future (value(), then()) without deadlocking.
+#include "tensorplay/distributed/future.h"
+
+#include <utility>
+
+#include "tensorplay/error.h"
+
+namespace tp::distributed {
+
+namespace {
+
+// "with a value" or "with an error (<what>)", for the completing-twice error.
+std::string how_completed(const std::exception_ptr& error) {
+  if (!error) return "with a value";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return tp::detail::cat("with an error (", e.what(), ")");
+  } catch (...) {
+    return "with an error";
+  }
+}
+
+}  // namespace
+
+bool Future::complete(Value value, std::exception_ptr error) {
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_) return false;
+    value_ = std::move(value);
+    error_ = std::move(error);
+    completed_ = true;
+    callbacks.swap(callbacks_);
+  }
+  // Waiters first, then the callbacks, as PyTorch's markCompleted: wait()
+  // may return before the chained futures are done.
+  done_cv_.notify_all();
+  for (const auto& callback : callbacks) callback();  // each catches its own errors
+  return true;
+}
+
+void Future::set_value(Value value) {
+  if (!complete(std::move(value), nullptr)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TP_THROW(DistributedError, "tp::distributed::Future::set_value: the future was already "
+             "completed ", how_completed(error_), "; a future is completed once: make a new "
+             "one for each result, or check is_completed() first");
+  }
+}
+
+void Future::set_error(std::exception_ptr error) {
+  if (!error) {
+    TP_THROW(DistributedError, "tp::distributed::Future::set_error: the error is null; pass "
+             "std::current_exception() in a catch block, or std::make_exception_ptr(e)");
+  }
+  if (!complete({}, std::move(error))) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TP_THROW(DistributedError, "tp::distributed::Future::set_error: the future was already "
+             "completed ", how_completed(error_), "; a future is completed once: make a new "
+             "one for each result, or check is_completed() first");
+  }
+}
+
+bool Future::is_completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
+}
+
+bool Future::has_error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ && error_ != nullptr;
+}
+
+Future::Value Future::wait() const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [this] { return completed_; });
+  if (error_) std::rethrow_exception(error_);
+  return value_;
+}
+
+Future::Value Future::value() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!completed_) {
+    TP_THROW(DistributedError, "tp::distributed::Future::value: the future has not completed "
+             "yet; call wait(), which blocks until it has, or read value() inside a then() "
+             "callback, which runs once it has");
+  }
+  if (error_) std::rethrow_exception(error_);
+  return value_;
+}
+
+std::shared_ptr<Future> Future::then(Callback callback) {
+  auto child = std::make_shared<Future>();
+  // Holds the child, not this future: the parent is the one running it.
+  auto run = [this, child, callback = std::move(callback)] {
+    Value value;
+    try {
+      value = callback(*this);
+    } catch (...) {
+      child->complete({}, std::current_exception());
+      return;
+    }
+    child->complete(std::move(value), nullptr);
+  };
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!completed_) {
+      callbacks_.push_back(std::move(run));
+      return child;
+    }
+  }
+  run();  // already completed: on the calling thread, now
+  return child;
+}
+
+}  // namespace tp::distributed

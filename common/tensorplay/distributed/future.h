@@ -1,0 +1,100 @@
+// tp::distributed::Future: a value that arrives later, and what to do with
+// it then: the kit's torch.futures.Future, as DDP communication hooks use it
+// (hook(state, bucket) -> Future; fut.then(divide by the world size)).
+//
+// Contract:
+//   - The value is a std::vector<Tensor>, as in PyTorch's futures of a
+//     collective (fut.value()[0] is the all-reduced tensor): one type fits
+//     every collective (an all-gather has one output per rank, a barrier
+//     none) and every hook's chained result, so then() needs no template.
+//     Tensors are handles: the value shares their storage, and an in-place
+//     op on value()[0] writes the collective's output.
+//   - A future completes once: with a value (set_value) or with an error
+//     (set_error). Completing it again throws tp::DistributedError naming
+//     how it was completed; PyTorch refuses the same ("a Future can only be
+//     marked completed once").
+//   - wait() blocks until the future completed, then returns the value or
+//     rethrows the error. value() does not wait: REQUIRES is_completed()
+//     (otherwise tp::DistributedError), as PyTorch's value(), which is meant
+//     for after wait() and inside a then() callback; it rethrows the error too.
+//   - then(callback) returns a new future, completed with what the callback
+//     returns, or failed with what it throws; the callback receives this
+//     future, so `parent.value()` rethrows a failure of the parent and the
+//     failure reaches the end of a chain. Callbacks added before this
+//     future completed run on the thread that completes it, in the order
+//     added, after wait() has been released; for a collective's future
+//     (Work::get_future) that is the process group's communication thread.
+//     A callback added to a completed future runs at once, on the calling
+//     thread, before then() returns.
+//   - A callback runs on a thread that completes other work (the Gloo
+//     group's communication thread runs every later collective), so it
+//     should be short, and must not wait for a collective: Work::wait()
+//     refuses that with an error, since the collective would never run.
+//     Chain with then() instead.
+//   - Thread safety: every method may be called from any thread; one mutex
+//     guards the state, and no callback runs under it.
+//   - Lifetime: used through std::shared_ptr (then() returns one). A future
+//     keeps its pending callbacks, and so the futures then() made, alive
+//     until it completes; a chained future does not keep its parent alive.
+//     The value lives as long as the future.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "tensorplay/tensor.h"
+
+namespace tp::distributed {
+
+class Future {
+ public:
+  using Value = std::vector<Tensor>;
+  // Receives the completed parent future; returns the chained one's value.
+  using Callback = std::function<Value(Future& parent)>;
+
+  Future() = default;
+  Future(const Future&) = delete;
+  Future& operator=(const Future&) = delete;
+
+  // Completes the future with `value` and runs its callbacks on this thread.
+  // REQUIRES: not completed yet (otherwise tp::DistributedError).
+  void set_value(Value value);
+  // Completes the future with `error`, which wait() and value() rethrow,
+  // and runs its callbacks on this thread. REQUIRES: not completed yet,
+  // error not null (otherwise tp::DistributedError).
+  void set_error(std::exception_ptr error);
+
+  // Never blocks.
+  bool is_completed() const;
+  // True once completed with an error. Never blocks.
+  bool has_error() const;
+
+  // Blocks until completed; returns the value or rethrows the error.
+  Value wait() const;
+  // The value, without waiting; rethrows the error.
+  // REQUIRES: is_completed() (otherwise tp::DistributedError).
+  Value value() const;
+
+  // A future completed with callback(*this) once this one completed (with a
+  // value or an error), or failed with what the callback throws. See the
+  // contract for the thread it runs on.
+  std::shared_ptr<Future> then(Callback callback);
+
+ private:
+  // Completes with a value or an error; false, doing nothing, if already
+  // completed. Runs the callbacks after releasing the lock.
+  bool complete(Value value, std::exception_ptr error);
+
+  mutable std::mutex mutex_;
+  mutable std::condition_variable done_cv_;
+  bool completed_ = false;                           // guarded by mutex_
+  Value value_;                                      // guarded by mutex_; constant once completed
+  std::exception_ptr error_;                         // guarded by mutex_; constant once completed
+  std::vector<std::function<void()>> callbacks_;     // guarded by mutex_; emptied at completion
+};
+
+}  // namespace tp::distributed
