@@ -36,6 +36,13 @@ using tp::detail::cat;
 //     would look like a write in flight. A Work dropped without a wait()
 //     keeps its tensor (its result never arrives), so the next collective
 //     on that tensor names the forgotten wait() (InFlightClaims, in the header).
+// A future (Work::get_future, future.h) hands the result to its callbacks
+// before anyone waits, so its completion counts as the first wait: the check
+// runs on the communication thread when the collective finishes (or in
+// get_future(), if it had already finished), and a callback reads the
+// result; a write found there fails the future and every wait(). A write
+// after that moment is not seen: the tensor is the program's once the
+// future completed.
 // The result reaches the tensor at wait(), not before, which the contract
 // allows (outputs are read only after wait()); a Work never waited for
 // leaves its tensor as it was, which makes a forgotten wait() fail every

@@ -54,6 +54,12 @@
 //   - An NCCL call that fails at issue throws a tp::DistributedError naming
 //     the call, ncclGetErrorString and ncclGetLastError, and stops the group
 //     as above.
+//   - No futures: Work::get_future() throws tp::DistributedError naming the
+//     collective (the group gives its works no outputs). A future completes
+//     on the host, and a callback's kernels would run on another thread's
+//     stream that nothing orders the waiter after; PyTorch's CUDA-aware
+//     futures record events for that, which tp::distributed::Future does
+//     not. wait() for the work instead.
 //   - counters(): as for every group (process_group.h).
 //   - Threads: issuing methods and synchronize() from one thread at a time
 //     (process_group.h); Work::wait() from any thread. The watchdog thread
