@@ -209,6 +209,16 @@ TEST_CASE("completing a future twice is an error naming how it was completed") {
                        Contains("Future::set_error: the error is null"), tp::DistributedError);
 }
 
+TEST_CASE("a future destroyed before it completed fails the futures chained to it") {
+  auto parent = std::make_shared<dist::Future>();
+  auto chained = parent->then(plus(1));
+  parent.reset();
+  CHECK_THROWS_WITH_AS(chained->wait(),
+                       Contains("the future this one was chained to with then() was destroyed "
+                                "before it completed"),
+                       tp::DistributedError);
+}
+
 // ---- Work::get_future, with a thread of the test finishing the work ------------
 
 TEST_CASE("a Work's future completes with its outputs when the work finishes, on that thread") {

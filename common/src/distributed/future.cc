@@ -26,8 +26,20 @@ std::string how_completed(const std::exception_ptr& error) {
 
 }  // namespace
 
+Future::~Future() {
+  // No other thread can hold this future now; no lock needed.
+  if (completed_) return;
+  for (const Pending& pending : callbacks_) {
+    pending.chained->complete(
+        {}, std::make_exception_ptr(DistributedError(
+                "tp::distributed::Future: the future this one was chained to with then() was "
+                "destroyed before it completed, so the callback never ran; keep the parent "
+                "future (or its Work) alive until it completes")));
+  }
+}
+
 bool Future::complete(Value value, std::exception_ptr error) {
-  std::vector<std::function<void()>> callbacks;
+  std::vector<Pending> callbacks;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (completed_) return false;
@@ -39,7 +51,7 @@ bool Future::complete(Value value, std::exception_ptr error) {
   // Waiters first, then the callbacks, as PyTorch's markCompleted: wait()
   // may return before the chained futures are done.
   done_cv_.notify_all();
-  for (const auto& callback : callbacks) callback();  // each catches its own errors
+  for (const Pending& pending : callbacks) pending.run();  // each catches its own errors
   return true;
 }
 
@@ -109,7 +121,7 @@ std::shared_ptr<Future> Future::then(Callback callback) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!completed_) {
-      callbacks_.push_back(std::move(run));
+      callbacks_.push_back(Pending{std::move(run), child});
       return child;
     }
   }

@@ -35,8 +35,11 @@
 //     guards the state, and no callback runs under it.
 //   - Lifetime: used through std::shared_ptr (then() returns one). A future
 //     keeps its pending callbacks, and so the futures then() made, alive
-//     until it completes; a chained future does not keep its parent alive.
-//     The value lives as long as the future.
+//     until it completes; a chained future does not keep its parent alive
+//     (a Work keeps its own future). A future destroyed before it completed
+//     fails the futures chained to it, with a tp::DistributedError saying
+//     so, rather than leaving their wait() to hang. The value lives as long
+//     as the future.
 #pragma once
 
 #include <condition_variable>
@@ -57,6 +60,8 @@ class Future {
   using Callback = std::function<Value(Future& parent)>;
 
   Future() = default;
+  // Fails the futures chained to this one if it never completed.
+  ~Future();
   Future(const Future&) = delete;
   Future& operator=(const Future&) = delete;
 
@@ -94,7 +99,11 @@ class Future {
   bool completed_ = false;                           // guarded by mutex_
   Value value_;                                      // guarded by mutex_; constant once completed
   std::exception_ptr error_;                         // guarded by mutex_; constant once completed
-  std::vector<std::function<void()>> callbacks_;     // guarded by mutex_; emptied at completion
+  struct Pending {
+    std::function<void()> run;      // calls the callback, completes `chained`
+    std::shared_ptr<Future> chained;  // what then() returned
+  };
+  std::vector<Pending> callbacks_;  // guarded by mutex_; emptied at completion
 };
 
 }  // namespace tp::distributed
