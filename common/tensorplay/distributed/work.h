@@ -89,7 +89,8 @@ class Work {
 
   // Runs `check` once, in the first wait() that finds the collective finished
   // without error, on the waiting thread, before that wait() returns; other
-  // waiters block until it is done. Set by the process group right after it
+  // waiters block until it is done. A future handed out runs it instead, as
+  // it completes (see the contract). Set by the process group right after it
   // queues the collective, before the Work is handed to the caller.
   void set_on_first_wait(std::function<void()> check);
   // Runs `hook` in every wait() that returns normally, on the waiting
@@ -118,7 +119,8 @@ class Work {
   std::function<void()> on_first_wait_;  // guarded by mutex_; cleared by the wait() that runs it
   std::function<void()> on_wait_;        // guarded by mutex_; set once, before hand-out
   bool has_outputs_ = false;             // guarded by mutex_; set once, before hand-out
-  std::vector<Tensor> outputs_;          // guarded by mutex_; set once, before hand-out
+  std::vector<Tensor> outputs_;          // guarded by mutex_; set once, before hand-out;
+                                         // keeps their storage alive as long as the Work
   std::shared_ptr<Future> future_;       // guarded by mutex_; made by the first get_future()
 
   // Runs on_first_wait_ if it is armed and the work succeeded, recording
