@@ -41,6 +41,8 @@ import os
 import re
 import sys
 
+from atomic_file import replace_atomically, write_text
+
 # The kit's targets (measured here, never by timed tests).
 TARGET_BUCKETED_SPEEDUP = 5.0     # stage 02 sync vs stage 01 sync, depth 64, 2 ranks
 TARGET_BUCKETED_VS_FLAT = 1.3     # stage 02 sync vs one flat all-reduce, depth 64, 2 ranks
@@ -499,7 +501,9 @@ def plot(results, fits, out):
     def save(fig, name):
         path = os.path.join(out, name)
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        # Whole or not at all (atomic_file.py); the format is named because
+        # the temporary file has no .png ending.
+        replace_atomically(path, lambda temporary: fig.savefig(temporary, dpi=110, format="png"))
         plt.close(fig)
         written.append(path)
 
@@ -656,8 +660,7 @@ def main():
     report_step(results, report)
     report_versus_torch(load_rounds(args.results), report)
     text = report.text()
-    with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(text)
+    write_text(os.path.join(out, "summary.md"), text)
     print(text)
     if not args.no_plots:
         try:

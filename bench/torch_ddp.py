@@ -45,6 +45,8 @@ import sys
 import tempfile
 import time
 
+from atomic_file import write_text
+
 WIDTH = 128
 DEPTH = 64
 ITERATIONS = 40
@@ -172,8 +174,7 @@ def rank_main(rank, args, init_file):
             "batch": str(args.batch),
             "smoke": "1" if args.smoke else "0",
         }
-        with open(args.out, "w") as f:
-            json.dump({"context": context, "benchmarks": results}, f, indent=2)
+        write_text(args.out, json.dumps({"context": context, "benchmarks": results}, indent=2))
     dist.barrier()
     dist.destroy_process_group()
 
