@@ -134,3 +134,30 @@ for args, words in [
     if r.returncode != 2 or words not in r.stderr:
         fail(f"bad options {args}: exit {r.returncode}, stderr:\n{r.stderr}")
 print("bad options: exit 2 with the option named")
+
+# 7. tprun's own stderr full (or closed): the ranks' stderr is still read, so
+# a chatty rank is never blocked on a full pipe, and the job's exit code is
+# its own. 20000 lines are about 600 KB, ten times a pipe's buffer.
+CHATTY = ('i=0; while [ $i -lt 20000 ]; do echo "line $i from a chatty rank $RANK" >&2; '
+          'i=$((i+1)); done; ')
+for body, code in [(CHATTY + "exit 0", 0), (CHATTY + '[ "$RANK" = 1 ] && exit 3; exit 0', 1)]:
+    with open("/dev/full", "w") as full:
+        try:
+            p = subprocess.run([TPRUN, "--nproc-per-node", "2", "--", *rank_script(body)],
+                               stdout=subprocess.DEVNULL, stderr=full, timeout=30)
+        except subprocess.TimeoutExpired:
+            check_nothing_left("stderr full (after the timeout)")
+            fail("stderr full: tprun did not end within 30 s (a rank blocked on its stderr pipe?)")
+    if p.returncode != code:
+        fail(f"stderr full: exit {p.returncode}, expected {code}")
+    check_nothing_left("stderr full")
+# The same with tprun's stderr closed (2>&-).
+try:
+    p = subprocess.run([TPRUN, "--nproc-per-node", "2", "--", *rank_script(CHATTY + "exit 0")],
+                       stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(2), timeout=30)
+except subprocess.TimeoutExpired:
+    fail("stderr closed: tprun did not end within 30 s")
+if p.returncode != 0:
+    fail(f"stderr closed: exit {p.returncode}, expected 0")
+check_nothing_left("stderr closed")
+print("tprun's stderr full or closed: chatty ranks still finish; exit 0, or 1 when a rank fails")
