@@ -39,34 +39,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-// Collective deadline for the tests that expect success: long enough for a
-// loaded 2-core machine, short enough that a bug fails the test, not the CI.
-constexpr milliseconds kCollectiveTimeout{20000};
-// Collective deadline for the tests that expect a collective to time out.
-// The same deadline bounds the rendezvous and every collective before the one
-// that times out: those take about 0.3 s on a loaded 2-core machine, so 4 s
-// leaves a wide margin and still keeps each such test quick.
-constexpr milliseconds kShortTimeout{4000};
-
-// Runs body(rank, world) on `world` spawned ranks that meet in a fresh
-// file:// directory through the default group.
-template <typename Body>
-void run_world(int world, Body body, milliseconds collective_timeout = kCollectiveTimeout,
-               milliseconds job_timeout = milliseconds(60000)) {
-  tp::TempDir dir("tp-collectives");
-  mp::SpawnOptions options;
-  options.timeout = job_timeout;
-  mp::spawn(
-      options,
-      [&](int rank) {
-        dist::init_process_group("gloo", rank, world, dir.file_init_method(),
-                                 collective_timeout);
-        body(rank, world);
-        dist::destroy_process_group();
-      },
-      world);
-}
-
 std::string join(const std::vector<double>& values) {
   std::string out = "[";
   for (std::size_t i = 0; i < values.size(); ++i) {
@@ -105,6 +77,9 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+using test_util::kCollectiveTimeout;
+using test_util::kShortTimeout;
+using test_util::run_world;
 using test_util::spawn_error_of;
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "tensorplay/tensor.h"
 #include "tensorplay/trace.h"
 #include "tensorplay/util/temp_dir.h"
+#include "test_util.h"
 
 namespace dist = tp::distributed;
 namespace mp = tp::multiprocessing;
@@ -32,29 +33,12 @@ using doctest::Contains;
 using std::chrono::milliseconds;
 using Value = dist::Future::Value;
 
+using test_util::kCollectiveTimeout;
+using test_util::kShortTimeout;
+using test_util::run_world;
+
 namespace {
 
-// As in test_collectives.cc: generous for a loaded 2-core machine when
-// success is expected; short when a failure is.
-constexpr milliseconds kCollectiveTimeout{20000};
-constexpr milliseconds kShortTimeout{4000};
-
-// Runs body(rank, world) on `world` spawned ranks in the default group.
-template <typename Body>
-void run_world(int world, Body body, milliseconds collective_timeout = kCollectiveTimeout) {
-  tp::TempDir dir("tp-future");
-  mp::SpawnOptions options;
-  options.timeout = milliseconds(60000);
-  mp::spawn(
-      options,
-      [&](int rank) {
-        dist::init_process_group("gloo", rank, world, dir.file_init_method(),
-                                 collective_timeout);
-        body(rank, world);
-        dist::destroy_process_group();
-      },
-      world);
-}
 
 // Throws in a child: "<what> on rank r: expected [..], got [..]". Exact:
 // every value below is a small integer or a half.

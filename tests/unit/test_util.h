@@ -9,6 +9,7 @@
 #include "tensorplay/error.h"
 #include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/tensor.h"
+#include "tensorplay/util/temp_dir.h"
 
 namespace test_util {
 
@@ -43,6 +44,35 @@ void spawn_ranks(int world, Body body) {
   tp::multiprocessing::SpawnOptions options;
   options.timeout = std::chrono::milliseconds(60000);
   tp::multiprocessing::spawn(options, body, world);
+}
+
+// Collective deadline for the tests that expect success: long enough for a
+// loaded 2-core machine, short enough that a bug fails the test, not the CI.
+inline constexpr std::chrono::milliseconds kCollectiveTimeout{20000};
+// Collective deadline for the tests that expect a collective to time out.
+// The same deadline bounds the rendezvous and every collective before the one
+// that times out: those take about 0.3 s on a loaded 2-core machine, so 4 s
+// leaves a wide margin and still keeps each such test quick.
+inline constexpr std::chrono::milliseconds kShortTimeout{4000};
+
+// Runs body(rank, world) on `world` spawned ranks that meet in a fresh
+// file:// directory through the default group.
+template <typename Body>
+void run_world(int world, Body body,
+               std::chrono::milliseconds collective_timeout = kCollectiveTimeout,
+               std::chrono::milliseconds job_timeout = std::chrono::milliseconds(60000)) {
+  tp::TempDir dir("tp-world");
+  tp::multiprocessing::SpawnOptions options;
+  options.timeout = job_timeout;
+  tp::multiprocessing::spawn(
+      options,
+      [&](int rank) {
+        tp::distributed::init_process_group("gloo", rank, world, dir.file_init_method(),
+                                            collective_timeout);
+        body(rank, world);
+        tp::distributed::destroy_process_group();
+      },
+      world);
 }
 
 // On the default group: rank r contributes r + 1, so the all-reduced sum
