@@ -578,15 +578,17 @@ void DistributedDataParallel::shadow_synced_step() {
     works.push_back(process_group_->allreduce(used_map_, ReduceOp::SUM));
   }
   for (auto& work : works) work->wait();
-  used_map_.zero_();
   if (synced_iterations_ == 0) {
     if (options_.static_graph) {
+      // What the active ranks used: a later join() epoch in which this rank
+      // trains again reuses it (Note [Static graph]).
       static_used_.assign(used_map_.data_ptr<float>(),
                           used_map_.data_ptr<float>() + params_.size());
       static_unused_here_.assign(params_.size(), 0);
     }
     if (options_.static_graph || !options_.find_unused_parameters) rebuild_buckets();
   }
+  used_map_.zero_();
   ++synced_iterations_;
 }
 

@@ -64,6 +64,21 @@ double only(const Value& value) { return value.at(0).to_vector().at(0); }
 
 // ---- futures by hand ---------------------------------------------------------
 
+TEST_CASE("wait_for gives up after its timeout on a future nobody completes, and sees one that completes") {
+  dist::Future never;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_FALSE(never.wait_for(milliseconds(50)));
+  CHECK(std::chrono::steady_clock::now() - start >= milliseconds(50));
+  dist::Future later;
+  std::thread completer([&] {
+    std::this_thread::sleep_for(milliseconds(20));
+    later.set_value({tp::full({1}, 7.0)});
+  });
+  CHECK(later.wait_for(milliseconds(10000)));
+  completer.join();
+  CHECK(later.wait()[0].item() == 7.0);
+}
+
 TEST_CASE("a future set by hand gives its value to wait() and value()") {
   auto future = std::make_shared<dist::Future>();
   CHECK_FALSE(future->is_completed());

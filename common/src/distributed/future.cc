@@ -4,9 +4,11 @@
 // this future (value(), then()) without deadlocking.
 #include "tensorplay/distributed/future.h"
 
+#include <memory>
 #include <utility>
 
 #include "tensorplay/error.h"
+#include "tensorplay/trace.h"
 
 namespace tp::distributed {
 
@@ -88,10 +90,35 @@ bool Future::has_error() const {
 }
 
 Future::Value Future::wait() const {
+  std::vector<uint64_t> collectives;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    collectives = collectives_;
+  }
+  // The span of the last collective covers the blocking (it completes
+  // last); the others', already over when it is, are marked as waited too.
+  for (size_t i = 0; i + 1 < collectives.size(); ++i) {
+    trace::Span span("wait", "comm", {{"seq", static_cast<int64_t>(collectives[i])}});
+  }
+  std::unique_ptr<trace::Span> span;
+  if (!collectives.empty()) {
+    const auto seq = static_cast<int64_t>(collectives.back());
+    span = std::make_unique<trace::Span>("wait", "comm", std::initializer_list<trace::Arg>{{"seq", seq}});
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [this] { return completed_; });
   if (error_) std::rethrow_exception(error_);
   return value_;
+}
+
+void Future::add_collective(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  collectives_.push_back(seq);
+}
+
+bool Future::wait_for(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return done_cv_.wait_for(lock, timeout, [this] { return completed_; });
 }
 
 Future::Value Future::value() const {
@@ -107,6 +134,10 @@ Future::Value Future::value() const {
 
 std::shared_ptr<Future> Future::then(Callback callback) {
   auto child = std::make_shared<Future>();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    child->collectives_ = collectives_;  // not yet shared: no lock of the child's needed
+  }
   // Holds the child, not this future: the parent is the one running it.
   auto run = [this, child, callback = std::move(callback)] {
     Value value;

@@ -126,6 +126,7 @@ std::shared_ptr<Future> Work::get_future() {
     }
     if (future_) return future_;
     future_ = std::make_shared<Future>();
+    future_->add_collective(seq_);
     if (!done_) return future_;  // finish() completes it
     // Finished before anyone asked: the future's completion is the first
     // wait (Note [In-flight writes]), here on the calling thread.

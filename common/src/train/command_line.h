@@ -23,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,22 +53,31 @@ std::string default_text(double value);
 template <typename T>
 void add_choice(CLI::App& app, const std::string& name, const std::string& help,
                 std::vector<std::pair<std::string, T>> choices, T& target) {
+  add_choice<T>(app, name, help, std::move(choices), target, [&target](T value) { target = value; });
+}
+
+// The same, for a choice that is not a variable: `set` gets the value
+// chosen; `initial` is the default --help shows.
+template <typename T>
+void add_choice(CLI::App& app, const std::string& name, const std::string& help,
+                std::vector<std::pair<std::string, T>> choices, const T& initial,
+                std::function<void(T)> set) {
   std::vector<std::string> names;
   std::string listed;  // "mini, branchy or deep"
-  std::string initial;
+  std::string initial_name;
   for (size_t i = 0; i < choices.size(); ++i) {
     names.push_back(choices[i].first);
     listed += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i].first;
-    if (choices[i].second == target) initial = choices[i].first;
+    if (choices[i].second == initial) initial_name = choices[i].first;
   }
   app.add_option_function<std::string>(
          name,
-         [&target, choices](const std::string& text) {
+         [set = std::move(set), choices](const std::string& text) {
            for (const auto& [n, value] : choices) {
-             if (n == text) target = value;
+             if (n == text) set(value);
            }
          },
-         help + ": " + listed + (initial.empty() ? "" : " (default " + initial + ")"))
+         help + ": " + listed + (initial_name.empty() ? "" : " (default " + initial_name + ")"))
       ->type_name("NAME")
       ->check(CLI::Validator(
           [names, listed](std::string& text) -> std::string {

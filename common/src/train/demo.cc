@@ -168,7 +168,12 @@ void add_stage_flags(CLI::App& app, const std::string& stage,
                      const std::vector<BoundFlag>& stage_flags, RunConfig& config) {
   app.option_defaults()->group("Stage " + stage + "'s options");
   for (const BoundFlag& f : stage_flags) {
-    if (f.takes_number) {
+    if (!f.choices.empty()) {
+      std::vector<std::pair<std::string, std::string>> named;
+      for (const std::string& c : f.choices) named.emplace_back(c, c);
+      cli::add_choice<std::string>(app, f.name, f.help, std::move(named), f.initial_choice,
+                                   [&f, &config](std::string name) { f.choose(name, config); });
+    } else if (f.takes_number) {
       app.add_option_function<double>(
              f.name, [&f, &config](double value) { f.set(value, config); },
              f.help + " " + cli::default_text(f.initial))

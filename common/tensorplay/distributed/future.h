@@ -31,6 +31,12 @@
 //     should be short, and must not wait for a collective: Work::wait()
 //     refuses that with an error, since the collective would never run.
 //     Chain with then() instead.
+//   - The trace: a collective's future (Work::get_future) knows its
+//     collective's sequence number, and a future chained with then() those
+//     of its parent. wait() records a span "wait" (category "comm", arg
+//     seq) for each, as Work::wait does, so a checker sees that the
+//     collectives behind a future were waited for (a DDP that waits for a
+//     comm hook's future waits for the hook's all-reduce).
 //   - Thread safety: every method may be called from any thread; one mutex
 //     guards the state, and no callback runs under it.
 //   - Lifetime: used through std::shared_ptr (then() returns one). A future
@@ -42,7 +48,9 @@
 //     as the future.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -79,7 +87,12 @@ class Future {
   bool has_error() const;
 
   // Blocks until completed; returns the value or rethrows the error.
+  // Records the trace's "wait" spans (see the contract).
   Value wait() const;
+  // Blocks until completed or `timeout` has passed; true if completed. A
+  // waiter that must not hang forever (a DDP waiting for a comm hook's
+  // future, which nothing may ever complete) asks this first, then wait().
+  bool wait_for(std::chrono::milliseconds timeout) const;
   // The value, without waiting; rethrows the error.
   // REQUIRES: is_completed() (otherwise tp::DistributedError).
   Value value() const;
@@ -88,6 +101,10 @@ class Future {
   // value or an error), or failed with what the callback throws. See the
   // contract for the thread it runs on.
   std::shared_ptr<Future> then(Callback callback);
+
+  // The sequence numbers of the collectives whose completion this future
+  // follows (see the contract): set by Work::get_future, inherited by then().
+  void add_collective(uint64_t seq);
 
  private:
   // Completes with a value or an error; false, doing nothing, if already
@@ -104,6 +121,7 @@ class Future {
     std::shared_ptr<Future> chained;  // what then() returned
   };
   std::vector<Pending> callbacks_;  // guarded by mutex_; emptied at completion
+  std::vector<uint64_t> collectives_;  // guarded by mutex_; see add_collective
 };
 
 }  // namespace tp::distributed

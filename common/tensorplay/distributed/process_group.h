@@ -26,6 +26,7 @@
 //     Issuing methods may be called from one thread at a time.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -62,6 +63,10 @@ class ProcessGroup {
   // for Gloo, which also takes CUDA tensors; this rank's GPU for NCCL, which
   // takes CUDA tensors only.
   virtual Device preferred_device() const { return kCPU; }
+  // How long a collective may take before it fails (the group's options);
+  // also what a caller waiting on something the group does not own (a comm
+  // hook's future) may take as its limit.
+  virtual std::chrono::milliseconds timeout() const = 0;
 
   // Every rank's tensor becomes op(tensor_0, ..., tensor_{size-1}).
   virtual std::shared_ptr<Work> allreduce(const Tensor& tensor,

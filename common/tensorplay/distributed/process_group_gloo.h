@@ -108,6 +108,7 @@ class ProcessGroupGloo : public ProcessGroup {
   ~ProcessGroupGloo() override;
 
   std::string backend_name() const override { return "gloo"; }
+  std::chrono::milliseconds timeout() const override { return options_.timeout; }
   std::shared_ptr<Work> allreduce(const Tensor& tensor,
                                   ReduceOp op = ReduceOp::SUM) override;
   std::shared_ptr<Work> broadcast(const Tensor& tensor, int root = 0) override;

@@ -44,6 +44,11 @@ struct Capabilities {
   // and the process group, never through data_ptr<>() on the host. Without
   // it, the trainer refuses a CUDA plan before starting any rank.
   bool cuda = false;
+  // Stage 08: after constructing the DDP, the trainer calls
+  // `register_builtin_hook(ddp, options)`, found by argument-dependent
+  // lookup in the stage's namespace: it registers the built-in
+  // communication hook the options name (the demo's --comm-hook), or none.
+  bool comm_hooks = false;
 };
 
 }  // namespace tp::train

@@ -74,6 +74,9 @@ concept DataParallelModel =
     (!D::capabilities.syncs_after_backward || requires(D ddp) { ddp.sync_grads(); }) &&
     (!D::capabilities.no_sync || requires(D ddp) { ddp.no_sync(); }) &&
     (!D::capabilities.join || requires(D ddp, std::function<void()> body) { ddp.join(body); }) &&
+    (!D::capabilities.comm_hooks || requires(D ddp, const typename D::Options& options) {
+      register_builtin_hook(ddp, options);
+    }) &&
     (!D::capabilities.buckets || requires(D ddp) {
       { ddp.bucket_assignment() } -> std::convertible_to<std::vector<std::vector<int64_t>>>;
     });
@@ -151,6 +154,7 @@ RankResult train_rank(int rank, const RunConfig& config,
   result.rank = rank;
   group->reset_counters();
   D ddp(model, group, options);
+  if constexpr (caps.comm_hooks) register_builtin_hook(ddp, options);
   result.construction_allreduces = group->counters().allreduce;
   result.construction_broadcasts = group->counters().broadcast;
   result.construction_allgathers = group->counters().allgather;

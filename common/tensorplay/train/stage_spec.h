@@ -11,7 +11,8 @@
 //     because the compiler checks them (the concept DataParallelModel in
 //     ddp_trainer.h); the spec is what people read: names, words, flags.
 //   - A flag sets one member of the stage's Options: a number within
-//     [low, high] (`--bucket-cap-mb 0.5`) or a switch (`--static-graph`).
+//     [low, high] (`--bucket-cap-mb 0.5`), a switch (`--static-graph`), or
+//     one of a list of names (`--comm-hook fp16`).
 //     A few must also change the plan the reference follows
 //     (`--no-broadcast-buffers`: the reference keeps each rank's buffers
 //     too); `plan` does that. A flag is declared once, here or in the
@@ -41,12 +42,17 @@ struct OptionFlag {
   std::string name;  // "--bucket-cap-mb"
   std::string help;  // one line for --help
   // A number flag sets *number within [low, high]; a switch sets *toggle to
-  // `switch_to`. Exactly one of the two members is set (bind_flags checks).
+  // `switch_to`; a choice sets *choice. Exactly one of the three members is
+  // set (bind_flags checks).
   double Options::*number = nullptr;
   double low = 0.0;
   double high = 0.0;
   bool Options::*toggle = nullptr;
   bool switch_to = true;
+  // A choice flag sets *choice to one of `choices` (anything else is a
+  // usage error listing them).
+  std::string Options::*choice = nullptr;
+  std::vector<std::string> choices;
   // Also changes the plan, for a flag the reference must follow too.
   std::function<void(RunConfig&)> plan;
 };
@@ -71,6 +77,17 @@ OptionFlag<Options> switch_flag(std::string name, bool Options::*member, std::st
   flag.help = std::move(help);
   flag.toggle = member;
   flag.switch_to = switch_to;
+  return flag;
+}
+
+template <typename Options>
+OptionFlag<Options> choice_flag(std::string name, std::string Options::*member,
+                                std::vector<std::string> choices, std::string help) {
+  OptionFlag<Options> flag;
+  flag.name = std::move(name);
+  flag.help = std::move(help);
+  flag.choice = member;
+  flag.choices = std::move(choices);
   return flag;
 }
 
@@ -118,7 +135,8 @@ struct StageSpec {
 };
 
 // A flag bound to one Options object: what the (non-template) command-line
-// parser works with. `set` gets the parsed number (1 for a switch).
+// parser works with. `set` gets the parsed number (1 for a switch); a
+// choice flag (choices not empty) calls `choose` with the name given.
 struct BoundFlag {
   std::string name;
   std::string help;
@@ -127,6 +145,9 @@ struct BoundFlag {
   double high = 0.0;
   double initial = 0.0;  // a number's value before parsing: its default
   std::function<void(double value, RunConfig& config)> set;
+  std::vector<std::string> choices;
+  std::string initial_choice;  // a choice's value before parsing: its default
+  std::function<void(const std::string& name, RunConfig& config)> choose;
 };
 
 // Binds each flag to `options`, which must outlive the result.
@@ -135,10 +156,21 @@ std::vector<BoundFlag> bind_flags(const std::vector<OptionFlag<Options>>& flags,
                                   Options& options) {
   std::vector<BoundFlag> out;
   for (const OptionFlag<Options>& f : flags) {
-    TP_CHECK((f.number != nullptr) != (f.toggle != nullptr), "tp::train::bind_flags: flag ",
-             f.name, " must set exactly one member of the stage's Options (number or toggle)");
+    TP_CHECK((f.number != nullptr) + (f.toggle != nullptr) + (f.choice != nullptr) == 1,
+             "tp::train::bind_flags: flag ", f.name,
+             " must set exactly one member of the stage's Options (number, toggle or choice)");
+    TP_CHECK((f.choice != nullptr) == !f.choices.empty(), "tp::train::bind_flags: flag ", f.name,
+             " lists choices but sets no choice member, or the other way round");
     BoundFlag b{f.name, f.help, f.number != nullptr, f.low, f.high,
                 f.number != nullptr ? options.*f.number : 0.0, nullptr};
+    if (f.choice != nullptr) {
+      b.choices = f.choices;
+      b.initial_choice = options.*f.choice;
+      b.choose = [&options, f](const std::string& name, RunConfig& config) {
+        options.*f.choice = name;
+        if (f.plan) f.plan(config);
+      };
+    }
     b.set = [&options, f](double value, RunConfig& config) {
       if (f.number != nullptr) {
         options.*f.number = value;

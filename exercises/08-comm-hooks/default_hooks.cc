@@ -1,0 +1,74 @@
+// Exercise generated from solutions/08-comm-hooks/default_hooks.cc by tools/gen_exercise.py.
+// Fill in each EXERCISE, then run ./kit check 08. ./kit reset 08 restores this file.
+// Stage 08 — the simple built-in communication hooks. See default_hooks.h
+// for the contract and Note [Comm hooks] in ddp.cc for what a hook is.
+#include "default_hooks.h"
+
+#include <cmath>
+#include <string>
+
+#include "powersgd_hook.h"
+#include "tensorplay/autograd/grad_mode.h"
+#include "tensorplay/error.h"
+
+namespace stage08 {
+
+using tp::Tensor;
+using tp::distributed::ReduceOp;
+
+std::shared_ptr<Future> allreduce_hook(ProcessGroup& process_group, GradBucket& bucket) {
+  // EXERCISE: all-reduce the bucket and return a future whose value is the
+  // average, reached exactly as the DDP's default reaches it (ddp.h's
+  // contract: bit for bit). The division must not wait here.
+  throw tp::NotImplemented("stage 08: allreduce_hook is not implemented yet (exercises/08-comm-hooks/default_hooks.cc)");
+}
+
+namespace {
+
+// fp16_compress_hook and bf16_compress_hook: the same four steps, with the
+// 16-bit type as the only difference.
+std::shared_ptr<Future> compress_hook(ProcessGroup& process_group, GradBucket& bucket,
+                                      tp::Dtype compressed_dtype) {
+  // EXERCISE: send a 16-bit copy of the bucket: compress, divide by the
+  // world size before the sum (why before? lesson 08), all-reduce, and
+  // decompress into bucket.buffer() once the sum has arrived.
+  throw tp::NotImplemented("stage 08: compress_hook is not implemented yet (exercises/08-comm-hooks/default_hooks.cc)");
+}
+
+}  // namespace
+
+std::shared_ptr<Future> fp16_compress_hook(ProcessGroup& process_group, GradBucket& bucket) {
+  return compress_hook(process_group, bucket, tp::kFloat64);  // TEMP-HALF
+}
+
+std::shared_ptr<Future> bf16_compress_hook(ProcessGroup& process_group, GradBucket& bucket) {
+  return compress_hook(process_group, bucket, tp::kFloat64);  // TEMP-HALF
+}
+
+void register_builtin_hook(DistributedDataParallel& ddp, const Options& options) {
+  const std::string& name = options.comm_hook;
+  if (name == "none") return;
+  if (name == "allreduce") {
+    ddp.register_comm_hook(ddp.process_group(), allreduce_hook);
+  } else if (name == "fp16") {
+    ddp.register_comm_hook(ddp.process_group(), fp16_compress_hook);
+  } else if (name == "bf16") {
+    ddp.register_comm_hook(ddp.process_group(), bf16_compress_hook);
+  } else if (name == "powersgd") {
+    TP_CHECK(options.powersgd_rank == std::floor(options.powersgd_rank) &&
+                 options.powersgd_start_iteration == std::floor(options.powersgd_start_iteration),
+             "stage08: PowerSGD's rank and start iteration are whole numbers (got ",
+             options.powersgd_rank, " and ", options.powersgd_start_iteration, ")");
+    PowerSGDOptions powersgd;
+    powersgd.matrix_approximation_rank = static_cast<int64_t>(options.powersgd_rank);
+    powersgd.start_powerSGD_iter = static_cast<int64_t>(options.powersgd_start_iteration);
+    powersgd.min_compression_rate = options.powersgd_min_compression_rate;
+    ddp.register_comm_hook(std::make_shared<PowerSGDState>(ddp.process_group(), powersgd),
+                           powerSGD_hook);
+  } else {
+    TP_THROW(tp::Error, "stage08: unknown comm hook '", name,
+             "'; the built-in ones are none, allreduce, fp16, bf16 and powersgd");
+  }
+}
+
+}  // namespace stage08

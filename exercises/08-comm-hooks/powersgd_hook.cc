@@ -1,0 +1,147 @@
+// Exercise generated from solutions/08-comm-hooks/powersgd_hook.cc by tools/gen_exercise.py.
+// Fill in each EXERCISE, then run ./kit check 08. ./kit reset 08 restores this file.
+// Stage 08 — PowerSGD as a communication hook. See powersgd_hook.h for the
+// contract and lessons/08-comm-hooks/README.md for the why.
+#include "powersgd_hook.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "default_hooks.h"
+#include "tensorplay/autograd/grad_mode.h"
+#include "tensorplay/error.h"
+#include "tensorplay/ops.h"
+#include "tensorplay/random.h"
+
+namespace stage08 {
+
+using tp::Tensor;
+using tp::distributed::Future;
+using tp::distributed::ReduceOp;
+
+PowerSGDState::PowerSGDState(std::shared_ptr<tp::distributed::ProcessGroup> process_group,
+                             PowerSGDOptions options)
+    : process_group_(std::move(process_group)), options_(options) {
+  TP_CHECK(process_group_ != nullptr, "stage08 PowerSGDState: the process group is null");
+  TP_CHECK(options_.matrix_approximation_rank >= 1,
+           "stage08 PowerSGDState: matrix_approximation_rank must be at least 1 (got ",
+           options_.matrix_approximation_rank, "); rank 1 sends one column per matrix");
+  TP_CHECK(options_.min_compression_rate >= 0, "stage08 PowerSGDState: min_compression_rate "
+           "must not be negative (got ", options_.min_compression_rate, "); 0 compresses "
+           "every matrix");
+  TP_CHECK(options_.start_powerSGD_iter > 1 ||
+               (!options_.use_error_feedback && !options_.warm_start),
+           "stage08 PowerSGDState: start_powerSGD_iter must be above 1 with error feedback or "
+           "warm start (got ", options_.start_powerSGD_iter, "): the DDP rebuilds its buckets "
+           "after the first iteration, and the state kept per bucket would then belong to "
+           "other buckets (PyTorch refuses the same)");
+}
+
+double PowerSGDState::compression_rate() const {
+  return numel_after_ == 0 ? 1.0
+                           : static_cast<double>(numel_before_) / static_cast<double>(numel_after_);
+}
+
+namespace {
+
+// Note [Orthogonalization]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// P Q^T approximates M only if P's columns are orthonormal: then P P^T is
+// the projection onto the space they span, and P (M^T P)^T = P P^T M is M's
+// part in that space. Gram-Schmidt makes them so, column after column:
+// remove from column j its components along columns 0..j-1, then scale it
+// to length 1.
+// One difference from PyTorch's: a column whose length after the removal
+// is below sqrt(machine epsilon) times its length before holds nothing but
+// rounding error (M has lower rank than r: a batch of 8 rows gives a
+// gradient of rank at most 8). Scaling that noise to length 1 would add a
+// direction M does not have, of the same size as the ones it has; the kit
+// sets such a column to zero instead. PyTorch divides by the length plus
+// an epsilon (0 by default), which gives the noise direction.
+template <typename T>
+void orthogonalize_columns(T* a, int64_t rows, int64_t cols) {
+  const double negligible = std::sqrt(std::numeric_limits<T>::epsilon());
+  for (int64_t j = 0; j < cols; ++j) {
+    double before = 0;
+    for (int64_t i = 0; i < rows; ++i) before += double(a[i * cols + j]) * double(a[i * cols + j]);
+    for (int64_t k = 0; k < j; ++k) {
+      double dot = 0;
+      for (int64_t i = 0; i < rows; ++i) dot += double(a[i * cols + k]) * double(a[i * cols + j]);
+      for (int64_t i = 0; i < rows; ++i) a[i * cols + j] -= static_cast<T>(dot * a[i * cols + k]);
+    }
+    double after = 0;
+    for (int64_t i = 0; i < rows; ++i) after += double(a[i * cols + j]) * double(a[i * cols + j]);
+    const double length = std::sqrt(after);
+    const bool noise = length == 0 || length <= negligible * std::sqrt(before);
+    for (int64_t i = 0; i < rows; ++i) {
+      a[i * cols + j] = noise ? T(0) : static_cast<T>(a[i * cols + j] / length);
+    }
+  }
+}
+
+// `matrix` is (n, r), contiguous, on the CPU.
+void orthogonalize(const Tensor& matrix) {
+  if (matrix.dtype() == tp::kFloat64) {
+    orthogonalize_columns(matrix.data_ptr<double>(), matrix.size(0), matrix.size(1));
+  } else {
+    orthogonalize_columns(matrix.data_ptr<float>(), matrix.size(0), matrix.size(1));
+  }
+}
+
+// One gradient sent as P and Q.
+struct Compressed {
+  Tensor m;  // (n, m): a view of the gradient in the bucket
+  Tensor p;  // (n, r): a view of the bucket's P memory
+  Tensor q;  // (m, r): a view of the bucket's Q memory
+};
+
+}  // namespace
+
+// Note [PowerSGD]
+// ~~~~~~~~~~~~~~~
+// One power iteration per step (Vogels et al., Algorithm 1). For each
+// compressed matrix M (the gradient of one weight, this rank's):
+//   1. P = M Q, with Q (m x r) the previous step's (warm start) or random,
+//      orthonormalised. All-reduce P: the sum of every rank's M Q, which is
+//      (sum of M) Q, so the ranks now share P for the average.
+//   2. Orthonormalise P; Q = M^T P; all-reduce Q and divide by W: now
+//      Q = (average M)^T P on every rank.
+//   3. Every rank rebuilds M as P Q^T = P P^T (average M): the average's
+//      part in the space P spans (Note [Orthogonalization]).
+// The bytes: P and Q are (n + m) r numbers, against n m for M.
+// Error feedback: what step 3 dropped (M as it was sent minus P Q^T) is
+// added to the next step's gradient, so that nothing is lost for good, only
+// late; without it PowerSGD trains noticeably worse.
+// Tensors of one dimension and matrices that would not shrink by
+// min_compression_rate travel as they are, in one all-reduce of their own,
+// launched first.
+//
+// Where the kit differs from PyTorch: step 2 needs the all-reduced P, and
+// its Q all-reduce must be issued in the same place on every rank. PyTorch
+// issues it from a then() callback of P's future and waits inside the
+// callback; in the kit a callback runs on the communication thread, which
+// may not wait (Work::wait refuses), and a collective issued from there
+// would land between the backward thread's collectives at a different place
+// on each rank. So the hook waits for P on the backward thread (a short
+// all-reduce of n r numbers per matrix), then issues Q's all-reduce there,
+// and only step 3 runs in the callback.
+std::shared_ptr<Future> powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
+  tp::distributed::ProcessGroup& group = state.process_group();
+  const PowerSGDOptions& o = state.options();
+  if (state.iter_ < o.start_powerSGD_iter) {
+    if (bucket.is_last()) ++state.iter_;
+    return allreduce_hook(group, bucket);  // exact, while the buckets settle
+  }
+  // EXERCISE: the whole of Note [PowerSGD] for this bucket: error feedback
+  // in, the split into compressed and uncompressed (count both in
+  // numel_before_/numel_after_), the uncompressed all-reduce, P (warm or
+  // random Q, orthonormalised), P's all-reduce and the wait for it, Q's
+  // all-reduce, and the future that rebuilds the bucket and keeps the new
+  // error. Count the iteration at the last bucket.
+  throw tp::NotImplemented("stage 08: powerSGD_hook is not implemented yet (exercises/08-comm-hooks/powersgd_hook.cc)");
+}
+
+}  // namespace stage08

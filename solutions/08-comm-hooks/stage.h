@@ -1,0 +1,47 @@
+// Stage 08's identity, declared once (tp::train::StageSpec in
+// tensorplay/train/stage_spec.h): the title, the options the demo offers
+// as flags, and the stage's words in the checker's diagnoses. Its demo
+// (lessons/08-comm-hooks/main.cc), its checker and, where they measure the
+// stage, the benchmarks read it.
+#pragma once
+
+#include "ddp.h"
+#include "default_hooks.h"
+#include "powersgd_hook.h"
+#include "tensorplay/train/stage_spec.h"
+
+namespace stage08 {
+
+inline tp::train::StageSpec<Options> stage_spec() {
+  tp::train::StageSpec<Options> spec;
+  spec.number = "08";
+  spec.title = "DDP with communication hooks";
+  spec.advice.where_sync =
+      "by the gradient hooks of the micro-batch that syncs, bucket by bucket, through the comm "
+      "hook when one is registered";
+  spec.advice.how_sync_runs =
+      "inside the backward of the step's last micro-batch: the comm hook (or the default "
+      "all-reduce) launched per bucket, its futures waited by the end-of-backward callback";
+  spec.flags = tp::train::bucket_cap_flags<Options>(
+      {tp::train::gradient_as_bucket_view_flag<Options>(), tp::train::static_graph_flag<Options>(),
+       tp::train::find_unused_parameters_flag<Options>(),
+       tp::train::choice_flag<Options>("--comm-hook", &Options::comm_hook,
+                                       {"none", "allreduce", "fp16", "bf16", "powersgd"},
+                                       "the built-in comm hook to register"),
+       tp::train::number_flag<Options>("--powersgd-rank", &Options::powersgd_rank, 1, 1e6,
+                                       "PowerSGD's matrix approximation rank (a whole number)"),
+       tp::train::number_flag<Options>("--powersgd-start-iteration",
+                                       &Options::powersgd_start_iteration, 0, 1e9,
+                                       "iterations of plain all-reduce before PowerSGD starts"),
+       tp::train::number_flag<Options>("--powersgd-min-compression-rate",
+                                       &Options::powersgd_min_compression_rate, 0, 1e9,
+                                       "compress a matrix only if it shrinks more than this")});
+  // --divide-by-active-ranks (a flag every demo has) sets the plan's divisor;
+  // the DDP must divide the same way.
+  spec.adapt = [](const tp::train::RunConfig& config, Options& options) {
+    options.divide_by_initial_world_size = config.divisor == tp::train::Divisor::InitialWorldSize;
+  };
+  return spec;
+}
+
+}  // namespace stage08
