@@ -70,10 +70,11 @@ void check_defined(const std::string& where, const std::vector<Tensor>& tensors)
 // elements within their bucket; here an empty list is 0 broadcasts and such
 // tensors are left out.
 //
-// The older torch/csrc/utils/tensor_flatten.cpp, take_tensors (used by
-// torch.cuda.comm's broadcast_coalesced between the GPUs of one process),
-// groups per dtype with the same add-then-close rule, but emits each group
-// when it closes and the open ones at the end by type, not by first index.
+// PyTorch's other grouping, take_tensors (torch/csrc/utils/tensor_flatten.cpp,
+// behind torch.cuda.comm's broadcast_coalesced between the GPUs of one
+// process), groups per dtype with the same add-then-close rule, but emits
+// each group when it closes and the open ones at the end by type, not by
+// first index.
 std::vector<std::vector<std::size_t>> assign(const std::vector<Tensor>& tensors,
                                              int64_t chunk_bytes) {
   struct Open {
