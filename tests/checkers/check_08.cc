@@ -128,11 +128,11 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
   const Options& o = c.options;
   const auto initial = train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb);
   const int64_t k = c.config.micro_batches;
-  const uint64_t buffers = o.broadcast_buffers ? run.num_buffers() : 0;
+  // The kit's models are a few KiB of one dtype: one chunk of 250 MiB.
   std::vector<train::Finding> out = train::check_construction_counts(
-      run, run.num_params() + buffers, 0,
-      "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
-      "once",
+      run, 1, 0,
+      "one broadcast: the parameters (and, with broadcast_buffers, the buffers) coalesced into "
+      "one chunk (Note [Coalesced broadcast])",
       /*allgathers=*/2);
   const bool rebuilds = o.static_graph || !o.find_unused_parameters;
   const size_t final_count = run.ranks[0].buckets.size();
@@ -378,6 +378,55 @@ train::Scenario wrong_result() {
           "check the future's value()[0] against the bucket (shape and dtype) before using it"};
 }
 
+train::Scenario ignored_tensors() {
+  return {"params_and_buffers_to_ignore: an ignored parameter is neither broadcast nor reduced",
+          2,
+          [](int rank, Group group) -> std::string {
+            // Different seeds: only the broadcast makes the ranks' models equal.
+            tp::manual_seed(static_cast<uint64_t>(10 + rank));
+            auto model = train::make_model({});
+            const auto named = model->named_parameters();
+            const std::string ignored = named[1].first;  // the first layer's bias
+            const std::vector<double> own_bias = named[1].second.to_vector();
+            Options options = kSeveral;
+            options.params_and_buffers_to_ignore = {ignored};
+            DDP ddp(model, group, options);
+            if (ddp.named_parameters()[1].second.to_vector() != own_bias) {
+              return cat("rank ", rank, ": ", ignored, " was overwritten at construction although "
+                         "it is ignored");
+            }
+            for (const auto& bucket : ddp.bucket_assignment()) {
+              if (std::find(bucket.begin(), bucket.end(), 1) != bucket.end()) {
+                return cat("rank ", rank, ": the ignored parameter 1 is in a bucket");
+              }
+            }
+            const tp::data::Batch batch = scenario_models::rows_of(rank);
+            tp::mse_loss(ddp(batch.x), batch.y).backward();
+            // Its gradient is this rank's own: the two ranks' differ.
+            Tensor grad = ddp.named_parameters()[1].second.grad().clone();
+            Tensor sum = grad.clone();
+            group->allreduce(sum)->wait();
+            if (tp::max_abs_diff(tp::mul(grad, 2.0), sum) == 0.0) {
+              return cat("rank ", rank, ": the ignored parameter's gradient is the same on both "
+                         "ranks, as if it had been averaged");
+            }
+            try {
+              Options bad = kSeveral;
+              bad.params_and_buffers_to_ignore = {"no.such.tensor"};
+              DDP rejected(train::make_model({}), group, bad);
+              return cat("rank ", rank, ": a name the module does not have was accepted");
+            } catch (const tp::Error& e) {
+              if (std::string(e.what()).find("no.such.tensor") == std::string::npos) {
+                return cat("rank ", rank, ": the error does not name the unknown tensor: ",
+                           e.what());
+              }
+            }
+            return "";
+          },
+          "an ignored parameter gets no broadcast, no bucket slot and no gradient hook (Note "
+          "[Ignored parameters and buffers])"};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -388,7 +437,7 @@ int main(int argc, char** argv) {
   spec.scenarios = no_sync_scenarios::all<DDP>(/*first_sync_extra=*/1);  // the rebuild's broadcast
   for (train::Scenario scenario : {allreduce_hook_bit_identical(), twice_the_mean(),
                                    registration_rules(), future_never_completes(),
-                                   wrong_result()}) {
+                                   wrong_result(), ignored_tensors()}) {
     spec.scenarios.push_back(std::move(scenario));
   }
   return train::run_checker<DDP>(argc, argv, spec);
