@@ -137,8 +137,7 @@ void report(benchmark::State& state, const dist::ProcessGroup& group,
             const dist::CollectiveCounters& before) {
   const auto iterations = static_cast<double>(state.iterations());
   const dist::CollectiveCounters& after = group.counters();
-  const auto bytes = static_cast<int64_t>(
-      (after.allreduce_elements - before.allreduce_elements) * sizeof(float));
+  const auto bytes = static_cast<int64_t>(after.allreduce_bytes - before.allreduce_bytes);
   state.counters["allreduces"] =
       static_cast<double>(after.allreduce - before.allreduce) / iterations;
   state.counters["MB"] = static_cast<double>(bytes) / 1e6 / iterations;

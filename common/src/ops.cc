@@ -1,7 +1,9 @@
 // Differentiable ops: each forward kernel, then the backward rule that reverses it.
 //
 // How an op reads:
-//   1. validate the inputs (defined, same dtype, shapes), naming the op;
+//   1. validate the inputs (defined, float32 or float64, same dtype, shapes),
+//      naming the op; check_input refuses 16-bit tensors here, once for
+//      every op (they are for communication: tensor.h);
 //   2. run the kernel on contiguous values: outputs are fresh contiguous
 //      tensors; inputs that are strided views are copied first, except that
 //      matmul hands a transposed view to BLAS as a transpose flag;
@@ -41,17 +43,24 @@ using cuda_kernels::Unary;
 // ---- helpers ------------------------------------------------------------------
 
 // Calls f(T{}) with T = float for Float32 and T = double for Float64.
+// Inputs of other dtypes never get here: check_input refused them.
 template <typename F>
 decltype(auto) dispatch(Dtype dtype, F&& f) {
   if (dtype == Dtype::Float32) return f(float{});
   if (dtype == Dtype::Float64) return f(double{});
-  // A dtype added to the enum but not here yet (half types may come).
-  TP_THROW(Error, "tp ops: dtype ", to_string(dtype), " has no kernels yet");
+  TP_THROW(Error, "tp ops: dtype ", to_string(dtype), " has no kernels");
 }
 
 void check_defined(const char* op, const Tensor& a) {
   TP_CHECK(a.defined(), op, ": got an undefined tensor (a default-constructed "
            "tp::Tensor); create inputs with a factory such as tp::zeros");
+}
+
+// Every op's first check of every input: defined, and of a dtype the ops
+// compute in (float32, float64; a 16-bit one is refused, naming the op).
+void check_input(const char* op, const Tensor& a) {
+  check_defined(op, a);
+  check_compute_dtype(op, a.dtype());
 }
 
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
@@ -70,10 +79,10 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
            to_string(b.device()), "; move one with .to(...)");
 }
 
-// defined + same device + same dtype, for binary ops.
+// check_input + same device + same dtype, for binary ops.
 void check_binary(const char* op, const Tensor& a, const Tensor& b) {
-  check_defined(op, a);
-  check_defined(op, b);
+  check_input(op, a);
+  check_input(op, b);
   check_same_device(op, a, b);
   check_same_dtype(op, a, b);
 }
@@ -384,7 +393,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, double s) {
-  check_defined("tp::mul", a);
+  check_input("tp::mul", a);
   // a and out are the same shape
   const auto cpu_kernel = [&] {
     return dispatch(a.dtype(), [&](auto tag) {
@@ -399,7 +408,7 @@ Tensor mul(const Tensor& a, double s) {
 }
 
 Tensor div(const Tensor& a, double s) {
-  check_defined("tp::div", a);
+  check_input("tp::div", a);
   // a and out are the same shape
   const auto cpu_kernel = [&] {
     return dispatch(a.dtype(), [&](auto tag) {
@@ -453,7 +462,7 @@ class SquareBackward : public Node {
 }  // namespace
 
 Tensor relu(const Tensor& a) {
-  check_defined("tp::relu", a);
+  check_input("tp::relu", a);
   // a and out are the same shape
   Tensor out = is_cuda(a) ? cuda_kernels::unary(Unary::Relu, a)
                           : unary_kernel(a, [](auto x) { return x > 0 ? x : decltype(x){0}; });
@@ -462,7 +471,7 @@ Tensor relu(const Tensor& a) {
 }
 
 Tensor square(const Tensor& a) {
-  check_defined("tp::square", a);
+  check_input("tp::square", a);
   // a and out are the same shape
   Tensor out = is_cuda(a) ? cuda_kernels::unary(Unary::Square, a)
                           : unary_kernel(a, [](auto x) { return x * x; });
@@ -585,7 +594,7 @@ class MeanBackward : public Node {
 }  // namespace
 
 Tensor sum(const Tensor& a) {
-  check_defined("tp::sum", a);
+  check_input("tp::sum", a);
   // a is any shape; out is ()
   Tensor out = is_cuda(a) ? cuda_kernels::sum_all(a, 1.0) : full({}, sum_kernel(a), a.dtype());
   if (!needs_grad({a})) return out;
@@ -593,7 +602,7 @@ Tensor sum(const Tensor& a) {
 }
 
 Tensor sum(const Tensor& a, int64_t dim) {
-  check_defined("tp::sum", a);
+  check_input("tp::sum", a);
   TP_CHECK(a.dim() == 2, "tp::sum: sum over a dim expects a 2-D tensor, got shape ",
            to_string(a.shape()), "; use sum(a) to sum every element");
   TP_CHECK(dim >= -2 && dim <= 1, "tp::sum: dim ", dim, " is out of range for shape ",
@@ -606,7 +615,7 @@ Tensor sum(const Tensor& a, int64_t dim) {
 }
 
 Tensor mean(const Tensor& a) {
-  check_defined("tp::mean", a);
+  check_input("tp::mean", a);
   const int64_t n = a.numel();
   TP_CHECK(n > 0, "tp::mean: the tensor of shape ", to_string(a.shape()),
            " has no elements, so its mean is undefined");

@@ -91,10 +91,12 @@ void manual_seed(uint64_t seed) { default_generator().seed(seed); }
 namespace {
 
 // Fills a fresh contiguous tensor in row-major order with sample(gen).
-// Values are computed in double and rounded once when stored as float32, so
-// a float32 tensor holds exactly the rounded float64 one.
+// Values are computed in double and rounded once when stored as float32 (or
+// converted to a 16-bit dtype), so such a tensor holds exactly the rounded
+// float64 one.
 template <typename Sample>
 Tensor fill_with(const Shape& shape, Dtype dtype, Generator* gen, Sample sample) {
+  if (is_16bit(dtype)) return fill_with(shape, kFloat64, gen, sample).to(dtype);
   Generator& g = gen != nullptr ? *gen : default_generator();
   Tensor out = empty(shape, dtype);
   const int64_t n = out.numel();

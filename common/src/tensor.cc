@@ -3,8 +3,9 @@
 // The pieces, in file order:
 //   1. dtype/device/shape helpers and Storage (64-byte aligned bytes);
 //   2. two tools every method below uses: dispatch() picks the C++ element
-//      type for a Dtype, and for_each_index() walks the elements of a strided
-//      view in row-major order;
+//      type for a Dtype (dispatch_compute() only float and double, refusing
+//      the 16-bit types), and for_each_index() walks the elements of a
+//      strided view in row-major order;
 //   3. the backward rules of the differentiable views (ViewBackward,
 //      NarrowBackward, TBackward) and of clone();
 //   4. Tensor's methods and the factories.
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <new>
 #include <sstream>
+#include <type_traits>
 #include <utility>
 
 #include "tensorplay/autograd/engine.h"
@@ -40,6 +42,8 @@ std::string to_string(Dtype dtype) {
   switch (dtype) {
     case Dtype::Float32: return "float32";
     case Dtype::Float64: return "float64";
+    case Dtype::Float16: return "float16";
+    case Dtype::BFloat16: return "bfloat16";
   }
   return "unknown dtype";
 }
@@ -48,8 +52,19 @@ std::size_t element_size(Dtype dtype) {
   switch (dtype) {
     case Dtype::Float32: return sizeof(float);
     case Dtype::Float64: return sizeof(double);
+    case Dtype::Float16: return sizeof(Half);
+    case Dtype::BFloat16: return sizeof(BFloat16);
   }
   TP_THROW(Error, "tp::element_size: unknown dtype ", static_cast<int>(dtype));
+}
+
+bool is_16bit(Dtype dtype) { return dtype == Dtype::Float16 || dtype == Dtype::BFloat16; }
+
+void check_compute_dtype(const char* op, Dtype dtype) {
+  TP_CHECK(!is_16bit(dtype), op, ": got a ", to_string(dtype), " tensor, but 16-bit tensors "
+           "in this kit are for communication (DDP's fp16/bf16 compression hooks): they can "
+           "be converted, filled, scaled with mul_/div_ and sent, not computed with. Compute "
+           "in float32: convert with .to(tp::kFloat32) first");
 }
 
 std::string to_string(Device device) {
@@ -135,15 +150,51 @@ Storage::~Storage() {
 
 namespace {
 
-// Calls f(T{}) with T = float for Float32 and T = double for Float64, so one
-// generic lambda serves both dtypes:
+// Calls f(T{}) with T the element type of dtype (float, double, Half or
+// BFloat16), so one generic lambda serves every dtype:
 //   dispatch(dtype, [&](auto tag) { using T = decltype(tag); ... });
+// For the methods that only move, convert or scale values. The lambda
+// converts with convert<D>() and computes in OpMath<T>, since Half and
+// BFloat16 have no arithmetic.
 template <typename F>
 decltype(auto) dispatch(Dtype dtype, F&& f) {
+  switch (dtype) {
+    case Dtype::Float32: return f(float{});
+    case Dtype::Float64: return f(double{});
+    case Dtype::Float16: return f(Half{});
+    case Dtype::BFloat16: return f(BFloat16{});
+  }
+  TP_THROW(Error, "tp::Tensor: unknown dtype ", static_cast<int>(dtype));
+}
+
+// dispatch() for the methods that compute (add_, norm): float and double
+// only; a 16-bit dtype is refused by check_compute_dtype, naming op.
+template <typename F>
+decltype(auto) dispatch_compute(Dtype dtype, const char* op, F&& f) {
+  check_compute_dtype(op, dtype);
   if (dtype == Dtype::Float32) return f(float{});
-  if (dtype == Dtype::Float64) return f(double{});
-  // A dtype added to the enum but not here yet (half types may come).
-  TP_THROW(Error, "tp::Tensor: dtype ", to_string(dtype), " has no kernels yet");
+  return f(double{});
+}
+
+template <typename T>
+constexpr bool is_16bit_type = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+// The type T's values are computed in: float for the 16-bit types (as
+// PyTorch's at::opmath_type), T itself otherwise.
+template <typename T>
+using OpMath = std::conditional_t<is_16bit_type<T>, float, T>;
+
+// x converted to D, rounded once where D is narrower: a 16-bit x widens to
+// float first, which is exact (half.h), and the same type is copied as is.
+template <typename D, typename S>
+D convert(S x) {
+  if constexpr (std::is_same_v<D, S>) {
+    return x;
+  } else if constexpr (is_16bit_type<S>) {
+    return D(static_cast<float>(x));
+  } else {
+    return static_cast<D>(x);
+  }
 }
 
 // True when strides lay shape out densely in row-major order (dimensions of
@@ -232,11 +283,23 @@ Device resolve(Device device, const char* fn) {
   return device;
 }
 
+// Throws unless a tensor of dtype may live on device: the kit's CUDA path
+// (cuda/kernels.h, cuBLAS, the Gloo staging) runs float32 and float64 only,
+// so 16-bit tensors stay on the CPU. Checked before check_device_usable, so
+// the message is the same in a build without CUDA.
+void check_dtype_on_device(Dtype dtype, Device device, const char* fn) {
+  TP_CHECK(device.type == DeviceType::CPU || !is_16bit(dtype), fn, ": a ", to_string(dtype),
+           " tensor on ", tp::to_string(device), " was requested, but the kit's CUDA path "
+           "runs float32 and float64 only; keep 16-bit tensors on the CPU (.cpu() first), "
+           "or compute on the GPU in float32");
+}
+
 // Uninitialized contiguous tensor; fn names the factory for messages.
 Tensor make_empty(const Shape& shape, Dtype dtype, Device device, const char* fn) {
   for (int64_t size : shape) {
     TP_CHECK(size >= 0, fn, ": negative size ", size, " in shape ", tp::to_string(shape));
   }
+  check_dtype_on_device(dtype, device, fn);
   check_device_usable(device, fn);
   const int64_t n = numel_of(shape);
   auto impl = std::make_shared<TensorImpl>();
@@ -453,6 +516,19 @@ namespace {
 template <typename T> constexpr Dtype dtype_of();
 template <> constexpr Dtype dtype_of<float>() { return kFloat32; }
 template <> constexpr Dtype dtype_of<double>() { return kFloat64; }
+template <> constexpr Dtype dtype_of<Half>() { return kFloat16; }
+template <> constexpr Dtype dtype_of<BFloat16>() { return kBFloat16; }
+
+// The element type's name in C++, for data_ptr's message.
+const char* cpp_type_of(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::Float32: return "float";
+    case Dtype::Float64: return "double";
+    case Dtype::Float16: return "tp::Half";
+    case Dtype::BFloat16: return "tp::BFloat16";
+  }
+  return "?";
+}
 }  // namespace
 
 template <typename T>
@@ -460,13 +536,15 @@ T* Tensor::data_ptr() const {
   const TensorImpl& t = checked(*this, "tp::Tensor::data_ptr");
   TP_CHECK(t.dtype == dtype_of<T>(), "tp::Tensor::data_ptr<",
            tp::to_string(dtype_of<T>()), ">: the tensor's dtype is ",
-           tp::to_string(t.dtype), "; use data_ptr<",
-           t.dtype == kFloat32 ? "float" : "double", ">() or convert with .to()");
+           tp::to_string(t.dtype), "; use data_ptr<", cpp_type_of(t.dtype),
+           ">() or convert with .to()");
   return storage_base<T>(t) + t.offset;
 }
 
 template float* Tensor::data_ptr<float>() const;
 template double* Tensor::data_ptr<double>() const;
+template Half* Tensor::data_ptr<Half>() const;
+template BFloat16* Tensor::data_ptr<BFloat16>() const;
 
 double Tensor::item() const {
   const TensorImpl& t = checked(*this, "tp::Tensor::item");
@@ -489,7 +567,7 @@ std::vector<double> Tensor::to_vector() const {
   dispatch(t.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* base = storage_base<T>(t);
-    for_each_index(t, [&](int64_t i) { values.push_back(base[i]); });
+    for_each_index(t, [&](int64_t i) { values.push_back(static_cast<double>(base[i])); });
   });
   return values;
 }
@@ -595,6 +673,7 @@ Tensor Tensor::to(Dtype dtype) const {
 
 Tensor Tensor::to(Device device) const {
   const TensorImpl& t = checked(*this, "tp::Tensor::to");
+  check_dtype_on_device(t.dtype, device, "tp::Tensor::to");
   const Device target = resolve(device, "tp::Tensor::to");
   if (target == t.storage->device()) return *this;
   Tensor out = make_empty(t.shape, t.dtype, target, "tp::Tensor::to");
@@ -638,23 +717,27 @@ static Tensor unaliased_source(const TensorImpl& dst, const Tensor& src) {
 }
 
 // copy_ between two devices (at least one a CUDA device). The bytes cross
-// in one tp::cuda::copy_async between two contiguous tensors of dst's
-// dtype: src converted (and made contiguous) on its own device first, and
-// dst itself when contiguous, else a staging tensor on dst's device that is
-// then copied into the view. The host waits for the stream, as PyTorch's
-// blocking copy does: a CPU destination is then readable, and a CPU source
-// (which cudaMemcpyAsync may still read) free to change or die.
+// in one tp::cuda::copy_async between two contiguous tensors of one dtype,
+// the wire dtype: dst's, except that a 16-bit dst (on the CPU: no CUDA
+// tensor is 16-bit) takes src's dtype across and converts on the CPU. src
+// is converted (and made contiguous) on its own device first; the bytes
+// land in dst itself when it is contiguous and of the wire dtype, else in a
+// staging tensor on dst's device that is then copied into the view. The
+// host waits for the stream, as PyTorch's blocking copy does: a CPU
+// destination is then readable, and a CPU source (which cudaMemcpyAsync may
+// still read) free to change or die.
 static void copy_across_devices(Tensor& dst, const Tensor& src) {
   // The copy is ordered on the current device's stream: the CUDA side must
   // be on that device, as for every kernel.
   if (dst.device().type == DeviceType::CUDA) cuda::kernels::check_current_device("tp::Tensor::copy_", dst);
   if (src.device().type == DeviceType::CUDA) cuda::kernels::check_current_device("tp::Tensor::copy_", src);
-  const Tensor packed = src.dtype() == dst.dtype() && src.is_contiguous()
+  const Dtype wire = is_16bit(dst.dtype()) ? src.dtype() : dst.dtype();
+  const Tensor packed = src.dtype() == wire && src.is_contiguous()
                             ? src.detach()
-                            : src.detach().to(dst.dtype());
-  const Tensor landing = dst.is_contiguous()
+                            : src.detach().to(wire);
+  const Tensor landing = dst.is_contiguous() && dst.dtype() == wire
                              ? dst.detach()
-                             : make_empty(dst.shape(), dst.dtype(), dst.device(),
+                             : make_empty(dst.shape(), wire, dst.device(),
                                           "tp::Tensor::copy_");
   cuda::copy_async(landing.data_ptr(), packed.data_ptr(), landing.nbytes());
   cuda::current_stream().synchronize();
@@ -684,7 +767,7 @@ Tensor& Tensor::copy_(const Tensor& source) {
       D* out = storage_base<D>(dst);
       const S* in = storage_base<S>(s);
       for_each_index_pair(dst.shape, dst.strides, dst.offset, s.strides, s.offset,
-                          [&](int64_t i, int64_t j) { out[i] = static_cast<D>(in[j]); });
+                          [&](int64_t i, int64_t j) { out[i] = convert<D>(in[j]); });
     });
   });
   return *this;
@@ -706,7 +789,7 @@ Tensor& Tensor::add_(const Tensor& other_view, double alpha) {
     cuda::kernels::add_scaled(*this, other, alpha);
     return *this;
   }
-  dispatch(dst.dtype, [&](auto tag) {
+  dispatch_compute(dst.dtype, "tp::Tensor::add_", [&](auto tag) {
     using T = decltype(tag);
     T* out = storage_base<T>(dst);
     const T* in = storage_base<T>(o);
@@ -717,18 +800,43 @@ Tensor& Tensor::add_(const Tensor& other_view, double alpha) {
   return *this;
 }
 
+// Note [16-bit arithmetic]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Half and BFloat16 have no arithmetic of their own. mul_ and div_ on a
+// 16-bit tensor widen each element to float (exact), compute in float with
+// the scalar rounded to float, and round the float result once back to the
+// 16-bit type (to nearest, ties to even: half.h), as PyTorch's CPU kernels
+// do with their "opmath" type. That is two roundings, float's and then the
+// 16-bit one, yet the result is the correctly rounded product or quotient
+// whenever the scalar is itself exact in the 16-bit type (a world size: up
+// to 2048 for float16, 256 for bfloat16): float's 24 significant bits are
+// at least 2p + 2 for p = 11 (Half) and 8 (BFloat16), and with that much
+// room the first rounding never changes the second (Figueroa, "When is
+// double rounding innocuous?", 1995). fp16_compress_hook's
+// compressed.div_(world_size) therefore rounds exactly once, like a float16
+// division in hardware. float32 and float64 compute in their own type, as
+// before.
+
+// Every element x of t's view becomes T(op(x, value)), computed in
+// OpMath<T> (Note [16-bit arithmetic]).
+template <typename Op>
+static void scale_in_place(const TensorImpl& t, double value, Op op) {
+  dispatch(t.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using Math = OpMath<T>;
+    T* base = storage_base<T>(t);
+    const auto v = static_cast<Math>(value);
+    for_each_index(t, [&](int64_t i) { base[i] = T(op(static_cast<Math>(base[i]), v)); });
+  });
+}
+
 Tensor& Tensor::mul_(double value) {
   const TensorImpl& t = checked_for_write(*this, "tp::Tensor::mul_");
   if (on_cuda(t)) {
     cuda::kernels::scale(*this, value, /*divide=*/false);
     return *this;
   }
-  dispatch(t.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    T* base = storage_base<T>(t);
-    const T v = static_cast<T>(value);
-    for_each_index(t, [&](int64_t i) { base[i] *= v; });
-  });
+  scale_in_place(t, value, [](auto x, auto v) { return x * v; });
   return *this;
 }
 
@@ -740,12 +848,7 @@ Tensor& Tensor::div_(double value) {
     cuda::kernels::scale(*this, value, /*divide=*/true);
     return *this;
   }
-  dispatch(t.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    T* base = storage_base<T>(t);
-    const T v = static_cast<T>(value);
-    for_each_index(t, [&](int64_t i) { base[i] /= v; });
-  });
+  scale_in_place(t, value, [](auto x, auto v) { return x / v; });
   return *this;
 }
 
@@ -761,7 +864,7 @@ double Tensor::norm() const {
   const TensorImpl& t = checked(*this, "tp::Tensor::norm");
   if (on_cuda(t)) return detach().cpu().norm();
   double sum_sq = 0.0;  // accumulate in double for both dtypes
-  dispatch(t.dtype, [&](auto tag) {
+  dispatch_compute(t.dtype, "tp::Tensor::norm", [&](auto tag) {
     using T = decltype(tag);
     const T* base = storage_base<T>(t);
     for_each_index(t, [&](int64_t i) {
@@ -912,6 +1015,7 @@ Tensor full(const Shape& shape, double value, Dtype dtype, Device device) {
 Tensor tensor(const std::vector<double>& values, const Shape& shape, Dtype dtype,
               Device device) {
   if (device.type != DeviceType::CPU) {
+    check_dtype_on_device(dtype, device, "tp::tensor");
     check_device_usable(device, "tp::tensor");
     return tensor(values, shape, dtype, kCPU).to(device);  // built on the host, then copied
   }

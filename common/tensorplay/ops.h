@@ -4,7 +4,10 @@
 //   - Every op checks its inputs and throws tp::Error naming the op and the
 //     offending shapes/dtypes ("tp::add: shapes (3, 4) and (5) do not
 //     broadcast; ...").
-//   - Inputs must share a dtype; outputs are new contiguous tensors of it.
+//   - Inputs must share a dtype, float32 or float64; outputs are new
+//     contiguous tensors of it. A float16 or bfloat16 input is refused:
+//     "tp::matmul: got a float16 tensor, but 16-bit tensors in this kit are
+//     for communication ..." (tp::check_compute_dtype, tensor.h).
 //   - When grad mode is on (see autograd/grad_mode.h) and an input requires
 //     grad, the output gets a grad_fn whose backward rule is in ops.cc next
 //     to the forward kernel it reverses.
@@ -18,7 +21,7 @@
 //     float32, no TF32): transposed views (t()) are passed to BLAS as
 //     transpose flags, never copied.
 //   - max_abs_diff and allclose compare tensors on any devices (CUDA values
-//     are copied to the CPU first).
+//     are copied to the CPU first) and of any dtypes, 16-bit ones included.
 #pragma once
 
 #include "tensorplay/tensor.h"

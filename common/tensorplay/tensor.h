@@ -9,7 +9,14 @@
 //     shape, strides and storage offset (in elements) but aliases the bytes:
 //     narrow(), view(), flatten() and t() never copy. A DDP bucket is one flat
 //     tensor and each parameter's gradient slot is a view of it.
-//   - dtype is float32 or float64. device is the CPU (kCPU) or a CUDA device
+//   - dtype is float32 or float64, the dtypes the kit computes in, or one of
+//     the 16-bit float16 and bfloat16 (tp::Half, tp::BFloat16 in half.h),
+//     which exist for communication (DDP's fp16/bf16 compression hooks) and
+//     live on the CPU only: a 16-bit tensor can be made, viewed, converted
+//     (to, copy_, clone), filled (zero_, fill_), scaled in place (mul_,
+//     div_), read (item, to_vector, to_string) and sent, and every other op
+//     throws tp::Error naming the op and the dtype (check_compute_dtype).
+//     device is the CPU (kCPU) or a CUDA device
 //     (kCUDA is cuda:0; Device{DeviceType::CUDA, -1} is the current one).
 //     Factories take a device; to(device), cpu() and cuda() move data. Every
 //     op of ops.h and every in-place method runs on the device of its
@@ -40,17 +47,30 @@
 
 #include "tensorplay/cuda/runtime.h"
 #include "tensorplay/error.h"
+#include "tensorplay/half.h"
 
 namespace tp {
 
-enum class Dtype { Float32, Float64 };
+// Element types: float, double, tp::Half, tp::BFloat16. (New dtypes go at
+// the end: collective fingerprints carry the enumerator's value.)
+enum class Dtype { Float32, Float64, Float16, BFloat16 };
 inline constexpr Dtype kFloat32 = Dtype::Float32;
 inline constexpr Dtype kFloat64 = Dtype::Float64;
+inline constexpr Dtype kFloat16 = Dtype::Float16;
+inline constexpr Dtype kBFloat16 = Dtype::BFloat16;
 
-// "float32" / "float64".
+// "float32", "float64", "float16" or "bfloat16", as PyTorch names them.
 std::string to_string(Dtype dtype);
-// 4 or 8.
+// 4, 8, 2 or 2.
 std::size_t element_size(Dtype dtype);
+// True for float16 and bfloat16.
+bool is_16bit(Dtype dtype);
+// Throws tp::Error unless op can compute in dtype, i.e. unless it is float32
+// or float64: a 16-bit tensor is for communication, not computation (see the
+// contract of Tensor). Every op of ops.h and Tensor's math methods call it
+// first, so the refusal names the op: "tp::matmul: got a float16 tensor;
+// ...".
+void check_compute_dtype(const char* op, Dtype dtype);
 
 enum class DeviceType { CPU, CUDA };
 
@@ -188,7 +208,8 @@ class Tensor {
   // dereference it on the host (copy to the CPU with cpu() first).
   void* data_ptr() const;
   // Typed pointer. REQUIRES: T matches dtype() (float for Float32, double for
-  // Float64); throws tp::Error otherwise.
+  // Float64, tp::Half for Float16, tp::BFloat16 for BFloat16); throws
+  // tp::Error otherwise.
   template <typename T>
   T* data_ptr() const;
   // The single value of a one-element tensor, as double. A CUDA tensor is
@@ -216,7 +237,9 @@ class Tensor {
   // Same storage, no autograd history, requires_grad false.
   Tensor detach() const;
   // A contiguous copy converted to dtype, on the same device (not
-  // differentiable).
+  // differentiable). Between any two dtypes; to a 16-bit one each value is
+  // rounded once, to nearest, ties to even (half.h), and a CUDA tensor
+  // cannot become 16-bit (the kit's CUDA path runs float32 and float64).
   Tensor to(Dtype dtype) const;
   // A contiguous copy on `device` (same dtype); *this itself when it already
   // lives there, as in PyTorch. Differentiable: the gradient goes back to
@@ -230,7 +253,8 @@ class Tensor {
   // ---- in-place (no autograd history; return *this) --------------------
   Tensor& zero_();
   Tensor& fill_(double value);
-  // Copies src's values into this view. REQUIRES: same shape; dtypes may differ.
+  // Copies src's values into this view. REQUIRES: same shape; dtypes may
+  // differ (converted as to(dtype) does).
   // A src that overlaps this view (a.copy_(a.t())) is read as it was before
   // the call; so is add_'s other. src may be on another device than this
   // tensor: the copy goes through tp::cuda::copy_async on the current stream,
@@ -238,12 +262,15 @@ class Tensor {
   // destination can be read, and a CPU source changed, right away).
   // add_'s other must be on this tensor's device.
   Tensor& copy_(const Tensor& src);
-  // this += alpha * other. REQUIRES: same shape and dtype.
+  // this += alpha * other. REQUIRES: same shape and dtype, float32 or float64.
   Tensor& add_(const Tensor& other, double alpha = 1.0);
+  // this *= value, this /= value. A 16-bit element is computed in float and
+  // rounded once back to its type (Note [16-bit arithmetic] in tensor.cc).
   Tensor& mul_(double value);
   Tensor& div_(double value);
 
   // ---- math (see ops.h for shapes) ---------------------------------------
+  // float32 and float64 only: a 16-bit tensor is refused (check_compute_dtype).
   Tensor matmul(const Tensor& other) const;
   Tensor relu() const;
   Tensor square() const;
@@ -309,7 +336,8 @@ struct TensorImpl {
 
 // ---- factories -----------------------------------------------------------
 // Each makes a contiguous tensor on `device` (CPU by default); a CUDA device
-// where CUDA cannot be used throws tp::Error naming the factory and why.
+// where CUDA cannot be used, or a 16-bit dtype on a CUDA device, throws
+// tp::Error naming the factory and why.
 // Uninitialized contiguous tensor.
 Tensor empty(const Shape& shape, Dtype dtype = kFloat32, Device device = kCPU);
 Tensor zeros(const Shape& shape, Dtype dtype = kFloat32, Device device = kCPU);

@@ -14,10 +14,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -59,6 +61,9 @@ void expect_values(const tp::Tensor& t, const std::vector<double>& expected,
 }
 
 const tp::Dtype kDtypes[] = {tp::kFloat32, tp::kFloat64};
+// Broadcast and allgather move bytes, so they take the 16-bit dtypes too
+// (the values below are exact in bfloat16's 8 significant bits).
+const tp::Dtype kAllDtypes[] = {tp::kFloat32, tp::kFloat64, tp::kFloat16, tp::kBFloat16};
 
 // Rank r's contribution to the reductions: element i is (r + 1) * (i + 1).
 tp::Tensor contribution(int rank, tp::Dtype dtype) {
@@ -137,12 +142,13 @@ TEST_CASE("allreduce sums a 2 MiB tensor that Gloo splits into many segments") {
   }
 }
 
-TEST_CASE("broadcast from the last rank copies its tensor to every rank at world sizes 1 to 4") {
+TEST_CASE("broadcast from the last rank copies its tensor to every rank at world sizes 1 to 4, "
+          "in every dtype") {
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
     CHECK_NOTHROW(run_world(world, [](int rank, int w) {
       const int root = w - 1;  // a non-zero root whenever w > 1
-      for (tp::Dtype dtype : kDtypes) {
+      for (tp::Dtype dtype : kAllDtypes) {
         tp::Tensor t = rank == root ? tp::tensor({42, 43, 44, 45, 46, 47}, {2, 3}, dtype)
                                     : tp::full({2, 3}, -1, dtype);
         dist::broadcast(t, root);
@@ -152,11 +158,12 @@ TEST_CASE("broadcast from the last rank copies its tensor to every rank at world
   }
 }
 
-TEST_CASE("allgather gives every rank each rank's tensor in rank order at world sizes 1 to 4") {
+TEST_CASE("allgather gives every rank each rank's tensor in rank order at world sizes 1 to 4, "
+          "in every dtype") {
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
     CHECK_NOTHROW(run_world(world, [](int rank, int w) {
-      for (tp::Dtype dtype : kDtypes) {
+      for (tp::Dtype dtype : kAllDtypes) {
         const tp::Tensor input = tp::tensor({1.0 * rank, rank + 0.5, 10.0 * rank}, {3}, dtype);
         std::vector<tp::Tensor> outputs;
         for (int r = 0; r < w; ++r) outputs.push_back(tp::zeros({3}, dtype));
@@ -319,6 +326,90 @@ TEST_CASE("counters count each collective and the all-reduced elements") {
         TP_CHECK_EQ(group.counters().allreduce_elements, 0u, "after reset");
       },
       2));
+}
+
+// ---- 16-bit tensors: the compression hooks' wire types ------------------------
+
+TEST_CASE("allreduce of float16 gives closed forms at world sizes 1, 2 and 4, and overflows "
+          "past 65504") {
+  for (int world : {1, 2, 4}) {
+    CAPTURE(world);
+    CHECK_NOTHROW(run_world(world, [](int rank, int w) {
+      // (r + 1) * (i + 1): every partial sum is a small integer, exact in
+      // float16 whatever order Gloo's ring adds in.
+      tp::Tensor sum = contribution(rank, tp::kFloat16);
+      dist::all_reduce(sum, dist::ReduceOp::SUM);
+      expect_values(sum, times_1_to_5(w * (w + 1) / 2.0), "SUM float16");
+      tp::Tensor avg = contribution(rank, tp::kFloat16);
+      dist::all_reduce(avg, dist::ReduceOp::AVG);
+      expect_values(avg, times_1_to_5((w + 1) / 2.0), "AVG float16");
+      tp::Tensor lo = contribution(rank, tp::kFloat16);
+      dist::all_reduce(lo, dist::ReduceOp::MIN);
+      expect_values(lo, times_1_to_5(1), "MIN float16");
+      tp::Tensor hi = contribution(rank, tp::kFloat16);
+      dist::all_reduce(hi, dist::ReduceOp::MAX);
+      expect_values(hi, times_1_to_5(w), "MAX float16");
+      // 2^-(r+1): the sum 1 - 2^-W, a float16 as is every partial sum.
+      tp::Tensor halves = tp::full({3}, std::ldexp(1.0, -(rank + 1)), tp::kFloat16);
+      dist::all_reduce(halves);
+      expect_values(halves, std::vector<double>(3, 1 - std::ldexp(1.0, -w)), "SUM of 2^-(r+1)");
+      // 30000 per rank: 60000 is a float16, 90000 is past 65504 and rounds
+      // to infinity, which stays infinity.
+      tp::Tensor big = tp::full({2}, 30000, tp::kFloat16);
+      dist::all_reduce(big);
+      const double inf = std::numeric_limits<double>::infinity();
+      expect_values(big, std::vector<double>(2, w == 1 ? 30000.0 : w == 2 ? 60000.0 : inf),
+                    "SUM of 30000");
+    }));
+  }
+}
+
+TEST_CASE("allreduce of bfloat16 on gloo is refused, naming NCCL as the backend that reduces it") {
+  CHECK_THROWS_WITH_AS(run_world(1, [](int, int) {
+                                   dist::all_reduce(tp::ones({4}, tp::kBFloat16));
+                                 }),
+                       Contains("tp::distributed::ProcessGroupGloo::allreduce: rank 0: the "
+                                "tensor has dtype bfloat16, and Gloo has no bfloat16 reduction"),
+                       mp::SpawnError);
+  CHECK_THROWS_WITH_AS(run_world(1, [](int, int) {
+                                   dist::all_reduce(tp::ones({4}, tp::kBFloat16));
+                                 }),
+                       Contains("bf16_compress_hook needs a backend that reduces bfloat16, NCCL "
+                                "on a GPU"),
+                       mp::SpawnError);
+}
+
+TEST_CASE("allreduce_bytes counts what the all-reduces carried: 2 bytes per float16 element") {
+  CHECK_NOTHROW(run_world(1, [](int, int) {
+    dist::ProcessGroup& group = *dist::default_group();
+    group.reset_counters();
+    dist::all_reduce(tp::ones({5}));                 // 20 bytes
+    dist::all_reduce(tp::ones({5}, tp::kFloat16));   // 10 bytes
+    dist::all_reduce(tp::ones({5}, tp::kFloat64));   // 40 bytes
+    dist::broadcast(tp::ones({5}, tp::kBFloat16));   // not an all-reduce
+    TP_CHECK_EQ(group.counters().allreduce_elements, 15u, "15 elements");
+    TP_CHECK_EQ(group.counters().allreduce_bytes, 70u, "20 + 10 + 40 bytes");
+    group.reset_counters();
+    TP_CHECK_EQ(group.counters().allreduce_bytes, 0u, "after reset");
+  }));
+}
+
+TEST_CASE("with check_collectives, a float16 all-reduce against a float32 one names both dtypes") {
+  tp::TempDir dir("tp-fp16-fingerprint");
+  const std::string path = dir.path();
+  const mp::SpawnError e = spawn_error_of([&path] {
+    mp::spawn(
+        [&path](int rank) {
+          dist::GlooOptions options{kCollectiveTimeout};
+          options.check_collectives = true;
+          dist::ProcessGroupGloo group(path, rank, 2, options);
+          group.allreduce(tp::ones({5}, rank == 0 ? tp::kFloat16 : tp::kFloat32))->wait();
+        },
+        2);
+  });
+  CHECK(std::string(e.what()).find("rank 0 called allreduce SUM of 5 float16 elements as its "
+                                   "collective #1; rank 1 called allreduce SUM of 5 float32 "
+                                   "elements") != std::string::npos);
 }
 
 // ---- when ranks disagree -------------------------------------------------------

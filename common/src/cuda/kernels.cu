@@ -85,11 +85,13 @@ T* storage_base(const Tensor& t) {
 }
 
 // Calls f(T{}) with T = float for Float32 and T = double for Float64.
+// No 16-bit case: a float16 or bfloat16 tensor cannot be made on a CUDA
+// device (tensor.cc refuses it by name), so none reaches a kernel.
 template <typename F>
 decltype(auto) dispatch(Dtype dtype, F&& f) {
   if (dtype == Dtype::Float32) return f(float{});
   if (dtype == Dtype::Float64) return f(double{});
-  TP_THROW(Error, "tp::cuda: dtype ", to_string(dtype), " has no CUDA kernels yet");
+  TP_THROW(Error, "tp::cuda: dtype ", to_string(dtype), " has no CUDA kernels");
 }
 
 // The values of x as a contiguous tensor on its device, without history.

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <utility>
 
+#include "tensorplay/half.h"
+
 namespace tp::distributed::detail {
 
 using tp::detail::cat;
@@ -62,11 +64,16 @@ Buffer buffer_for_collective(const Tensor& tensor, bool check_in_flight_writes) 
 namespace {
 
 // "4 (0.25 when issued, 0.125 at wait())": element i of two copies of a
-// float32 or float64 block.
+// block of dtype.
 std::string changed_element(const void* before, const void* after, std::size_t i, Dtype dtype) {
   auto value = [&](const void* block) {
-    return dtype == kFloat64 ? static_cast<const double*>(block)[i]
-                             : static_cast<double>(static_cast<const float*>(block)[i]);
+    switch (dtype) {
+      case Dtype::Float32: return static_cast<double>(static_cast<const float*>(block)[i]);
+      case Dtype::Float64: return static_cast<const double*>(block)[i];
+      case Dtype::Float16: return static_cast<double>(static_cast<const Half*>(block)[i]);
+      case Dtype::BFloat16: return static_cast<double>(static_cast<const BFloat16*>(block)[i]);
+    }
+    return 0.0;  // unreachable for a valid enumerator
   };
   return cat(i, " (", value(before), " when issued, ", value(after), " at wait())");
 }

@@ -36,6 +36,7 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
+#include <gloo/math.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
 
@@ -97,11 +98,8 @@ void check_tensor(const char* fn, int rank, const Tensor& t, const std::string& 
              " is undefined; pass a tensor made by tp::zeros, tp::tensor or a model");
   }
   // CPU tensors, and CUDA tensors staged through host memory (Note [Staging
-  // CUDA tensors]); a CUDA tensor exists only in a build with CUDA.
-  if (t.dtype() != kFloat32 && t.dtype() != kFloat64) {
-    TP_THROW(DistributedError, fn, ": rank ", rank, ": ", what, " has dtype ",
-             to_string(t.dtype()), "; the gloo backend supports float32 and float64");
-  }
+  // CUDA tensors]); a CUDA tensor exists only in a build with CUDA. Every
+  // dtype of the kit is accepted here; all-reduce refuses bfloat16 itself.
   if (!t.is_contiguous()) {
     TP_THROW(DistributedError, fn, ": rank ", rank, ": ", what,
              " is not contiguous (shape ", tp::to_string(t.shape()), ", strides ",
@@ -137,6 +135,26 @@ gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
   TP_THROW(Error, "tp::distributed: unknown ReduceOp ", static_cast<int>(op));
 }
 
+// float16: Gloo's own reductions of its own gloo::float16 (gloo/math.h).
+// Each pair of elements is added (compared) in float and the sum rounded to
+// float16 at once (to nearest, ties to even), so a sum over W ranks rounds
+// W - 1 times, in an order that depends on Gloo's ring: exact only while
+// every partial sum is a float16, as in the tests.
+template <>
+gloo::AllreduceOptions::Func reduce_function<gloo::float16>(ReduceOp op) {
+  using Kernel = void (*)(void*, const void*, const void*, std::size_t);
+  switch (op) {
+    case ReduceOp::SUM:
+    case ReduceOp::AVG:
+      return static_cast<Kernel>(&gloo::sum<gloo::float16>);
+    case ReduceOp::MIN:
+      return static_cast<Kernel>(&gloo::min<gloo::float16>);
+    case ReduceOp::MAX:
+      return static_cast<Kernel>(&gloo::max<gloo::float16>);
+  }
+  TP_THROW(Error, "tp::distributed: unknown ReduceOp ", static_cast<int>(op));
+}
+
 template <typename T>
 void run_allreduce(const std::shared_ptr<gloo::Context>& context, const Buffer& buf,
                    ReduceOp op, uint32_t tag, milliseconds timeout) {
@@ -148,6 +166,8 @@ void run_allreduce(const std::shared_ptr<gloo::Context>& context, const Buffer& 
   opts.setTimeout(timeout);
   gloo::allreduce(opts);
   if (op == ReduceOp::AVG) {
+    // float16: gloo::float16's /= divides in float and rounds once, which is
+    // the correctly rounded quotient (the size, up to 2048, is exact).
     const T size = static_cast<T>(context->size);
     for (std::size_t i = 0; i < buf.numel; ++i) data[i] /= size;
   }
@@ -431,10 +451,18 @@ ProcessGroupGloo::~ProcessGroupGloo() = default;  // Impl drains and joins
 std::shared_ptr<Work> ProcessGroupGloo::allreduce(const Tensor& tensor, ReduceOp op) {
   constexpr const char* fn = "tp::distributed::ProcessGroupGloo::allreduce";
   check_tensor(fn, rank(), tensor, "the tensor");
+  if (tensor.dtype() == kBFloat16) {
+    TP_THROW(DistributedError, fn, ": rank ", rank(), ": the tensor has dtype bfloat16, and "
+             "Gloo has no bfloat16 reduction (PyTorch's gloo backend has long refused it "
+             "too, as an \"Invalid scalar type\"); bf16_compress_hook needs a backend that "
+             "reduces bfloat16, NCCL on a GPU. On gloo, compress to float16 "
+             "(fp16_compress_hook) instead; broadcast and allgather do carry bfloat16");
+  }
   std::shared_ptr<Staging> staging;
   if (is_cuda(tensor)) staging = begin_staging(fn, rank(), tensor, options_.check_in_flight_writes);
   ++counters_.allreduce;
   counters_.allreduce_elements += static_cast<uint64_t>(tensor.numel());
+  counters_.allreduce_bytes += static_cast<uint64_t>(tensor.nbytes());
   const Buffer buf = staging ? staged_buffer(fn, rank(), *staging, tensor, true, true)
                              : buffer_for_collective(tensor, options_.check_in_flight_writes);
   auto context = impl_->context;
@@ -445,11 +473,16 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const Tensor& tensor, ReduceOp
            static_cast<int64_t>(op)},
       [context, buf, op, timeout](uint32_t tag) {
         if (buf.numel == 0) return;  // Gloo rejects empty buffers; nothing to reduce
-        if (buf.dtype == kFloat64) {
-          run_allreduce<double>(context, buf, op, tag, timeout);
-        } else {
-          run_allreduce<float>(context, buf, op, tag, timeout);
+        switch (buf.dtype) {
+          case Dtype::Float32: run_allreduce<float>(context, buf, op, tag, timeout); return;
+          case Dtype::Float64: run_allreduce<double>(context, buf, op, tag, timeout); return;
+          case Dtype::Float16:  // tp::Half and gloo::float16: the same 16 bits
+            run_allreduce<gloo::float16>(context, buf, op, tag, timeout);
+            return;
+          case Dtype::BFloat16: break;  // refused above, on the calling thread
         }
+        TP_THROW(DistributedError, "allreduce: no Gloo reduction for dtype ",
+                 to_string(buf.dtype));
       },
       staging);
   if (staging) return work;  // no future: Work::get_future says why

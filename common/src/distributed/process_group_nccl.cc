@@ -19,6 +19,11 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#if __has_include(<cuda_bf16.h>)
+// Defines __CUDA_BF16_TYPES_EXIST__, which says ncclBfloat16 exists (older
+// nccl.h declare it only then; nccl_dtype tests it).
+#include <cuda_bf16.h>
+#endif
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,7 +72,21 @@ void check_nccl(ncclResult_t result, const char* call, const std::string& contex
   TP_THROW(DistributedError, context, ": ", call, " failed: ", nccl_message(result));
 }
 
-ncclDataType_t nccl_dtype(Dtype dtype) { return dtype == kFloat64 ? ncclFloat64 : ncclFloat32; }
+ncclDataType_t nccl_dtype(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::Float32: return ncclFloat32;
+    case Dtype::Float64: return ncclFloat64;
+    case Dtype::Float16: return ncclFloat16;
+    case Dtype::BFloat16:
+#if defined(__CUDA_BF16_TYPES_EXIST__)
+      return ncclBfloat16;
+#else
+      TP_THROW(DistributedError, kWho, ": this NCCL was built without bfloat16 "
+               "(ncclBfloat16 needs CUDA 11 or newer)");
+#endif
+  }
+  TP_THROW(Error, kWho, ": unknown dtype ", static_cast<int>(dtype));
+}
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
@@ -116,10 +135,6 @@ void check_tensor(const char* fn, int rank, int device, const Tensor& t, const s
     TP_THROW(DistributedError, fn, ": rank ", rank, ": ", what, " is on cuda:", index,
              " but this rank's process group runs on cuda:", device,
              "; NCCL works on one GPU per rank: move the tensor to cuda:", device);
-  }
-  if (t.dtype() != kFloat32 && t.dtype() != kFloat64) {
-    TP_THROW(DistributedError, fn, ": rank ", rank, ": ", what, " has dtype ",
-             to_string(t.dtype()), "; the nccl backend supports float32 and float64");
   }
   if (!t.is_contiguous()) {
     TP_THROW(DistributedError, fn, ": rank ", rank, ": ", what, " is not contiguous (shape ",
@@ -632,6 +647,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::allreduce(const Tensor& tensor, ReduceOp
   const ncclRedOp_t nccl_reduce = nccl_op(op);
   ++counters_.allreduce;
   counters_.allreduce_elements += static_cast<uint64_t>(tensor.numel());
+  counters_.allreduce_bytes += static_cast<uint64_t>(tensor.nbytes());
   void* data = tensor.data_ptr();
   const auto count = static_cast<std::size_t>(tensor.numel());
   const ncclDataType_t dtype = nccl_dtype(tensor.dtype());

@@ -10,6 +10,10 @@
 //     collectives in the same order, exactly as with torch.distributed.
 //   - Tensors must be contiguous and defined, and stay alive and untouched
 //     until wait() returns. The data is updated in place.
+//   - dtypes: float32 and float64 everywhere. float16 and bfloat16 (the
+//     compression hooks' wire types) are moved by broadcast and allgather;
+//     all-reduce takes float16 on both backends and bfloat16 only where the
+//     backend can reduce it (NCCL; Gloo refuses it, saying so).
 //   - CUDA tensors: the collective reads them after the work queued so far
 //     on the issuing thread's current CUDA stream, and wait() orders the
 //     waiting thread's current stream after the result (gloo stages them
@@ -46,6 +50,9 @@ struct CollectiveCounters {
   uint64_t allgather = 0;
   uint64_t barrier = 0;
   uint64_t allreduce_elements = 0;  // sum of numel over all-reduced tensors
+  // Sum of nbytes over all-reduced tensors: what the all-reduces carried, so
+  // a float16 bucket counts half the bytes of a float32 one.
+  uint64_t allreduce_bytes = 0;
 };
 
 class ProcessGroup {

@@ -29,6 +29,11 @@
 //     all-gather per collective, and catches what the tag cannot
 //     (Note [Gloo tags] in collective_fingerprint.cc).
 //   - ReduceOp::AVG is SUM followed by division by size() on this rank.
+//   - dtypes: all-reduce takes float32, float64 and float16 (Gloo's
+//     gloo::float16 sum, min and max: each pairwise result rounded to
+//     float16); bfloat16 is refused with tp::DistributedError, since Gloo
+//     has no bfloat16 reduction. Broadcast and all-gather move bytes, any
+//     dtype.
 //   - CUDA tensors (a build with CUDA) are staged through pinned host memory
 //     on a communication stream of the group's own: the collective reads the
 //     tensor after the work queued so far on the issuing thread's current

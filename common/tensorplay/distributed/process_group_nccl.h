@@ -21,9 +21,11 @@
 //   - Rank r uses GPU options.device, or (r % device_count()) when that is
 //     -1; the constructor makes it the calling thread's current device, and
 //     every collective sets it again on the issuing thread.
-//   - Tensors: CUDA, contiguous, on this group's GPU, float32 or float64, one
-//     dtype per collective; otherwise tp::DistributedError naming the
-//     collective, at the call.
+//   - Tensors: CUDA, contiguous, on this group's GPU, one dtype per
+//     collective; otherwise tp::DistributedError naming the collective, at
+//     the call. Every dtype maps to NCCL's (float16 to ncclFloat16, bfloat16
+//     to ncclBfloat16), though the kit's CUDA tensors are float32 or float64
+//     today (tensor.h).
 //   - Streams: each collective runs on the group's own communication stream,
 //     which first waits (an event, not the host) for the work queued so far
 //     on the issuing thread's current stream. Work::wait() makes the
