@@ -467,6 +467,37 @@ TEST_CASE("in checker mode, a tensor written before its wait() is an error there
       2));
 }
 
+TEST_CASE("in checker mode, a 16-bit tensor written in flight is reported with its values") {
+  tp::TempDir dir("tp-in-flight-16");
+  const std::string path = dir.path();
+  const mp::SpawnError e = spawn_error_of([&path] {
+    mp::spawn(
+        [&path](int rank) {
+          dist::ProcessGroupGloo group(path, rank, 1, dist::GlooOptions{kCollectiveTimeout, true});
+          tp::Tensor h = tp::full({2}, 0.25, tp::kFloat16);
+          auto reduce = group.allreduce(h);
+          h.div_(2.0);
+          std::string error;
+          try {
+            reduce->wait();
+          } catch (const tp::DistributedError& caught) {
+            error = caught.what();
+          }
+          if (error.find("element 0 (0.25 when issued, 0.125 at wait())") == std::string::npos) {
+            throw tp::Error("float16: " + error);
+          }
+          tp::Tensor b = tp::full({2}, 0.5, tp::kBFloat16);
+          auto broadcast = group.broadcast(b, 0);
+          b.fill_(0.75);
+          broadcast->wait();
+        },
+        1);
+  });
+  CHECK_MESSAGE(std::string(e.what()).find("element 0 (0.5 when issued, 0.75 at wait())") !=
+                    std::string::npos,
+                e.what());
+}
+
 TEST_CASE("in checker mode, a tensor left alone gets the collective's result at wait()") {
   tp::TempDir dir("tp-in-flight-ok");
   const std::string path = dir.path();

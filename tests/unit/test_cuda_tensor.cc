@@ -232,6 +232,22 @@ TEST_CASE("copy_ across devices, into and out of strided views, converting dtype
                        tp::Error);
 }
 
+TEST_CASE("a 16-bit CPU tensor copies to and from a float32 GPU tensor, converting on the CPU") {
+  // A GPU gradient compressed into a float16 CPU bucket slot: the bytes
+  // cross as float32 and are rounded on the CPU (no CUDA tensor is 16-bit).
+  Tensor bucket = tp::zeros({4}, tp::kFloat16);
+  bucket.narrow(0, 1, 2).copy_(tp::tensor({0.5, 1.0 / 3}, {2}, tp::kFloat32, kGpu));
+  CHECK(bucket.to_vector() == Values{0, 0.5, 0.333251953125, 0});  // 1/3 as a float16
+  // And back: a bfloat16 CPU tensor into a float32 GPU view.
+  Tensor g = tp::zeros({2, 2}, tp::kFloat32, kGpu);
+  g.t().copy_(tp::tensor({1, 2, 3, 4}, {2, 2}, tp::kBFloat16));
+  CHECK(g.to_vector() == Values{1, 3, 2, 4});
+  CHECK_THROWS_WITH_AS(g.to(tp::kFloat16),
+                       Contains("tp::Tensor::to: a float16 tensor on cuda:0 was requested, but "
+                                "the kit's CUDA path runs float32 and float64 only"),
+                       tp::Error);
+}
+
 // ---- in-place ops on views ------------------------------------------------------------
 
 TEST_CASE("in-place ops through views with any strides equal the CPU's, bit for bit") {

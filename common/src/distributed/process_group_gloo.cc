@@ -136,10 +136,10 @@ gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
 }
 
 // float16: Gloo's own reductions of its own gloo::float16 (gloo/math.h).
-// Each pair of elements is added (compared) in float and the sum rounded to
-// float16 at once (to nearest, ties to even), so a sum over W ranks rounds
-// W - 1 times, in an order that depends on Gloo's ring: exact only while
-// every partial sum is a float16, as in the tests.
+// Each pair of elements is added (or compared) in float, and a sum rounded
+// to float16 at once (to nearest, ties to even), so a sum over W ranks
+// rounds W - 1 times, in an order that depends on Gloo's ring: exact only
+// while every partial sum is a float16, as in the tests.
 template <>
 gloo::AllreduceOptions::Func reduce_function<gloo::float16>(ReduceOp op) {
   using Kernel = void (*)(void*, const void*, const void*, std::size_t);

@@ -81,8 +81,9 @@ ncclDataType_t nccl_dtype(Dtype dtype) {
 #if defined(__CUDA_BF16_TYPES_EXIST__)
       return ncclBfloat16;
 #else
-      TP_THROW(DistributedError, kWho, ": this NCCL was built without bfloat16 "
-               "(ncclBfloat16 needs CUDA 11 or newer)");
+      TP_THROW(DistributedError, kWho, ": a bfloat16 collective needs ncclBfloat16, which "
+               "this build's nccl.h does not declare (no cuda_bf16.h: CUDA before 11); "
+               "rebuild the kit against CUDA 11 or newer");
 #endif
   }
   TP_THROW(Error, kWho, ": unknown dtype ", static_cast<int>(dtype));
