@@ -14,6 +14,7 @@
 #include "tensorplay/autograd/engine.h"
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/autograd/node.h"
+#include "tensorplay/distributed/broadcast_coalesced.h"
 #include "tensorplay/distributed/model_check.h"
 #include "tensorplay/error.h"
 #include "tensorplay/trace.h"
@@ -41,38 +42,74 @@ DistributedDataParallel::DistributedDataParallel(
   tp::distributed::verify_same_tensors_on_all_ranks(*process_group_, params_, "stage08 DDP");
   // END SAME FROM STAGE 02: check the arguments and the model
   used_map_ = tp::zeros({static_cast<int64_t>(params_.size())}, tp::kFloat32);
+  mark_ignored();
   broadcast_from_rank0();
   std::vector<int64_t> reverse_registration;
   for (auto p = static_cast<int64_t>(params_.size()) - 1; p >= 0; --p) {
-    reverse_registration.push_back(p);
+    if (!ignored_[static_cast<size_t>(p)]) reverse_registration.push_back(p);
   }
   assign_buckets(reverse_registration);
-  // SAME FROM STAGE 03: register the hooks
-  // [snippet:register-hooks]
-  // One hook per parameter. It captures `this`, which is why this class can
-  // be neither copied nor moved, and why hooks_ is its last member.
+  // One hook per parameter the DDP reduces. It captures `this`, which is
+  // why this class can be neither copied nor moved, and why hooks_ is its
+  // last member. An ignored parameter gets none: its gradient stays local.
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (ignored_[i]) continue;
     hooks_.push_back(params_[i].second.register_post_accumulate_grad_hook(
         [this, i](const Tensor& param) { on_gradient_ready(static_cast<int64_t>(i), param); }));
   }
-  // [/snippet:register-hooks]
-  // END SAME FROM STAGE 03: register the hooks
 }
 
-// SAME FROM STAGE 01: broadcast rank 0's model
-void DistributedDataParallel::broadcast_from_rank0() {
-  // The broadcast writes into the parameters: no autograd history for that.
-  tp::NoGradGuard no_grad;
-  for (auto& [name, param] : params_) {
-    process_group_->broadcast(param, /*root=*/0)->wait();
-  }
-  if (options_.broadcast_buffers) {
-    for (const Tensor& buffer : module_->buffers()) {
-      process_group_->broadcast(buffer, /*root=*/0)->wait();
+// Note [Ignored parameters and buffers]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// params_and_buffers_to_ignore names tensors the DDP leaves alone: an
+// ignored parameter is not broadcast at construction, has no bucket slot
+// and no gradient hook, so its gradient stays this rank's own; an ignored
+// buffer is not broadcast. PyTorch uses it for parameters another wrapper
+// synchronises (a model-parallel shard, an embedding table sharded by
+// hand). The indices of bucket_assignment() still count every parameter,
+// ignored ones included, so that they name the same parameters as
+// named_parameters().
+void DistributedDataParallel::mark_ignored() {
+  ignored_.assign(params_.size(), 0);
+  const std::vector<tp::nn::NamedTensor> buffers = module_->named_buffers();
+  for (const std::string& name : options_.params_and_buffers_to_ignore) {
+    bool found = false;
+    for (size_t p = 0; p < params_.size(); ++p) {
+      if (params_[p].first == name) ignored_[p] = found = true;
+    }
+    for (const auto& [buffer_name, buffer] : buffers) {
+      if (buffer_name == name) found = true;
+    }
+    if (!found) {
+      std::string known;
+      for (const auto& [n, t] : params_) known += (known.empty() ? "" : ", ") + n;
+      for (const auto& [n, t] : buffers) known += ", " + n;
+      TP_THROW(tp::Error, "stage08 DDP: params_and_buffers_to_ignore names '", name,
+               "', which is neither a parameter nor a buffer of the module (it has ", known, ")");
     }
   }
 }
-// END SAME FROM STAGE 01: broadcast rank 0's model
+
+// Note [Coalesced broadcast]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Stages 01-07 broadcast rank 0's model one tensor at a time: a collective,
+// with its fixed cost, per parameter and per buffer. Here they go as
+// PyTorch's DDP sends them: packed into flat chunks of at most 250 MiB (one
+// dtype each), one broadcast per chunk (tp::distributed::broadcast_coalesced).
+// A model of a few MiB is one broadcast.
+void DistributedDataParallel::broadcast_from_rank0() {
+  std::vector<Tensor> states;
+  for (size_t p = 0; p < params_.size(); ++p) {
+    if (!ignored_[p]) states.push_back(params_[p].second);
+  }
+  if (options_.broadcast_buffers) {
+    for (const auto& [name, buffer] : module_->named_buffers()) {
+      const auto& skip = options_.params_and_buffers_to_ignore;
+      if (std::find(skip.begin(), skip.end(), name) == skip.end()) states.push_back(buffer);
+    }
+  }
+  tp::distributed::broadcast_coalesced(*process_group_, states);
+}
 
 // SAME FROM STAGE 06: bucket assignment in a given order
 // Note [Bucket assignment] is stage 02's (solutions/02-bucketing/ddp.cc): a
@@ -222,7 +259,10 @@ std::vector<int64_t> DistributedDataParallel::unreached_parameters(const Tensor&
   // Counted on the trace: with static_graph, only the first synced forward
   // walks.
   tp::trace::Span span("graph walk", "ddp");
-  return walk_graph(output);
+  std::vector<int64_t> unreached = walk_graph(output);
+  // An ignored parameter has no slot to file (Note [Ignored parameters and buffers]).
+  std::erase_if(unreached, [this](int64_t p) { return ignored_[static_cast<size_t>(p)] != 0; });
+  return unreached;
 }
 // END SAME FROM STAGE 06: Note [Static graph] and the counted walk
 
@@ -539,9 +579,11 @@ void DistributedDataParallel::finish_backward() {
 // copied into the new slot and .grad pointed there.
 // END SAME FROM STAGE 06: Note [Rebuilding the buckets]
 void DistributedDataParallel::rebuild_buckets() {
-  Tensor order = tp::zeros({static_cast<int64_t>(params_.size())}, tp::kFloat64);
+  // The parameters in buckets: all but the ignored ones.
+  const size_t managed = params_.size() - ignored_count();
+  Tensor order = tp::zeros({static_cast<int64_t>(managed)}, tp::kFloat64);
   std::vector<int64_t> mine = ready_order_;
-  if (mine.size() != params_.size()) {
+  if (mine.size() != managed) {
     // A rank that joined before its first synced step filed nothing: it
     // offers the order it has (only rank 0's counts).
     mine.clear();
@@ -552,7 +594,7 @@ void DistributedDataParallel::rebuild_buckets() {
   }
   process_group_->broadcast(order, /*root=*/0)->wait();
   std::vector<int64_t> rank0_order;
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i = 0; i < managed; ++i) {
     rank0_order.push_back(static_cast<int64_t>(order.data_ptr<double>()[i]));
   }
   std::vector<Tensor> grads;  // the averages, before the old buckets go
@@ -560,6 +602,7 @@ void DistributedDataParallel::rebuild_buckets() {
   assign_buckets(rank0_order);
   if (options_.gradient_as_bucket_view) {
     for (size_t p = 0; p < params_.size(); ++p) {
+      if (ignored_[p]) continue;  // not in a bucket: its gradient is its own
       if (!grads[p].defined()) continue;  // no rank used it: it keeps no gradient
       const Location at = locations_[p];
       Slot& slot = buckets_[at.bucket].slots[at.slot];

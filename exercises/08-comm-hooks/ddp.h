@@ -44,6 +44,7 @@
 //     launch and the end of that backward.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -85,6 +86,10 @@ struct Options {
   // Inside join(): when a rank runs out of inputs, every rank throws at the
   // next synced step instead of shadowing.
   bool throw_on_early_termination = false;
+  // Names (as named_parameters() and named_buffers() spell them) of
+  // tensors the DDP neither broadcasts nor reduces (Note [Ignored
+  // parameters and buffers]). A name the module does not have is an error.
+  std::vector<std::string> params_and_buffers_to_ignore;
 
   // Not read by the DDP: which built-in comm hook register_builtin_hook()
   // (default_hooks.h) registers after construction, as the kit's trainer
@@ -214,6 +219,14 @@ class DistributedDataParallel {
     size_t slot = 0;
   };
 
+  // Fills ignored_ from params_and_buffers_to_ignore; throws for a name
+  // the module does not have.
+  void mark_ignored();
+  size_t ignored_count() const {
+    return static_cast<size_t>(std::count(ignored_.begin(), ignored_.end(), 1));
+  }
+  // Rank 0's parameters and buffers, but the ignored ones, to every rank,
+  // coalesced (Note [Coalesced broadcast]).
   void broadcast_from_rank0();
   // Fills buckets_ and locations_ with the parameters in `order` (Note
   // [Bucket assignment], as in stage 02).
@@ -269,6 +282,7 @@ class DistributedDataParallel {
   std::vector<Bucket> buckets_;              // the layout is constant after construction
   std::vector<Location> locations_;          // [param index], constant after construction
   // END SAME FROM STAGE 03: state constant after construction
+  std::vector<char> ignored_;  // [param index]: 1 if ignored; constant after construction
 
   // [snippet:no-sync-state]
   // Set by NoSyncGuard: false while a guard lives.

@@ -38,11 +38,11 @@ std::shared_ptr<Future> compress_hook(ProcessGroup& process_group, GradBucket& b
 }  // namespace
 
 std::shared_ptr<Future> fp16_compress_hook(ProcessGroup& process_group, GradBucket& bucket) {
-  return compress_hook(process_group, bucket, tp::kFloat64);  // TEMP-HALF
+  return compress_hook(process_group, bucket, tp::kFloat16);
 }
 
 std::shared_ptr<Future> bf16_compress_hook(ProcessGroup& process_group, GradBucket& bucket) {
-  return compress_hook(process_group, bucket, tp::kFloat64);  // TEMP-HALF
+  return compress_hook(process_group, bucket, tp::kBFloat16);
 }
 
 void register_builtin_hook(DistributedDataParallel& ddp, const Options& options) {

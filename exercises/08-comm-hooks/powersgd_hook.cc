@@ -57,37 +57,52 @@ namespace {
 // One difference from PyTorch's: a column whose length after the removal
 // is below sqrt(machine epsilon) times its length before holds nothing but
 // rounding error (M has lower rank than r: a batch of 8 rows gives a
-// gradient of rank at most 8). Scaling that noise to length 1 would add a
-// direction M does not have, of the same size as the ones it has; the kit
-// sets such a column to zero instead. PyTorch divides by the length plus
-// an epsilon (0 by default), which gives the noise direction.
+// gradient of rank at most 8 per rank). Scaling that noise to length 1
+// would add a direction of rounding error as large as the real ones.
+// PyTorch does that (it divides by the length plus an epsilon, 0 by
+// default). The kit instead
+//   - sets such a column of P to zero: M has nothing there to send;
+//   - replaces such a column of Q by a fresh random one (the same on every
+//     rank) and orthogonalises that: Q is where the next P = M Q looks for
+//     M, and a Q that lost a direction (warm start reuses it) would never
+//     see that direction of a later gradient again.
 template <typename T>
-void orthogonalize_columns(T* a, int64_t rows, int64_t cols) {
+void orthogonalize_columns(T* a, int64_t rows, int64_t cols, tp::Generator* refill) {
   const double negligible = std::sqrt(std::numeric_limits<T>::epsilon());
+  auto squared_length = [&](int64_t j) {
+    double sum = 0;
+    for (int64_t i = 0; i < rows; ++i) sum += double(a[i * cols + j]) * double(a[i * cols + j]);
+    return sum;
+  };
   for (int64_t j = 0; j < cols; ++j) {
-    double before = 0;
-    for (int64_t i = 0; i < rows; ++i) before += double(a[i * cols + j]) * double(a[i * cols + j]);
-    for (int64_t k = 0; k < j; ++k) {
-      double dot = 0;
-      for (int64_t i = 0; i < rows; ++i) dot += double(a[i * cols + k]) * double(a[i * cols + j]);
-      for (int64_t i = 0; i < rows; ++i) a[i * cols + j] -= static_cast<T>(dot * a[i * cols + k]);
-    }
-    double after = 0;
-    for (int64_t i = 0; i < rows; ++i) after += double(a[i * cols + j]) * double(a[i * cols + j]);
-    const double length = std::sqrt(after);
-    const bool noise = length == 0 || length <= negligible * std::sqrt(before);
-    for (int64_t i = 0; i < rows; ++i) {
-      a[i * cols + j] = noise ? T(0) : static_cast<T>(a[i * cols + j] / length);
+    for (int attempt = 0;; ++attempt) {
+      const double before = squared_length(j);
+      for (int64_t k = 0; k < j; ++k) {
+        double dot = 0;
+        for (int64_t i = 0; i < rows; ++i) dot += double(a[i * cols + k]) * double(a[i * cols + j]);
+        for (int64_t i = 0; i < rows; ++i) a[i * cols + j] -= static_cast<T>(dot * a[i * cols + k]);
+      }
+      const double length = std::sqrt(squared_length(j));
+      const bool noise = length == 0 || length <= negligible * std::sqrt(before);
+      if (!noise) {
+        for (int64_t i = 0; i < rows; ++i) a[i * cols + j] = static_cast<T>(a[i * cols + j] / length);
+        break;
+      }
+      if (refill == nullptr || attempt == 2) {
+        for (int64_t i = 0; i < rows; ++i) a[i * cols + j] = T(0);
+        break;
+      }
+      for (int64_t i = 0; i < rows; ++i) a[i * cols + j] = static_cast<T>(refill->normal());
     }
   }
 }
 
-// `matrix` is (n, r), contiguous, on the CPU.
-void orthogonalize(const Tensor& matrix) {
+// `matrix` is (n, r), contiguous, on the CPU. `refill`: see the Note.
+void orthogonalize(const Tensor& matrix, tp::Generator* refill = nullptr) {
   if (matrix.dtype() == tp::kFloat64) {
-    orthogonalize_columns(matrix.data_ptr<double>(), matrix.size(0), matrix.size(1));
+    orthogonalize_columns(matrix.data_ptr<double>(), matrix.size(0), matrix.size(1), refill);
   } else {
-    orthogonalize_columns(matrix.data_ptr<float>(), matrix.size(0), matrix.size(1));
+    orthogonalize_columns(matrix.data_ptr<float>(), matrix.size(0), matrix.size(1), refill);
   }
 }
 

@@ -41,6 +41,17 @@ inline tp::train::StageSpec<Options> stage_spec() {
   spec.adapt = [](const tp::train::RunConfig& config, Options& options) {
     options.divide_by_initial_world_size = config.divisor == tp::train::Divisor::InitialWorldSize;
   };
+  // allreduce_hook promises the reference's numbers; compression does not.
+  spec.approximation = [](const Options& options) -> std::string {
+    if (options.comm_hook == "fp16") return "fp16_compress_hook rounds each average to float16";
+    if (options.comm_hook == "bf16") return "bf16_compress_hook rounds each average to bfloat16";
+    if (options.comm_hook == "powersgd") {
+      return tp::detail::cat("PowerSGD sends each weight's gradient as a rank-",
+                             options.powersgd_rank, " approximation from iteration ",
+                             options.powersgd_start_iteration, " on");
+    }
+    return "";
+  };
   return spec;
 }
 

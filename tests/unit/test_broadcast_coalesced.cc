@@ -10,6 +10,7 @@
 // with the rank and the message.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include "test_util.h"
 
 #include <cstddef>
@@ -49,6 +50,7 @@ class RecordingGroup : public dist::ProcessGroup {
  public:
   RecordingGroup(int rank, int size) : ProcessGroup(rank, size) {}
   std::string backend_name() const override { return "recording"; }
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1000); }
 
   std::shared_ptr<dist::Work> broadcast(const tp::Tensor& tensor, int root) override {
     ++counters_.broadcast;

@@ -258,7 +258,7 @@ std::vector<StepRow> step_rows(const RunConfig& config, const ReferenceResult& r
   return rows;
 }
 
-enum class Verdict { Matches, Differs, ReferenceDiverged };
+enum class Verdict { Matches, Differs, ReferenceDiverged, Approximate };
 
 // Everything the demo says about one run; print_report() and report_json()
 // render it, and compute nothing of their own.
@@ -272,13 +272,27 @@ struct DemoReport {
   std::vector<StepRow> rows;
   std::vector<double> rank_norms;            // each rank's final parameter norm
   std::vector<uint64_t> allreduces_in_step0; // each rank's all-reduces in step 0
+  uint64_t bytes_in_first_step = 0;          // rank 0's all-reduced bytes in step 0
+  uint64_t bytes_in_last_step = 0;           // ... in its last step
+  std::string approximation;                 // why the run is approximate; "" if exact
   std::vector<Finding> findings;
   Verdict verdict = Verdict::Matches;
 };
 
+// Bytes rank r handed to all-reduces in `step` (all its micro-batches).
+uint64_t allreduce_bytes_in_step(const RankResult& r, int64_t k, int64_t step) {
+  uint64_t total = 0;
+  for (int64_t m = 0; m < k; ++m) {
+    const auto i = static_cast<size_t>(step * k + m);
+    if (i < r.allreduce_bytes_per_micro.size()) total += r.allreduce_bytes_per_micro[i];
+  }
+  return total;
+}
+
 DemoReport build_report(const std::string& stage, const std::string& title,
                         const DemoArgs& args, const ReferenceResult& reference,
-                        const std::vector<RankResult>& ranks, const Advice& advice) {
+                        const std::vector<RankResult>& ranks, const Advice& advice,
+                        const std::string& approximation) {
   const RunConfig& config = args.config;
   DemoReport report;
   report.stage = stage;
@@ -291,6 +305,14 @@ DemoReport build_report(const std::string& stage, const std::string& title,
   for (const RankResult& r : ranks) {
     report.rank_norms.push_back(norm(r.final_params));
     report.allreduces_in_step0.push_back(allreduces_in_step(r, config.micro_batches, 0));
+  }
+  report.approximation = approximation;
+  const RankResult& rank0 = ranks.front();
+  report.bytes_in_first_step = allreduce_bytes_in_step(rank0, config.micro_batches, 0);
+  const int64_t rank0_steps = steps_of(config, 0);
+  if (rank0_steps > 0) {
+    report.bytes_in_last_step =
+        allreduce_bytes_in_step(rank0, config.micro_batches, rank0_steps - 1);
   }
   if (args.worker) {
     std::vector<WorkerResult> workers;
@@ -307,9 +329,10 @@ DemoReport build_report(const std::string& stage, const std::string& title,
         return std::any_of(losses.begin(), losses.end(), [](double v) { return !std::isfinite(v); });
       });
   // Nothing to compare DDP with when the single-process run itself overflowed.
-  report.verdict = report.findings.empty() ? Verdict::Matches
-                   : reference_diverged    ? Verdict::ReferenceDiverged
-                                           : Verdict::Differs;
+  report.verdict = report.findings.empty()    ? Verdict::Matches
+                   : reference_diverged       ? Verdict::ReferenceDiverged
+                   : !approximation.empty()   ? Verdict::Approximate
+                                              : Verdict::Differs;
   return report;
 }
 
@@ -494,6 +517,9 @@ void print_summary(const DemoReport& report) {
     std::printf("all-reduces per step on rank 0: %llu for %zu parameter tensors\n",
                 static_cast<unsigned long long>(report.allreduces_in_step0.front()),
                 rank0.final_params.size());
+    std::printf("bytes all-reduced by rank 0: %llu in the first step, %llu in the last\n",
+                static_cast<unsigned long long>(report.bytes_in_first_step),
+                static_cast<unsigned long long>(report.bytes_in_last_step));
   }
   if (k > 1) {
     // Where in the step they happen: with no_sync, all in the last one.
@@ -519,6 +545,11 @@ void print_verdict(const DemoReport& report) {
     case Verdict::Differs:
       std::printf("verdict: DIFFERS from the reference\n%s",
                   format_findings(report.findings).c_str());
+      break;
+    case Verdict::Approximate:
+      std::printf("verdict: approximate by design (%s): no verdict against the exact reference; "
+                  "the distances above are what it costs\n",
+                  report.approximation.c_str());
       break;
   }
 }
@@ -621,7 +652,8 @@ Json report_json(const DemoReport& report) {
   for (const RankResult& r : ranks) {
     j["ranks"].push_back({{"rank", r.rank},
                           {"micro_batch_losses", numbers(r.losses)},
-                          {"allreduces_per_micro", r.allreduces_per_micro}});
+                          {"allreduces_per_micro", r.allreduces_per_micro},
+                          {"allreduce_bytes_per_micro", r.allreduce_bytes_per_micro}});
   }
   j["final"] = {{"reference_param_norm", number_or_null(c.reference_norm)},
                 {"rank_param_norms", numbers(report.rank_norms)},
@@ -632,7 +664,10 @@ Json report_json(const DemoReport& report) {
                 {"max_loss_diff", number_or_null(c.max_loss_diff)},
                 {"num_parameters", ranks.front().final_params.size()},
                 {"allreduces_per_step", report.allreduces_in_step0},
-                {"matches_reference", report.findings.empty()}};
+                {"matches_reference", report.findings.empty()},
+                {"approximation", report.approximation},
+                {"allreduce_bytes_first_step", report.bytes_in_first_step},
+                {"allreduce_bytes_last_step", report.bytes_in_last_step}};
   return j;
 }
 
@@ -640,8 +675,8 @@ Json report_json(const DemoReport& report) {
 
 void report_demo(const std::string& stage, const std::string& title, const DemoArgs& args,
                  const ReferenceResult& reference, const std::vector<RankResult>& ranks,
-                 const Advice& advice) {
-  const DemoReport report = build_report(stage, title, args, reference, ranks, advice);
+                 const Advice& advice, const std::string& approximation) {
+  const DemoReport report = build_report(stage, title, args, reference, ranks, advice, approximation);
   print_report(report);
   if (!args.trace_path.empty()) report_trace(args, ranks);
   if (!args.json_path.empty()) {

@@ -122,6 +122,7 @@ std::string serialize(const RankResult& r) {
                   {"losses", r.losses},
                   {"allreduces_per_micro", r.allreduces_per_micro},
                   {"broadcasts_per_micro", r.broadcasts_per_micro},
+                  {"allreduce_bytes_per_micro", r.allreduce_bytes_per_micro},
                   {"buckets", r.buckets},
                   {"initial_buckets", r.initial_buckets},
                   {"param_ids", r.param_ids},
@@ -154,6 +155,7 @@ RankResult parse_rank_result(const std::string& bytes) {
     r.losses = j.at("losses").get<std::vector<double>>();
     r.allreduces_per_micro = j.at("allreduces_per_micro").get<std::vector<uint64_t>>();
     r.broadcasts_per_micro = j.at("broadcasts_per_micro").get<std::vector<uint64_t>>();
+    r.allreduce_bytes_per_micro = j.at("allreduce_bytes_per_micro").get<std::vector<uint64_t>>();
     r.buckets = j.at("buckets").get<std::vector<std::vector<int64_t>>>();
     r.initial_buckets = j.at("initial_buckets").get<std::vector<std::vector<int64_t>>>();
     r.param_ids = j.at("param_ids").get<std::vector<int64_t>>();

@@ -215,6 +215,7 @@ RankResult train_rank(int rank, const RunConfig& config,
         }
         result.allreduces_per_micro.push_back(group->counters().allreduce);
         result.broadcasts_per_micro.push_back(group->counters().broadcast);
+        result.allreduce_bytes_per_micro.push_back(group->counters().allreduce_bytes);
       }
       if (step == 0) result.after_first_step = snapshot(ddp.named_parameters());
     }

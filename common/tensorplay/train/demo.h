@@ -68,9 +68,12 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
 // Prints the table and summary to stdout; writes JSON when asked. With
 // args.worker, `ranks` came from a worker (as_rank_result): no collective
 // counts are shown, and the verdict is check_workers'.
+// `approximation` (StageSpec::approximation's answer), when not empty,
+// says why the run only approximates the reference: a difference is then
+// reported as a distance, not as a wrong DDP.
 void report_demo(const std::string& stage, const std::string& title, const DemoArgs& args,
                  const ReferenceResult& reference, const std::vector<RankResult>& ranks,
-                 const Advice& advice = {});
+                 const Advice& advice = {}, const std::string& approximation = "");
 
 // The whole main() of a lesson's demo: the stage's spec says what it is
 // and which flags it takes; `worker` is the lesson's own rank worker, if it
@@ -121,7 +124,8 @@ int demo_main(int argc, char** argv, const StageSpec<typename D::Options>& spec,
       ranks = std::move(run.ranks);
     }
     ReferenceResult reference = train_reference(args.config);
-    report_demo(spec.number, spec.title, args, reference, ranks, spec.advice);
+    report_demo(spec.number, spec.title, args, reference, ranks, spec.advice,
+                spec.approximation ? spec.approximation(options) : std::string());
   } catch (const std::exception& error) {
     multiprocessing::record_error(error);  // for tprun, when it started this rank
     std::fprintf(stderr, "demo %s: %s\n", spec.number.c_str(), error.what());

@@ -50,6 +50,9 @@ struct RankResult {
   // anything after the last micro-batch are not counted).
   std::vector<uint64_t> allreduces_per_micro;
   std::vector<uint64_t> broadcasts_per_micro;
+  // [i]: bytes handed to all-reduces in micro-batch i (what a compressing
+  // comm hook shrinks; CollectiveCounters::allreduce_bytes).
+  std::vector<uint64_t> allreduce_bytes_per_micro;
   uint64_t construction_allreduces = 0;  // issued by the DDP constructor
   uint64_t construction_broadcasts = 0;
   uint64_t construction_allgathers = 0;

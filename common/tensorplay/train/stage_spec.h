@@ -132,6 +132,11 @@ struct StageSpec {
   Advice advice;       // the stage's words in a diagnosis (compare.h)
   std::vector<OptionFlag<Options>> flags;
   std::function<void(const RunConfig&, Options&)> adapt;  // may be empty
+  // May be empty. For options whose results are approximate by design (a
+  // compressing comm hook), why, in a few words; "" where the options
+  // promise the reference's numbers. The demo then reports how far the run
+  // is from the reference instead of a verdict of "differs".
+  std::function<std::string(const Options&)> approximation;
 };
 
 // A flag bound to one Options object: what the (non-template) command-line
