@@ -2,6 +2,7 @@
 // for the contract and Note [Comm hooks] in ddp.cc for what a hook is.
 #include "default_hooks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -76,6 +77,16 @@ void register_builtin_hook(DistributedDataParallel& ddp, const Options& options)
                  options.powersgd_start_iteration == std::floor(options.powersgd_start_iteration),
              "stage08: PowerSGD's rank and start iteration are whole numbers (got ",
              options.powersgd_rank, " and ", options.powersgd_start_iteration, ")");
+    // A rank no weight of the model can use is a mistake, not a request:
+    // every matrix would be clamped to its own min(n, m).
+    int64_t largest = 0;
+    for (const Tensor& p : ddp.parameters()) {
+      if (p.dim() >= 2) largest = std::max(largest, std::min(p.size(0), p.numel() / p.size(0)));
+    }
+    TP_CHECK(largest == 0 || options.powersgd_rank <= static_cast<double>(largest),
+             "stage08: PowerSGD rank ", options.powersgd_rank, " is above every weight's "
+             "min(n, m) in this model (the largest is ", largest, "); a rank-", largest,
+             " approximation already sends every weight whole");
     PowerSGDOptions powersgd;
     powersgd.matrix_approximation_rank = static_cast<int64_t>(options.powersgd_rank);
     powersgd.start_powerSGD_iter = static_cast<int64_t>(options.powersgd_start_iteration);
