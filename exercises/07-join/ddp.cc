@@ -483,6 +483,7 @@ void DistributedDataParallel::rebuild_buckets() {
   rebuilt_ = true;
 }
 
+// SAME FROM STAGE 07: Note [Join], the notify and the divisor
 // Note [Join]
 // ~~~~~~~~~~~
 // With uneven inputs, one rank runs out of batches while the others still
@@ -525,6 +526,7 @@ double DistributedDataParallel::divisor() const {
   // EXERCISE: what to divide the summed gradients by (Note [Join]).
   throw tp::NotImplemented("stage 07: DistributedDataParallel::divisor is not implemented yet (exercises/07-join/ddp.cc)");
 }
+// END SAME FROM STAGE 07: Note [Join], the notify and the divisor
 
 void DistributedDataParallel::join(const std::function<void()>& body) {
   TP_CHECK(!joining_, "stage07 DDP: join() inside join()");
@@ -557,18 +559,21 @@ void DistributedDataParallel::shadow_synced_step() {
     works.push_back(process_group_->allreduce(used_map_, ReduceOp::SUM));
   }
   for (auto& work : works) work->wait();
-  used_map_.zero_();
   if (synced_iterations_ == 0) {
     if (options_.static_graph) {
+      // What the active ranks used: a later join() epoch in which this rank
+      // trains again reuses it (Note [Static graph]).
       static_used_.assign(used_map_.data_ptr<float>(),
                           used_map_.data_ptr<float>() + params_.size());
       static_unused_here_.assign(params_.size(), 0);
     }
     if (options_.static_graph || !options_.find_unused_parameters) rebuild_buckets();
   }
+  used_map_.zero_();
   ++synced_iterations_;
 }
 
+// SAME FROM STAGE 07: the final model and the early-termination error
 void DistributedDataParallel::sync_final_model(bool last_to_join) {
   tp::NoGradGuard no_grad;
   Tensor claim = tp::full({1}, last_to_join ? process_group_->rank() : -1, tp::kFloat32);
@@ -584,6 +589,7 @@ void DistributedDataParallel::throw_early_termination() {
            " of ", process_group_->size(), " have joined) and throw_on_early_termination is "
            "set: every rank stops here instead of shadowing the others (Note [Join])");
 }
+// END SAME FROM STAGE 07: the final model and the early-termination error
 
 // SAME FROM STAGE 05: the note when nothing is unused
 void DistributedDataParallel::warn_if_nothing_unused(const float* used) const {

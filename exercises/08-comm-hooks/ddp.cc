@@ -230,6 +230,9 @@ Tensor DistributedDataParallel::forward([[maybe_unused]] const Tensor& input) {
       unused_ = static_unused_;
     } else if (options_.static_graph || options_.find_unused_parameters) {
       unused_ = unreached_parameters(output);
+      // An ignored parameter has no slot to file (Note [Ignored parameters
+      // and buffers]).
+      std::erase_if(unused_, [this](int64_t p) { return ignored_[static_cast<size_t>(p)] != 0; });
     }
   }
   return output;
@@ -259,10 +262,7 @@ std::vector<int64_t> DistributedDataParallel::unreached_parameters(const Tensor&
   // Counted on the trace: with static_graph, only the first synced forward
   // walks.
   tp::trace::Span span("graph walk", "ddp");
-  std::vector<int64_t> unreached = walk_graph(output);
-  // An ignored parameter has no slot to file (Note [Ignored parameters and buffers]).
-  std::erase_if(unreached, [this](int64_t p) { return ignored_[static_cast<size_t>(p)] != 0; });
-  return unreached;
+  return walk_graph(output);
 }
 // END SAME FROM STAGE 06: Note [Static graph] and the counted walk
 
@@ -613,6 +613,7 @@ void DistributedDataParallel::rebuild_buckets() {
   rebuilt_ = true;
 }
 
+// SAME FROM STAGE 07: Note [Join], the notify and the divisor
 // Note [Join]
 // ~~~~~~~~~~~
 // With uneven inputs, one rank runs out of batches while the others still
@@ -658,6 +659,7 @@ double DistributedDataParallel::divisor() const {
   if (!joining_ || options_.divide_by_initial_world_size) return process_group_->size();
   return active_ranks_;
 }
+// END SAME FROM STAGE 07: Note [Join], the notify and the divisor
 
 void DistributedDataParallel::join(const std::function<void()>& body) {
   TP_CHECK(!joining_, "stage08 DDP: join() inside join()");
@@ -728,6 +730,7 @@ void DistributedDataParallel::shadow_synced_step() {
   ++synced_iterations_;
 }
 
+// SAME FROM STAGE 07: the final model and the early-termination error
 void DistributedDataParallel::sync_final_model(bool last_to_join) {
   tp::NoGradGuard no_grad;
   Tensor claim = tp::full({1}, last_to_join ? process_group_->rank() : -1, tp::kFloat32);
@@ -743,6 +746,7 @@ void DistributedDataParallel::throw_early_termination() {
            " of ", process_group_->size(), " have joined) and throw_on_early_termination is "
            "set: every rank stops here instead of shadowing the others (Note [Join])");
 }
+// END SAME FROM STAGE 07: the final model and the early-termination error
 
 // SAME FROM STAGE 05: the note when nothing is unused
 void DistributedDataParallel::warn_if_nothing_unused(const float* used) const {

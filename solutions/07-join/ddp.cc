@@ -481,6 +481,7 @@ void DistributedDataParallel::rebuild_buckets() {
   rebuilt_ = true;
 }
 
+// SAME FROM STAGE 07: Note [Join], the notify and the divisor
 // Note [Join]
 // ~~~~~~~~~~~
 // With uneven inputs, one rank runs out of batches while the others still
@@ -534,6 +535,7 @@ double DistributedDataParallel::divisor() const {
   return active_ranks_;
   // END SOLUTION
 }
+// END SAME FROM STAGE 07: Note [Join], the notify and the divisor
 
 void DistributedDataParallel::join(const std::function<void()>& body) {
   TP_CHECK(!joining_, "stage07 DDP: join() inside join()");
@@ -592,6 +594,7 @@ void DistributedDataParallel::shadow_synced_step() {
   ++synced_iterations_;
 }
 
+// SAME FROM STAGE 07: the final model and the early-termination error
 void DistributedDataParallel::sync_final_model(bool last_to_join) {
   tp::NoGradGuard no_grad;
   Tensor claim = tp::full({1}, last_to_join ? process_group_->rank() : -1, tp::kFloat32);
@@ -607,6 +610,7 @@ void DistributedDataParallel::throw_early_termination() {
            " of ", process_group_->size(), " have joined) and throw_on_early_termination is "
            "set: every rank stops here instead of shadowing the others (Note [Join])");
 }
+// END SAME FROM STAGE 07: the final model and the early-termination error
 
 // SAME FROM STAGE 05: the note when nothing is unused
 void DistributedDataParallel::warn_if_nothing_unused(const float* used) const {
