@@ -65,6 +65,8 @@ class GradBucket {
 // DistributedDataParallel::register_comm_hook): launches the reduction of
 // one bucket and returns, without waiting for it, a future whose value()[0]
 // will be the bucket's reduced gradients.
+// [snippet:comm-hook]
 using CommHook = std::function<std::shared_ptr<tp::distributed::Future>(GradBucket& bucket)>;
+// [/snippet:comm-hook]
 
 }  // namespace stage08
