@@ -5,6 +5,9 @@ Input: a folder of results as `./kit bench` writes them (bench/results/):
   bench_allreduce.w<W>.json   bench/bench_allreduce.cc at W ranks
   bench_sync.w<W>.json        bench/bench_sync.cc at W ranks
   bench_step.w<W>.json        bench/bench_step.cc at W ranks
+  bench_hooks.w<W>.json       bench/bench_hooks.cc at W ranks
+  hook_losses.json            bench/hook_losses.py: stage 08's loss per step
+                              with each comm hook
   torch_ddp.w<W>.json         bench/torch_ddp.py (only if PyTorch is installed)
   round<R>.bench_step.json,   short alternating runs of the kit's stage 03
   round<R>.torch_ddp.json     and PyTorch's DDP at 2 ranks, default caps
@@ -21,6 +24,10 @@ Output, in --out (the input folder unless given):
   step.png           a training step without DDP and with stages 01-03 (and
                      PyTorch's DDP), split into its phases; the share of a
                      step spent in sync against the batch
+  hooks.png          stage 08's comm hooks: bytes all-reduced per step and
+                     rank, and the step's time (interleaved medians)
+  hook_losses.png    rank 0's loss per step with each hook against no hook,
+                     and the distance between them
 The figures need python3-matplotlib (./kit installs it); --no-plots skips
 them.
 
@@ -70,7 +77,7 @@ def load(folder):
     if not os.path.isdir(folder):
         return results
     for file in sorted(os.listdir(folder)):
-        m = re.fullmatch(r"(bench_allreduce|bench_sync|bench_step|torch_ddp)\.w(\d+)\.json", file)
+        m = re.fullmatch(r"(bench_allreduce|bench_sync|bench_step|bench_hooks|torch_ddp)\.w(\d+)\.json", file)
         if not m:
             continue
         with open(os.path.join(folder, file)) as f:
@@ -143,6 +150,15 @@ def load_rounds(folder):
                 pair.append(runs_of(json.load(f), path))
         rounds.append((r, pair[0], pair[1]))
     return rounds
+
+
+def load_hook_losses(folder):
+    """bench/hook_losses.py's results, or None when they are absent."""
+    path = os.path.join(folder, "hook_losses.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 def runs_named(result, base):
@@ -490,9 +506,102 @@ def report_step(results, report):
         report.add("Not measured (bench_step.w*.json missing).", "")
 
 
+# Stage 08's hooks, in the order bench_hooks.cc and hook_losses.py run them.
+HOOKS = [("none", "no hook"), ("allreduce", "allreduce_hook"), ("fp16", "fp16_compress_hook"),
+         ("powersgd_r1", "PowerSGD rank 1"), ("powersgd_r4", "PowerSGD rank 4")]
+
+
+def hook_runs(result):
+    """[(label, name, BM_StepStage08Hook run, interleaved median ms or None,
+    interleaved ratio to no hook or None)] for the hooks measured, in HOOKS
+    order."""
+    runs = result["runs"]
+    round_ = runs.get("BM_HookRound", {})
+    rows = []
+    for label, name in HOOKS:
+        run = runs.get(f"BM_StepStage08Hook/hook:{label}")
+        if run:
+            rows.append((label, name, run, round_.get(f"{label}_ms"),
+                         1.0 if label == "none" and round_ else round_.get(f"{label}_over_none")))
+    return rows
+
+
+def compression(rows, run):
+    """bytes(no hook) / bytes(this hook), from the no-hook run when it was
+    measured, else from the model's gradient bytes (the same number)."""
+    none = next((r for label, _, r, _, _ in rows if label == "none"), None)
+    reference = none["allreduce_bytes"] if none else run["grad_bytes"]
+    return reference / run["allreduce_bytes"] if run["allreduce_bytes"] else float("inf")
+
+
+def report_hooks(results, report):
+    report.add("## Communication hooks: bytes and step time (bench_hooks, stage 08)", "")
+    found = False
+    for (program, w), result in sorted(results.items()):
+        if program != "bench_hooks":
+            continue
+        found = True
+        rows = hook_runs(result)
+        report.add(f"### {w} ranks", "")
+        table = []
+        for label, name, run, round_ms, over_none in rows:
+            table.append([name, f"{run['allreduce_bytes'] / 1e3:.1f}",
+                          f"{compression(rows, run):.1f}x", f"{run['allreduces']:.0f}",
+                          f"{ms(run):.2f}", f"{run['p90_ms']:.2f}",
+                          f"{run['cpu_ms']:.2f}" if "cpu_ms" in run else "-",
+                          f"{round_ms:.2f}" if round_ms is not None else "-",
+                          f"{over_none:.2f}x" if over_none is not None else "-"])
+        report.table(["hook", "kB all-reduced per step and rank", "compression (none / hook)",
+                      "all-reduces per step", "step p50 ms", "step p90 ms",
+                      "CPU ms per step (all threads)", "interleaved step p50 ms", "interleaved / no hook"], table)
+        context = result["context"]
+    if found:
+        report.add(f"- the deep model (130 tensors, 4.2 MB of gradients), batch "
+                   f"{context.get('batch', '?')} rows per rank; PowerSGD starts at iteration "
+                   f"{context.get('powersgd_start_iteration', '?')}, and every count is taken "
+                   f"after the warm-up, in the compressed regime; the bytes are what a rank hands "
+                   f"to its all-reduces, the same at any world size (what crosses the wire "
+                   f"depends on Gloo's algorithm)",
+                   "- interleaved: the five steps one after another in every iteration "
+                   "(BM_HookRound), the order rotated; \"/ no hook\" is the median of the "
+                   "per-iteration ratios, the comparison least moved by the machine's load",
+                   "- bf16_compress_hook not measured: Gloo has no bfloat16 sum (it runs on "
+                   "NCCL only)", "")
+    else:
+        report.add("Not measured (bench_hooks.w*.json missing).", "")
+
+
+def report_hook_losses(losses, report):
+    report.add("## Communication hooks: loss per step (hook_losses.py, stage 08)", "")
+    if not losses:
+        report.add("Not measured (hook_losses.json missing).", "")
+        return
+    c = losses["config"]
+    runs = losses["runs"]
+    none = next((r["losses"] for r in runs if r["label"] == "none"), None)
+    tail = max(1, c["steps"] // 10)  # the last 10% of the steps: a per-step loss is noisy
+    table = []
+    for run in runs:
+        l = run["losses"]
+        row = [dict(HOOKS).get(run["label"], run["label"]), f"{l[0]:.4g}", f"{l[-1]:.4g}",
+               f"{sum(l[-tail:]) / tail:.4g}"]
+        if none:
+            diffs = [abs(a - b) for a, b in zip(l, none) if a is not None and b is not None]
+            row += [f"{sum(l[-tail:]) / sum(none[-tail:]):.3f}", f"{max(diffs):.3g}"]
+        row.append(run["allreduce_bytes_last_step"])
+        table.append(row)
+    report.add(f"Rank 0's loss, {c['model']} model, {c['world_size']} ranks, {c['steps']} steps, "
+               f"batch {c['batch_size']}, lr {c['lr']}; PowerSGD from iteration "
+               f"{c['powersgd_start_iteration']}:", "")
+    report.table(["hook", "loss, step 0", f"loss, step {c['steps'] - 1}",
+                  f"mean of the last {tail} steps"] +
+                 (["that / no hook's", "largest difference from no hook's loss"] if none else []) +
+                 ["bytes all-reduced, last step"], table)
+
+
 # ---- the figures -----------------------------------------------------------
 
-def plot(results, fits, out):
+def plot(results, fits, out, hook_losses=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -637,7 +746,90 @@ def plot(results, fits, out):
                   ylim=(0, 100), title="Sync share against batch size")
         right.legend(fontsize=7)
         save(fig, "step.png")
+    plot_hooks(results, hook_losses, save, plt)
     return written
+
+
+def moving_mean(values, window):
+    """[i]: the mean of values[i - window + 1 .. i] that are not None (None
+    where there are none)."""
+    out = []
+    for i in range(len(values)):
+        known = [v for v in values[max(0, i - window + 1):i + 1] if v is not None]
+        out.append(sum(known) / len(known) if known else None)
+    return out
+
+
+def plot_hooks(results, losses, save, plt):
+    """hooks.png and hook_losses.png, each where its results exist; save(fig,
+    name) is plot()'s."""
+    hooks = {w: hook_runs(r) for (p, w), r in sorted(results.items()) if p == "bench_hooks"}
+    hooks = {w: rows for w, rows in hooks.items() if rows}
+    if hooks:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+        labels = [name for label, name in HOOKS]
+        width = 0.8 / len(hooks)
+        for i, (w, rows) in enumerate(sorted(hooks.items())):
+            c = {2: "tab:blue", 4: "tab:orange"}.get(w)
+            by_label = {label: (run, round_ms, over) for label, _, run, round_ms, over in rows}
+            xs = [x + (i - (len(hooks) - 1) / 2) * width for x in range(len(HOOKS))]
+            present = [(x, label) for x, (label, _) in zip(xs, HOOKS) if label in by_label]
+            kb = [by_label[label][0]["allreduce_bytes"] / 1e3 for _, label in present]
+            bars = left.bar([x for x, _ in present], kb, width, color=c, label=f"{w} ranks")
+            for bar, (_, label) in zip(bars, present):
+                left.annotate(f"{compression(rows, by_label[label][0]):.0f}x", (
+                    bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                    va="bottom", fontsize=7)
+            # The interleaved medians where BM_HookRound ran; else each hook's own.
+            step = [by_label[label][1] if by_label[label][1] is not None
+                    else ms(by_label[label][0]) for _, label in present]
+            bars = right.bar([x for x, _ in present], step, width, color=c, label=f"{w} ranks")
+            for bar, (_, label) in zip(bars, present):
+                over = by_label[label][2]
+                if over is not None and label != "none":
+                    right.annotate(f"{over:.2f}x", (bar.get_x() + bar.get_width() / 2,
+                                                    bar.get_height()),
+                                   ha="center", va="bottom", fontsize=7)
+        for ax in (left, right):
+            ax.set_xticks(range(len(HOOKS)), [name.replace(" rank", "\nrank").replace(
+                "_compress_hook", "\ncompress").replace("_hook", "\nhook") for name in labels],
+                fontsize=8)
+            ax.legend(fontsize=7, loc="upper left" if ax is right else "upper right")
+        left.set(yscale="log", ylabel="kB all-reduced per step and rank",
+                 title="Bytes all-reduced (above a bar: none / hook)")
+        right.set(ylabel="one step, ms (interleaved medians)",
+                  title="Step time (above a bar: / no hook)")
+        save(fig, "hooks.png")
+    if losses and losses.get("runs"):
+        runs = losses["runs"]
+        c = losses["config"]
+        none = next((r["losses"] for r in runs if r["label"] == "none"), None)
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+        names = dict(HOOKS)
+        # Each step's loss is one batch's: noisy. The left panel shows a
+        # moving mean; no hook is drawn last, on top.
+        window = 10
+        for run in sorted(runs, key=lambda r: r["label"] == "none"):
+            steps = range(len(run["losses"]))
+            name = names.get(run["label"], run["label"])
+            style = {"none": "k-", "allreduce": "--"}.get(run["label"], "-")
+            left.plot(steps, moving_mean(run["losses"], window), style, label=name,
+                      linewidth=0.8 if run["label"] == "none" else 1.5, alpha=0.8)
+            if none and run["label"] != "none":
+                diff = [abs(a - b) if a is not None and b is not None else None
+                        for a, b in zip(run["losses"], none)]
+                if all(d == 0 for d in diff if d is not None):
+                    name += " (identical: 0)"
+                right.plot(steps, [d if d else float("nan") for d in diff], style, label=name,
+                           linewidth=1, alpha=0.7)
+        left.set(yscale="log", xlabel="step",
+                 ylabel=f"rank 0's loss, mean of the last {window} steps",
+                 title=f"Loss, {c['model']} model, {c['world_size']} ranks")
+        right.set(yscale="log", xlabel="step", ylabel="|loss - no hook's loss|",
+                  title="Distance from no hook")
+        left.legend(fontsize=7)
+        right.legend(fontsize=7)
+        save(fig, "hook_losses.png")
 
 
 def main():
@@ -659,6 +851,9 @@ def main():
     report_sync(results, report, fits)
     report_step(results, report)
     report_versus_torch(load_rounds(args.results), report)
+    report_hooks(results, report)
+    hook_losses = load_hook_losses(args.results)
+    report_hook_losses(hook_losses, report)
     text = report.text()
     write_text(os.path.join(out, "summary.md"), text)
     print(text)
@@ -669,7 +864,7 @@ def main():
             print("report.py: no figures: python3-matplotlib is not installed "
                   "(apt-get install python3-matplotlib, or ./kit setup)", file=sys.stderr)
             return 1
-        for path in plot(results, fits, out):
+        for path in plot(results, fits, out, hook_losses):
             print(f"report.py: wrote {path}")
     return 0
 

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Smoke test of bench/: every benchmark runs once, and the report reads them.
 
-Usage: smoke.py BUILD_BENCH_DIR REPORT_PY TORCH_DDP_PY
+Usage: smoke.py BUILD_BENCH_DIR REPORT_PY TORCH_DDP_PY HOOK_LOSSES_PY DEMO_08
 
 Runs each benchmark program with --smoke=1 (one iteration of every
 benchmark, no warm-up) at the world sizes ./kit bench uses, writing Google
 Benchmark JSON into a temporary folder under the names report.py reads; then
 torch_ddp.py --smoke if PyTorch is importable (optional: skipped otherwise);
-then report.py on that folder. It fails if a program fails, if a program's
-JSON lacks a benchmark the report needs, or if the report cannot make its
-summary and figures. The times mean nothing; that nothing rotted is what it
+hook_losses.py for 5 steps (demo_08 once per comm hook); then report.py on
+that folder. It fails if a program fails, if a program's JSON lacks a
+benchmark the report needs, or if the report cannot make its summary and
+figures. The times mean nothing; that nothing rotted is what it
 tests.
 """
 
@@ -32,6 +33,8 @@ PROGRAMS = [
                          "BM_SyncShareStage02/cap_kib:0/batch:1",
                          "BM_OverlapPair/cap_kib:0/batch:64",
                          "BM_AccumulateNoSync/micro:8", "BM_AccumulateSyncEvery/micro:1"]),
+    ("bench_hooks", [2], ["BM_StepStage08Hook/hook:none", "BM_StepStage08Hook/hook:fp16",
+                          "BM_StepStage08Hook/hook:powersgd_r4", "BM_HookRound"]),
 ]
 
 
@@ -55,7 +58,7 @@ def run(cmd):
 
 
 def main():
-    bench_dir, report_py, torch_py = sys.argv[1:4]
+    bench_dir, report_py, torch_py, hook_losses_py, demo_08 = sys.argv[1:6]
     with tempfile.TemporaryDirectory(prefix="tp-bench-smoke-") as out:
         for program, sizes, needed in PROGRAMS:
             for w in sizes:
@@ -87,6 +90,8 @@ def main():
                  "--out=" + os.path.join(out, "round1.torch_ddp.json")])
         else:
             print("smoke: PyTorch not installed: torch_ddp.py not run (it is optional)")
+        run([sys.executable, hook_losses_py, demo_08, "--steps=5",
+             "--out=" + os.path.join(out, "hook_losses.json")])
         plot_python = python_with("matplotlib")
         if not plot_python:
             sys.exit("smoke: no Python here can import matplotlib; ./kit installs "
@@ -105,10 +110,12 @@ def main():
             sys.exit("smoke: the report's targets are incomplete:\n" + "\n".join(targets))
         for section in ("One all-reduce against its size", "alpha-beta fit to the medians, kit", "hand-off alone",
                         "Bucket-cap sweep", "sync hidden by 03", "share of the step against the batch",
-                        "Gradient accumulation (stage 04)", "## Targets", "Smoke run"):
+                        "Gradient accumulation (stage 04)", "## Targets", "Smoke run",
+                        "Communication hooks: bytes and step time", "| fp16_compress_hook |",
+                        "Communication hooks: loss per step"):
             if section not in text:
                 sys.exit(f"smoke: the report lacks '{section}'")
-        for figure in ("allreduce.png", "sync.png", "step.png"):
+        for figure in ("allreduce.png", "sync.png", "step.png", "hooks.png", "hook_losses.png"):
             path = os.path.join(out, figure)
             if not os.path.exists(path) or os.path.getsize(path) < 1000:
                 sys.exit(f"smoke: the report did not draw {figure}")

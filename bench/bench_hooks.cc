@@ -1,0 +1,275 @@
+// Stage 08's communication hooks on spawned ranks: what each built-in hook
+// does to a training step's time and to the bytes a rank all-reduces.
+// Lesson 08 quotes these numbers.
+//
+// What it measures, on bench_step.cc's deep_mlp(16, kWidth, kDepth, 4) (130
+// parameter tensors, 4.2 MB of float32 gradients) and 64 rows per rank
+// (--batch=N), one step being zero_grad, forward, loss, backward (which
+// syncs, bucket by bucket, through the hook) and an SGD step:
+//   BM_StepStage08Hook/hook:H   the step with hook H registered, H one of
+//                               none (stage 08's default all-reduce),
+//                               allreduce (allreduce_hook), fp16
+//                               (fp16_compress_hook), powersgd_r1 and
+//                               powersgd_r4 (powerSGD_hook at ranks 1
+//                               and 4).
+//   BM_HookRound                the same five steps interleaved, one of
+//                               each per iteration, in an order rotated
+//                               every iteration: "<H>_ms", each hook's
+//                               median step, and "<H>_over_none", the
+//                               median over the iterations of its step over
+//                               the no-hook step of the same iteration.
+//                               Run a moment apart, so a change in the
+//                               machine's load weighs on every hook alike:
+//                               the ratios to quote. (Its medians can run
+//                               above BM_StepStage08Hook's: five models
+//                               take turns in the caches.)
+// Counters of BM_StepStage08Hook, per step and rank, after the warm-up:
+// "allreduce_bytes" (bytes handed to all-reduces, CollectiveCounters::
+// allreduce_bytes), "allreduces", "grad_bytes" (the model's gradients: what
+// no hook sends), "compression" (grad_bytes over allreduce_bytes),
+// "p50_ms" and "p90_ms" (median and 90th percentile of the single steps),
+// "bwd_ms" (backward, with the hook's work and the wait for its futures),
+// "cpu_ms" (the process's CPU time, every thread: main, communication,
+// Gloo's; what a hook's conversions and matrix products add shows here),
+// and "cores" (that CPU time over wall time).
+//
+// Warm-up: every DDP first runs kPowerSGDStart + warmup_iterations() untimed
+// steps (4; 2 under --smoke=1), so PowerSGD, which all-reduces plainly for
+// its first kPowerSGDStart iterations, is compressing when the timing and
+// the byte count start, and the DDP has rebuilt its buckets (after its
+// first iteration, as stage 06 does).
+//
+// Not measured: bf16_compress_hook. Gloo has no bfloat16 sum, and the hook's
+// all-reduce throws tp::DistributedError saying so (default_hooks.h);
+// it runs on NCCL only.
+//
+// What the numbers depend on: the ranks share the machine's cores with
+// their communication threads and Gloo's, and the wire is loopback TCP,
+// which is CPU work too (kernel copies). Compression saves bytes, and bytes
+// are cheap here (about 1 ns each, bench_allreduce); the conversions cost CPU
+// time on the same cores. Where bytes cost more (a real network between
+// machines), the balance can move towards the hooks; not measured here.
+//
+// Run: build/bench/bench_hooks [--world-size=N] [--batch=N]
+// [--benchmark_filter=...]; ./kit bench runs it at 2 and 4 ranks.
+#include <benchmark/benchmark.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "08-comm-hooks/stage.h"
+#include "tensorplay/data.h"
+#include "tensorplay/distributed/process_group.h"
+#include "tensorplay/nn/models.h"
+#include "tensorplay/ops.h"
+#include "tensorplay/optim/sgd.h"
+#include "tensorplay/random.h"
+#include "ranked_benchmark.h"
+
+namespace {
+
+namespace dist = tp::distributed;
+using Clock = std::chrono::steady_clock;
+
+// Ranks unless --world-size=N says otherwise.
+constexpr int kDefaultWorldSize = 2;
+// Rows per rank and step unless --batch=N says otherwise.
+constexpr int64_t kDefaultBatch = 64;
+
+// bench_step.cc's model: 2 * (kDepth + 1) = 130 parameter tensors, almost
+// all (kWidth, kWidth) weights, which PowerSGD compresses.
+constexpr int64_t kWidth = 128;
+constexpr int64_t kDepth = 64;
+
+// Timed steps per hook (the same on every rank) at 2 ranks: 80 / W at W
+// ranks, at least 10 (20 at 4 ranks, where, sharing 2 cores, a step is 3
+// to 5 times slower: the run stays short).
+int64_t iterations_at(int world_size) {
+  return tp::bench::iterations(std::max<int64_t>(10, 80 / world_size));
+}
+// Iterations of plain all-reduce before PowerSGD compresses: 2, the least
+// PowerSGDState accepts with error feedback and warm start.
+constexpr int64_t kPowerSGDStart = 2;
+
+// One built-in hook as Options::comm_hook names it, with PowerSGD's rank.
+struct Hook {
+  const char* label;  // in benchmark names and counters
+  const char* name;   // stage08::Options::comm_hook
+  int64_t powersgd_rank = 1;
+};
+constexpr Hook kHooks[] = {{"none", "none"},
+                           {"allreduce", "allreduce"},
+                           {"fp16", "fp16"},
+                           {"powersgd_r1", "powersgd", 1},
+                           {"powersgd_r4", "powersgd", 4}};
+
+// What every benchmark of one rank needs: its process group, and the batch
+// size (the same on every rank).
+struct Rank {
+  std::shared_ptr<dist::ProcessGroup> group;
+  int64_t batch = kDefaultBatch;
+};
+
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// One DDP of stage 08 with `hook` registered as the kit's trainer registers
+// it (register_builtin_hook), its optimizer and this rank's batch (a
+// different one on every rank, as in training).
+class HookedStep {
+ public:
+  HookedStep(const Hook& hook, const Rank& rank)
+      : ddp_(model(), rank.group, options_of(hook)),
+        optimizer_(ddp_.parameters(), {.lr = 1e-3}),
+        batch_(tp::data::SyntheticRegression().rows(rank.group->rank() * rank.batch,
+                                                    rank.batch)) {
+    stage08::register_builtin_hook(ddp_, options_of(hook));
+  }
+
+  // One training step; adds its backward's wall time to *backward_ms.
+  void run(double* backward_ms = nullptr) {
+    optimizer_.zero_grad();
+    tp::Tensor loss = tp::mse_loss(ddp_(batch_.x), batch_.y);
+    const auto start = Clock::now();
+    loss.backward();  // syncs: the hook's collectives, then the wait for its futures
+    if (backward_ms) *backward_ms += ms_since(start);
+    optimizer_.step();
+    benchmark::DoNotOptimize(loss.data_ptr());
+  }
+
+  // Untimed steps until PowerSGD compresses and the buckets are rebuilt.
+  void warm_up() {
+    for (int64_t i = 0; i < kPowerSGDStart + tp::bench::warmup_iterations(); ++i) run();
+  }
+
+  // Bytes of the model's gradients: what one step all-reduces without a hook.
+  uint64_t grad_bytes() const {
+    uint64_t bytes = 0;
+    for (const tp::Tensor& p : ddp_.parameters()) bytes += p.nbytes();
+    return bytes;
+  }
+
+ private:
+  static std::shared_ptr<tp::nn::Module> model() {
+    tp::manual_seed(0);
+    return tp::nn::deep_mlp(16, kWidth, kDepth, 4);
+  }
+  static stage08::Options options_of(const Hook& hook) {
+    stage08::Options options;
+    options.comm_hook = hook.name;
+    options.powersgd_rank = static_cast<double>(hook.powersgd_rank);
+    options.powersgd_start_iteration = static_cast<double>(kPowerSGDStart);
+    return options;
+  }
+
+  stage08::DistributedDataParallel ddp_;
+  tp::optim::SGD optimizer_;
+  tp::data::Batch batch_;
+};
+
+void bm_step_hook(benchmark::State& state, const Hook& hook, const Rank& rank) {
+  HookedStep step(hook, rank);
+  step.warm_up();
+  dist::ProcessGroup& group = *rank.group;
+  group.barrier()->wait();
+
+  const dist::CollectiveCounters before = group.counters();
+  double backward_ms = 0;
+  const double cpu_before = process_cpu_seconds();
+  const auto wall_start = Clock::now();
+  tp::bench::time_each_iteration(state, "ms", [&] { step.run(&backward_ms); });
+  const double wall_ms = ms_since(wall_start);
+  const double cpu_ms = (process_cpu_seconds() - cpu_before) * 1e3;
+  const dist::CollectiveCounters after = group.counters();
+
+  using benchmark::Counter;
+  const auto steps = static_cast<double>(state.iterations());
+  const double bytes = static_cast<double>(after.allreduce_bytes - before.allreduce_bytes) / steps;
+  state.counters["allreduce_bytes"] = bytes;
+  state.counters["allreduces"] = static_cast<double>(after.allreduce - before.allreduce) / steps;
+  state.counters["grad_bytes"] = static_cast<double>(step.grad_bytes());
+  state.counters["compression"] = static_cast<double>(step.grad_bytes()) / bytes;
+  state.counters["bwd_ms"] = Counter(backward_ms, Counter::kAvgIterations);
+  state.counters["cpu_ms"] = cpu_ms / steps;
+  state.counters["cores"] = cpu_ms / wall_ms;
+}
+
+// Every hook's step, one of each per iteration; the order rotates by one
+// every iteration, so each hook is first, second, ... equally often.
+void bm_hook_round(benchmark::State& state, const Rank& rank) {
+  std::vector<std::unique_ptr<HookedStep>> steps;
+  for (const Hook& hook : kHooks) steps.push_back(std::make_unique<HookedStep>(hook, rank));
+  for (auto& step : steps) step->warm_up();
+  rank.group->barrier()->wait();
+
+  const size_t n = steps.size();
+  std::vector<std::vector<double>> ms(n), over_none(n);
+  size_t first = 0;
+  for (auto _ : state) {
+    std::vector<double> now(n);
+    for (size_t k = 0; k < n; ++k) {
+      const size_t h = (first + k) % n;
+      const auto start = Clock::now();
+      steps[h]->run();
+      now[h] = ms_since(start);
+    }
+    first = (first + 1) % n;
+    for (size_t h = 0; h < n; ++h) {
+      ms[h].push_back(now[h]);
+      over_none[h].push_back(now[h] / now[0]);  // kHooks[0] is "none"
+    }
+  }
+  for (size_t h = 0; h < n; ++h) {
+    const std::string label = kHooks[h].label;
+    state.counters[label + "_ms"] = tp::bench::quantile(ms[h], 0.5);
+    if (h > 0) state.counters[label + "_over_none"] = tp::bench::quantile(over_none[h], 0.5);
+  }
+}
+
+void register_benchmarks(const Rank& rank) {
+  tp::bench::describe_stage(stage08::stage_spec());
+  benchmark::AddCustomContext("powersgd_start_iteration", std::to_string(kPowerSGDStart));
+  benchmark::AddCustomContext("batch", std::to_string(rank.batch));
+  for (const Hook& hook : kHooks) {
+    const std::string name = std::string("BM_StepStage08Hook/hook:") + hook.label;
+    benchmark::RegisterBenchmark(
+        name.c_str(),  // copied: this Google Benchmark takes only a C string
+        [&hook, rank](benchmark::State& state) { bm_step_hook(state, hook, rank); })
+        ->Iterations(iterations_at(rank.group->size()))
+        ->ComputeStatistics("p90", tp::bench::p90)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
+  benchmark::RegisterBenchmark("BM_HookRound",
+                               [rank](benchmark::State& state) { bm_hook_round(state, rank); })
+      ->Iterations(iterations_at(rank.group->size()))
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  long batch = kDefaultBatch;
+  return tp::bench::ranked_benchmark_main(
+      argc, argv, "bench_hooks", kDefaultWorldSize,
+      {{"batch", 1, 4096, "gives each rank N rows per step", &batch}},
+      [&batch](const tp::bench::RankSetup& setup) {
+        register_benchmarks({setup.group, batch});
+      });
+}
