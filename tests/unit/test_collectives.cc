@@ -300,6 +300,37 @@ TEST_CASE("trace records a queued instant on the caller and a comm span per coll
   }));
 }
 
+TEST_CASE("a collective budget lets its collectives through and refuses the next, naming the "
+          "rank, the collective and the budget") {
+  tp::TempDir dir("tp-budget");
+  const std::string path = dir.path();
+  CHECK_NOTHROW(mp::spawn(
+      [&path](int rank) {
+        dist::ProcessGroupGloo group(path, rank, 2, dist::GlooOptions{kCollectiveTimeout});
+        tp::Tensor t = tp::ones({5});
+        group.allreduce(t)->wait();  // before the budget is set: counts too
+        group.set_collective_budget(3, "a test's three");
+        group.reset_counters();      // counters are not the budget's count
+        group.broadcast(t, 0)->wait();
+        group.barrier()->wait();
+        try {
+          group.allreduce(t);
+        } catch (const tp::DistributedError& e) {
+          const std::string what = e.what();
+          for (const std::string& needle :
+               {std::string("rank ") + std::to_string(rank), std::string("collective #4 (allreduce)"),
+                std::string("past the budget of 3 collectives (a test's three)")}) {
+            if (what.find(needle) == std::string::npos) {
+              throw tp::Error("the budget's error lacks '" + needle + "': " + what);
+            }
+          }
+          return;
+        }
+        throw tp::Error("the fourth collective was issued past a budget of 3");
+      },
+      2));
+}
+
 TEST_CASE("counters count each collective and the all-reduced elements") {
   tp::TempDir dir("tp-counters");
   const std::string path = dir.path();

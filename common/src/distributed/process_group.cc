@@ -1,6 +1,8 @@
 // tp::distributed::ProcessGroup: the checks every backend shares.
 #include "tensorplay/distributed/process_group.h"
 
+#include <string>
+
 #include "tensorplay/error.h"
 
 namespace tp::distributed {
@@ -35,5 +37,28 @@ int checked_size(int rank, int size) {
 
 ProcessGroup::ProcessGroup(int rank, int size)
     : rank_(rank), size_(checked_size(rank, size)) {}
+
+// Note [Collective budget]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A hang detector watches for progress: spawn's counts every wait that
+// returns, and a collective that times out fails by itself. A rank that
+// loops forever issuing collectives that all complete defeats both: every
+// collective is progress, and none waits for anything that will not come.
+// A student's join loop that adds 1 instead of 0 ("still training") is
+// such a loop on every rank: each round all-reduces, sees a rank still
+// training, shadows a step, and goes round again. What bounds it is a
+// count: a DDP issues a bounded number of collectives per step (one per
+// bucket or parameter, a notify, a used-map), so a plan of S steps has a
+// ceiling, and the collective past it is a bug, reported on the rank that
+// issued it.
+void ProcessGroup::charge_budget(const char* collective) {
+  ++issued_;
+  if (budget_ == 0 || issued_ <= budget_) return;
+  TP_THROW(DistributedError, "tp::distributed::ProcessGroup: rank ", rank_, " issued collective #",
+           issued_, " (", collective, "), past the budget of ", budget_, " collectives",
+           budget_reason_.empty() ? std::string() : " (" + budget_reason_ + ")",
+           ": a loop that keeps issuing collectives never ends; is a sync loop or join's "
+           "shadowing loop missing its exit? (Note [Collective budget])");
+}
 
 }  // namespace tp::distributed

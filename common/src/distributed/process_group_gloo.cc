@@ -460,6 +460,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const Tensor& tensor, ReduceOp
   }
   std::shared_ptr<Staging> staging;
   if (is_cuda(tensor)) staging = begin_staging(fn, rank(), tensor, options_.check_in_flight_writes);
+  charge_budget("allreduce");
   ++counters_.allreduce;
   counters_.allreduce_elements += static_cast<uint64_t>(tensor.numel());
   counters_.allreduce_bytes += static_cast<uint64_t>(tensor.nbytes());
@@ -501,6 +502,7 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root
   }
   std::shared_ptr<Staging> staging;
   if (is_cuda(tensor)) staging = begin_staging(fn, rank(), tensor, options_.check_in_flight_writes);
+  charge_budget("broadcast");
   ++counters_.broadcast;
   // Only the root's bytes are read; every rank's are written.
   const Buffer buf = staging ? staged_buffer(fn, rank(), *staging, tensor, rank() == root, true)
@@ -551,6 +553,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& out
   for (const Tensor& t : outputs) {
     if (!staging && is_cuda(t)) staging = begin_staging(fn, rank(), t, false);
   }
+  charge_budget("allgather");
   ++counters_.allgather;
   // Each CUDA tensor staged on its own; CPU ones (if mixed) used directly.
   const auto buffer = [&](const Tensor& t, bool copy_in, bool copy_out) {
@@ -586,6 +589,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& out
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::barrier() {
+  charge_budget("barrier");
   ++counters_.barrier;
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;

@@ -646,6 +646,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::allreduce(const Tensor& tensor, ReduceOp
   constexpr const char* fn = "tp::distributed::ProcessGroupNCCL::allreduce";
   check_tensor(fn, rank(), impl_->device, tensor, "the tensor");
   const ncclRedOp_t nccl_reduce = nccl_op(op);
+  charge_budget("allreduce");
   ++counters_.allreduce;
   counters_.allreduce_elements += static_cast<uint64_t>(tensor.numel());
   counters_.allreduce_bytes += static_cast<uint64_t>(tensor.nbytes());
@@ -670,6 +671,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::broadcast(const Tensor& tensor, int root
              " is out of range for world size ", size(), "; pass a rank in 0 .. ",
              size() - 1);
   }
+  charge_budget("broadcast");
   ++counters_.broadcast;
   void* data = tensor.data_ptr();
   const auto count = static_cast<std::size_t>(tensor.numel());
@@ -705,6 +707,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::allgather(const std::vector<Tensor>& out
     storages.push_back(outputs[r].storage());
     outs.push_back(outputs[r].data_ptr());
   }
+  charge_budget("allgather");
   ++counters_.allgather;
   const void* in = input.data_ptr();
   const std::size_t nbytes = input.nbytes();
@@ -734,6 +737,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::allgather(const std::vector<Tensor>& out
 }
 
 std::shared_ptr<Work> ProcessGroupNCCL::barrier() {
+  charge_budget("barrier");
   ++counters_.barrier;
   Impl* impl = impl_.get();
   // A one-element all-reduce; its wait() blocks the host (host_wait), which

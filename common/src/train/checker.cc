@@ -14,6 +14,11 @@
 
 namespace tp::train {
 
+namespace {
+// Far above the few hundred collectives the kit's scenarios issue.
+constexpr uint64_t kScenarioCollectiveBudget = 10000;
+}  // namespace
+
 std::vector<RunConfig> standard_configs() {
   std::vector<RunConfig> configs;
   auto add = [&](int world_size, Dtype dtype, bool per_rank_seed, double momentum) {
@@ -169,6 +174,10 @@ std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scen
               rendezvous.path(), rank, scenario.world_size,
               distributed::GlooOptions{defaults.collective_timeout,
                                        /*check_in_flight_writes=*/true});
+          // A scenario drives a few steps by hand: this bounds a loop that
+          // never stops issuing collectives (Note [Collective budget]).
+          group->set_collective_budget(kScenarioCollectiveBudget,
+                                       "a scenario drives a few steps");
           return scenario.run(rank, group);
         },
         scenario.world_size);

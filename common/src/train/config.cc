@@ -116,6 +116,22 @@ int64_t total_steps(const RunConfig& config) {
   return most;
 }
 
+namespace {
+uint64_t per_micro_batch(size_t tensors) { return 16 + 4 * static_cast<uint64_t>(tensors); }
+}  // namespace
+
+uint64_t collective_budget(const RunConfig& config, size_t tensors) {
+  const int64_t micro_batches = total_steps(config) * config.micro_batches;
+  return per_micro_batch(tensors) * static_cast<uint64_t>(micro_batches + 2);
+}
+
+std::string budget_reason(const RunConfig& config, size_t tensors) {
+  return detail::cat(per_micro_batch(tensors), " per micro-batch (16 + 4 x ", tensors,
+                     " tensors) for the plan's ", total_steps(config) * config.micro_batches,
+                     " micro-batches and 2 more allowances: four times what a correct DDP "
+                     "issues");
+}
+
 bool uneven(const RunConfig& config) {
   for (int r = 1; r < config.world_size; ++r) {
     if (micro_batches_of(config, r) != micro_batches_of(config, 0)) return true;

@@ -28,6 +28,15 @@
 //   - counters() counts the collectives issued since construction or
 //     reset_counters(); checkers use them ("one all-reduce per parameter").
 //     Issuing methods may be called from one thread at a time.
+//   - A collective budget (set_collective_budget; none by default) bounds
+//     how many collectives the group issues in its life: the one past it
+//     throws tp::DistributedError at the call that issues it, naming the
+//     rank, the collective and the budget. Collectives that keep completing
+//     are progress to every hang detector, so a loop that never stops
+//     issuing them (a sync loop without its exit, join's loop never seeing
+//     every rank done) would run forever; the kit's trainer gives every
+//     rank a budget derived from its plan, far above what a correct DDP
+//     issues (Note [Collective budget] in process_group.cc).
 #pragma once
 
 #include <chrono>
@@ -98,12 +107,26 @@ class ProcessGroup {
   const CollectiveCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
 
+  // At most `budget` collectives in the group's life (0: no limit); see
+  // the contract. Collectives issued before the call count too.
+  void set_collective_budget(uint64_t budget, std::string why = "") {
+    budget_ = budget;
+    budget_reason_ = std::move(why);
+  }
+
  protected:
+  // Every issuing method calls this first, with its collective's name:
+  // counts the collective against the budget; throws past it.
+  void charge_budget(const char* collective);
+
   CollectiveCounters counters_;  // issuing thread only
 
  private:
   const int rank_;
   const int size_;
+  uint64_t budget_ = 0;        // issuing thread only; 0: no limit
+  std::string budget_reason_;  // where the budget comes from, for the error
+  uint64_t issued_ = 0;        // issuing thread only; never reset
 };
 
 }  // namespace tp::distributed

@@ -145,6 +145,19 @@ int64_t micro_batches_of(const RunConfig& config, int rank);
 int64_t total_steps(const RunConfig& config);
 // Optimizer steps rank `rank` takes part in.
 int64_t steps_of(const RunConfig& config, int rank);
+// The most collectives one rank of this plan may issue in its life
+// (ProcessGroup::set_collective_budget), for a model of `tensors` parameter
+// and buffer tensors: 16 + 4 x tensors for each micro-batch of the longest
+// rank, and as many again twice, for the construction and for what follows
+// the last step (join's final rounds, the results' exchange). A correct DDP
+// issues at most one collective per tensor in a micro-batch (stage 01's
+// per-parameter all-reduce; a bucket holds one or more), plus a handful
+// (join's notify, the used-map, a rebuild's broadcast, PowerSGD's three per
+// bucket): the budget is four times that, and small enough that a loop
+// which never ends reaches it within a second.
+uint64_t collective_budget(const RunConfig& config, size_t tensors);
+// Where that budget comes from, in words, for the error that reports it.
+std::string budget_reason(const RunConfig& config, size_t tensors);
 // True when some rank runs fewer micro-batches than another.
 bool uneven(const RunConfig& config);
 // Ranks taking part in step `step`.

@@ -150,6 +150,10 @@ RankResult train_rank(int rank, const RunConfig& config,
   std::shared_ptr<nn::Module> model = make_model(config);
   if (config.device != kCPU) model->to(device_for_rank(config, rank));
 
+  // A loop that never stops issuing collectives ends at the plan's budget
+  // (Note [Collective budget] in process_group.cc).
+  const size_t tensors = model->named_parameters().size() + model->named_buffers().size();
+  group->set_collective_budget(collective_budget(config, tensors), budget_reason(config, tensors));
   RankResult result;
   result.rank = rank;
   group->reset_counters();
