@@ -75,6 +75,8 @@ namespace {
 
 namespace dist = tp::distributed;
 using Clock = std::chrono::steady_clock;
+using tp::bench::ms_since;
+using tp::bench::process_cpu_seconds;
 
 // Ranks unless --world-size=N says otherwise.
 constexpr int kDefaultWorldSize = 2;
@@ -114,19 +116,6 @@ struct Rank {
   std::shared_ptr<dist::ProcessGroup> group;
   int64_t batch = kDefaultBatch;
 };
-
-double process_cpu_seconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  auto seconds = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
-  };
-  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
-}
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
 
 // One DDP of stage 08 with `hook` registered as the kit's trainer registers
 // it (register_builtin_hook), its optimizer and this rank's batch (a

@@ -116,6 +116,8 @@ namespace {
 namespace dist = tp::distributed;
 namespace mp = tp::multiprocessing;
 using Clock = std::chrono::steady_clock;
+using tp::bench::ms_since;
+using tp::bench::process_cpu_seconds;
 
 // Ranks unless --world-size=N says otherwise.
 constexpr int kDefaultWorldSize = 2;
@@ -169,20 +171,6 @@ struct Rank {
 // This rank's own rows: a different batch on every rank, as in training.
 tp::data::Batch batch_of(const Rank& rank) {
   return tp::data::SyntheticRegression().rows(rank.group->rank() * rank.batch, rank.batch);
-}
-
-// CPU time of this process so far, every thread, user and system, in s.
-double process_cpu_seconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  auto seconds = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
-  };
-  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
-}
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
 // Per-step phase times, summed over the timed loop: wall-clock, and the

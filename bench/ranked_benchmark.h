@@ -24,6 +24,7 @@
 #pragma once
 
 #include <benchmark/benchmark.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -93,6 +94,22 @@ inline double quantile(std::vector<double> times, double q) {
 // Benchmark's mean and median when --benchmark_repetitions > 1:
 // ->ComputeStatistics("p90", tp::bench::p90).
 inline double p90(const std::vector<double>& times) { return quantile(times, 0.9); }
+
+// CPU time of this process so far, every thread, user and system, in s.
+inline double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+// Wall-clock milliseconds since `start`, on the steady clock.
+inline double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
 
 // Runs the benchmark's timed loop, `one()` per iteration, and sets the
 // counters p50_<unit> and p90_<unit>: the median and 90th percentile of the

@@ -279,16 +279,6 @@ struct DemoReport {
   Verdict verdict = Verdict::Matches;
 };
 
-// Bytes rank r handed to all-reduces in `step` (all its micro-batches).
-uint64_t allreduce_bytes_in_step(const RankResult& r, int64_t k, int64_t step) {
-  uint64_t total = 0;
-  for (int64_t m = 0; m < k; ++m) {
-    const auto i = static_cast<size_t>(step * k + m);
-    if (i < r.allreduce_bytes_per_micro.size()) total += r.allreduce_bytes_per_micro[i];
-  }
-  return total;
-}
-
 DemoReport build_report(const std::string& stage, const std::string& title,
                         const DemoArgs& args, const ReferenceResult& reference,
                         const std::vector<RankResult>& ranks, const Advice& advice,
@@ -308,11 +298,11 @@ DemoReport build_report(const std::string& stage, const std::string& title,
   }
   report.approximation = approximation;
   const RankResult& rank0 = ranks.front();
-  report.bytes_in_first_step = allreduce_bytes_in_step(rank0, config.micro_batches, 0);
+  report.bytes_in_first_step = sum_over_step(rank0.allreduce_bytes_per_micro, config.micro_batches, 0);
   const int64_t rank0_steps = steps_of(config, 0);
   if (rank0_steps > 0) {
     report.bytes_in_last_step =
-        allreduce_bytes_in_step(rank0, config.micro_batches, rank0_steps - 1);
+        sum_over_step(rank0.allreduce_bytes_per_micro, config.micro_batches, rank0_steps - 1);
   }
   if (args.worker) {
     std::vector<WorkerResult> workers;

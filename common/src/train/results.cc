@@ -39,13 +39,18 @@ std::vector<int64_t> grad_storage_groups(const std::vector<Tensor>& params) {
   return out;
 }
 
-uint64_t allreduces_in_step(const RankResult& rank, int64_t micro_batches, int64_t step) {
+uint64_t sum_over_step(const std::vector<uint64_t>& per_micro, int64_t micro_batches,
+                       int64_t step) {
   uint64_t total = 0;
   for (int64_t k = 0; k < micro_batches; ++k) {
     const auto i = static_cast<size_t>(step * micro_batches + k);
-    if (i < rank.allreduces_per_micro.size()) total += rank.allreduces_per_micro[i];
+    if (i < per_micro.size()) total += per_micro[i];
   }
   return total;
+}
+
+uint64_t allreduces_in_step(const RankResult& rank, int64_t micro_batches, int64_t step) {
+  return sum_over_step(rank.allreduces_per_micro, micro_batches, step);
 }
 
 double norm(const Snapshot& snapshot) {

@@ -94,6 +94,11 @@ std::vector<int64_t> grad_storage_groups(const std::vector<Tensor>& params);
 // Collectives a rank issued in optimizer step `step` (its K micro-batches);
 // 0 for a step it did not run. K = micro_batches.
 uint64_t allreduces_in_step(const RankResult& rank, int64_t micro_batches, int64_t step);
+// The sum of a per-micro-batch count (allreduces_per_micro,
+// allreduce_bytes_per_micro, ...) over the micro-batches of `step`; the
+// micro-batches the vector does not reach count 0.
+uint64_t sum_over_step(const std::vector<uint64_t>& per_micro, int64_t micro_batches,
+                       int64_t step);
 
 std::string serialize(const RankResult& result);
 // REQUIRES: bytes came from serialize(); throws tp::Error naming what is
