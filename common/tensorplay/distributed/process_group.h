@@ -29,9 +29,11 @@
 //   - Flat collectives, for sharded training (ZeRO): reduce_scatter_tensor
 //     and allgather_into_tensor move blocks of one flat tensor, block r
 //     being rank r's; the blocks may differ in size (split_sizes, every
-//     rank passing the same) and be empty. A bad call (dtypes, sizes,
-//     split_sizes) is a tp::DistributedError at the call, naming the
-//     collective, the rank and the fix, the same on every backend.
+//     rank passing the same: on Gloo, ranks that differ time out in that
+//     collective, or in debug mode fail naming each rank's blocks; NCCL does
+//     not check) and be empty. A bad call (dtypes, sizes, split_sizes) is a
+//     tp::DistributedError at the call, naming the collective, the rank and
+//     the fix, the same on every backend.
 //   - counters() counts the collectives issued since construction or
 //     reset_counters(); checkers use them ("one all-reduce per parameter").
 //     Issuing methods may be called from one thread at a time.
