@@ -85,6 +85,26 @@ void run_collectives(int rank, int world) {
     for (int r = 0; r < world; ++r) {
       expect_values(outs[r], contribution(r, 4), "all_gather block " + std::to_string(r));
     }
+    // The flat collectives, in uneven blocks with an empty one (block 1),
+    // against the CPU answers through the same group.
+    std::vector<int64_t> sizes;
+    for (int r = 0; r < world; ++r) sizes.push_back(r == 1 ? 0 : r + 2);
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    const int n = static_cast<int>(sizes[rank]);
+    const tp::Tensor flat = tp::tensor(contribution(rank, total), {total}, dtype);
+    tp::Tensor shard = tp::zeros({n}, dtype).to(kCuda0);
+    tp::Tensor cpu_shard = tp::zeros({n}, dtype);
+    dist::reduce_scatter_tensor(shard, flat.to(kCuda0), sizes);
+    dist::reduce_scatter_tensor(cpu_shard, flat, sizes);
+    expect_values(shard, cpu_shard.to_vector(), "reduce_scatter_tensor (the CPU answer)");
+    tp::Tensor gathered = tp::zeros({total}, dtype).to(kCuda0);
+    tp::Tensor cpu_gathered = tp::zeros({total}, dtype);
+    dist::all_gather_into_tensor(gathered, tp::tensor(contribution(rank, n), {n}, dtype).to(kCuda0),
+                                 sizes);
+    dist::all_gather_into_tensor(cpu_gathered, tp::tensor(contribution(rank, n), {n}, dtype),
+                                 sizes);
+    expect_values(gathered, cpu_gathered.to_vector(), "all_gather_into_tensor (the CPU answer)");
   }
   // Many in flight at once, waited for in order.
   std::vector<tp::Tensor> xs;

@@ -73,6 +73,31 @@ TEST_CASE("NCCL with one rank: all-reduce, broadcast, all-gather and barrier giv
       1));
 }
 
+TEST_CASE("NCCL with one rank: reduce_scatter_tensor and allgather_into_tensor give the values") {
+  tp::TempDir dir("tp-nccl-flat-w1");
+  CHECK_NOTHROW(mp::spawn(
+      [&](int rank) {
+        dist::init_process_group("nccl", rank, 1, dir.file_init_method(), kTimeout);
+        for (tp::Dtype dtype : {tp::kFloat32, tp::kFloat64}) {
+          tp::Tensor shard = tp::zeros({3}, dtype).to(cuda(0));
+          dist::reduce_scatter_tensor(shard, tp::tensor({1, 2, 3}, {3}, dtype).to(cuda(0)), {3},
+                                      dist::ReduceOp::AVG);
+          expect_values(shard, {1, 2, 3}, "reduce_scatter_tensor AVG");
+          tp::Tensor flat = tp::zeros({2}, dtype).to(cuda(0));
+          dist::all_gather_into_tensor(flat, tp::tensor({4, 5}, {2}, dtype).to(cuda(0)));
+          expect_values(flat, {4, 5}, "all_gather_into_tensor");
+        }
+        const dist::CollectiveCounters& c = dist::default_group()->counters();
+        if (c.reduce_scatter != 2 || c.allgather != 2 || c.reduce_scatter_bytes != 36 ||
+            c.allgather_bytes != 24) {
+          throw tp::Error("counters are wrong");
+        }
+        nccl_group().synchronize();
+        dist::destroy_process_group();
+      },
+      1));
+}
+
 TEST_CASE("NCCL: wait() orders the caller's stream after the collective, on a stream of its own") {
   // A side stream as the caller's current stream. With one rank an
   // all-reduce leaves values as they are, so an all-gather into zeros

@@ -5,11 +5,11 @@
 
 #include <gloo/allgather.h>
 
-#include <array>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "split_sizes.h"
 #include "tensorplay/distributed/process_group.h"
 #include "tensorplay/error.h"
 #include "tensorplay/tensor.h"
@@ -30,7 +30,7 @@ constexpr const char* kWho = "tp::distributed::ProcessGroupGloo";
 // peer has posted, even for a broadcast's root), so two ranks are never more
 // than one collective apart, and 8 bits leave a margin of 254.
 // The high 24 bits are a fingerprint of what must agree between ranks
-// (element count, dtype, reduce op, root). Without it, a rank that
+// (element count, dtype, reduce op, root, a flat collective's block sizes). Without it, a rank that
 // all-reduces 3 elements while another all-reduces 4 can "succeed" with a
 // wrong result and fail only in a later collective; with it, the two never
 // pair up and the mismatched collective itself times out with a message
@@ -45,7 +45,7 @@ constexpr const char* kWho = "tp::distributed::ProcessGroupGloo";
 // (Note [Rendezvous in two steps]) uses tag make_tag(0, {}).
 constexpr int kSeqBits = 8;
 
-uint32_t make_tag(uint64_t seq, std::initializer_list<uint64_t> must_agree) {
+uint32_t make_tag(uint64_t seq, const std::vector<uint64_t>& must_agree) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (uint64_t v : must_agree) {
     for (int byte = 0; byte < 8; ++byte) {
@@ -75,6 +75,12 @@ std::string describe(const Call& c) {
       return cat("allgather of ", c.count, " bytes (", dtype, ") per rank");
     case Call::kBarrier:
       return "barrier";
+    case Call::kReduceScatterTensor:
+      return cat("reduce_scatter_tensor ", to_string(static_cast<ReduceOp>(c.param)), " of ",
+                 c.count, " ", dtype, " elements in blocks ", sizes_text(c.splits));
+    case Call::kAllgatherIntoTensor:
+      return cat("allgather_into_tensor of ", c.count, " ", dtype, " elements in blocks ",
+                 sizes_text(c.splits));
   }
   return cat("an unknown collective (kind ", c.kind, ")");
 }
@@ -84,10 +90,12 @@ std::string describe(const Call& c) {
 // Note [Collective fingerprints]
 // In debug mode (TP_DISTRIBUTED_DEBUG=DETAIL) each collective starts with an
 // all-gather of its Call and sequence number from every rank, 5 integers
-// each. The all-gathers pair up whatever the ranks call next (every rank runs
-// one before each of its collectives), so a mismatch is seen by every rank,
-// at once, with both sides' calls in the message: no timeout, and no silent
-// wrong result when two different calls share a tag (Note [Gloo tags]).
+// each, then the flat collectives' block sizes, one per rank (zeros for the
+// other collectives): W + 5 integers in all. The all-gathers pair up
+// whatever the ranks call next (every rank runs one before each of its
+// collectives), so a mismatch is seen by every rank, at once, with both
+// sides' calls in the message: no timeout, and no silent wrong result when
+// two different calls share a tag (Note [Gloo tags]).
 // The tag of this all-gather hashes a constant no Call produces, plus the
 // collective's sequence number.
 constexpr uint64_t kFingerprintCheck = 0x7470666370ull;  // "tpfcp"
@@ -105,9 +113,15 @@ bool debug_from_environment(int rank) {
 
 void compare_calls(const std::shared_ptr<gloo::Context>& context, const Call& call, uint64_t seq,
                    milliseconds timeout) {
-  std::array<int64_t, 5> mine{call.kind, call.count, call.dtype, call.param,
-                              static_cast<int64_t>(seq)};
-  std::vector<int64_t> all(mine.size() * static_cast<std::size_t>(context->size));
+  const auto size = static_cast<std::size_t>(context->size);
+  std::vector<int64_t> mine{call.kind, call.count, call.dtype, call.param,
+                            static_cast<int64_t>(seq)};
+  // Every rank's splits have `size` entries (checked at the call), so every
+  // rank sends W + 5 integers.
+  for (std::size_t r = 0; r < size; ++r) {
+    mine.push_back(r < call.splits.size() ? call.splits[r] : 0);
+  }
+  std::vector<int64_t> all(mine.size() * size);
   gloo::AllgatherOptions opts(context);
   opts.setInput(mine.data(), mine.size());
   opts.setOutput(all.data(), all.size());
@@ -121,11 +135,12 @@ void compare_calls(const std::shared_ptr<gloo::Context>& context, const Call& ca
   for (int r = 0; r < context->size; ++r) {
     const int64_t* f = all.data() + r * mine.size();
     calls += cat(r == 0 ? "" : "; ", "rank ", r, " called ",
-                 describe(Call{f[0], f[1], f[2], f[3]}), " as its collective #", f[4]);
+                 describe(Call{f[0], f[1], f[2], f[3], std::vector<int64_t>(f + 5, f + 5 + size)}),
+                 " as its collective #", f[4]);
   }
   TP_THROW(DistributedError, "TP_DISTRIBUTED_DEBUG=DETAIL found the ranks calling different "
            "collectives: ", calls, ". Every rank must issue the same collectives, with the "
-           "same sizes, dtypes, reduce ops and roots, in the same order");
+           "same sizes, dtypes, reduce ops, roots and block sizes, in the same order");
 }
 
 }  // namespace tp::distributed::detail

@@ -15,26 +15,43 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <vector>
 
 namespace tp::distributed::detail {
 
 // The 32-bit Gloo tag of operation `seq`: its low 8 bits from `seq`, its
 // high 24 a hash of `must_agree` (Note [Gloo tags]). Sequence number 0 is
 // no collective's: the constructor's connect barrier uses make_tag(0, {}).
-uint32_t make_tag(uint64_t seq, std::initializer_list<uint64_t> must_agree);
+uint32_t make_tag(uint64_t seq, const std::vector<uint64_t>& must_agree);
+inline uint32_t make_tag(uint64_t seq, std::initializer_list<uint64_t> must_agree) {
+  return make_tag(seq, std::vector<uint64_t>(must_agree));
+}
 
 // What must agree between ranks for one collective: hashed into its tag
 // (Note [Gloo tags]) and, in debug mode, compared whole.
 struct Call {
-  enum Kind : int64_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kBarrier = 4 };
+  enum Kind : int64_t {
+    kAllreduce = 1,
+    kBroadcast = 2,
+    kAllgather = 3,
+    kBarrier = 4,
+    kReduceScatterTensor = 5,
+    kAllgatherIntoTensor = 6,
+  };
   int64_t kind = 0;
-  int64_t count = 0;  // elements (allreduce) or bytes (broadcast, allgather)
+  // Elements (allreduce, and the flat tensor of reduce_scatter_tensor and
+  // allgather_into_tensor) or bytes (broadcast, allgather).
+  int64_t count = 0;
   int64_t dtype = 0;
-  int64_t param = 0;  // the ReduceOp (allreduce) or the root (broadcast)
+  int64_t param = 0;  // the ReduceOp (allreduce, reduce-scatter) or the root (broadcast)
+  // The block sizes of a flat collective, one per rank; empty for the others.
+  std::vector<int64_t> splits = {};
 
   uint32_t tag(uint64_t seq) const {
-    return make_tag(seq, {static_cast<uint64_t>(kind), static_cast<uint64_t>(count),
-                          static_cast<uint64_t>(dtype), static_cast<uint64_t>(param)});
+    std::vector<uint64_t> must_agree{static_cast<uint64_t>(kind), static_cast<uint64_t>(count),
+                                     static_cast<uint64_t>(dtype), static_cast<uint64_t>(param)};
+    for (int64_t n : splits) must_agree.push_back(static_cast<uint64_t>(n));
+    return make_tag(seq, must_agree);
   }
 };
 

@@ -38,6 +38,12 @@ using tp::detail::cat;
 //     would look like a write in flight. A Work dropped without a wait()
 //     keeps its tensor (its result never arrives), so the next collective
 //     on that tensor names the forgotten wait() (InFlightClaims, in the header).
+// The flat collectives (reduce_scatter_tensor, allgather_into_tensor) have
+// two tensors: the one they write (the output) is handled as above; the one
+// they only read (the input) is copied and compared as well, so a write to
+// it in flight (gradients zeroed before the reduce-scatter's wait, say) is
+// seen the same way; it may not be memory that another collective still
+// owns, but it is not claimed: two collectives may read one tensor at once.
 // A future (Work::get_future, future.h) hands the result to its callbacks
 // before anyone waits, so its completion counts as the first wait: the check
 // runs on the communication thread when the collective finishes (or in
@@ -82,7 +88,7 @@ std::string changed_element(const void* before, const void* after, std::size_t i
 
 void InFlightClaims::claim(uint64_t seq, const std::string& name, const std::string& tensor,
                            const std::shared_ptr<Storage>& storage, const void* data,
-                           std::size_t nbytes) {
+                           std::size_t nbytes, bool owns) {
   const auto* begin = static_cast<const std::byte*>(data);
   std::lock_guard<std::mutex> lock(mutex_);
   // After a failure every later collective fails at its wait(), naming the
@@ -90,8 +96,10 @@ void InFlightClaims::claim(uint64_t seq, const std::string& name, const std::str
   if (group_failed_) return;
   std::erase_if(claims_, [](const Claim& c) { return c.storage.expired(); });
   for (const Claim& c : claims_) {
+    if (c.seq == seq) continue;  // its own other tensor: an in-place flat collective
     if (begin < c.end && c.begin < begin + nbytes) throw conflict(name, tensor, c);
   }
+  if (!owns) return;
   claims_.push_back(Claim{seq, storage, begin, begin + nbytes, name, tensor, false});
 }
 
@@ -141,37 +149,56 @@ DistributedError InFlightClaims::conflict(const std::string& name, const std::st
 
 std::shared_ptr<Work> arm_checks(bool check_in_flight_writes,
                                  const std::shared_ptr<InFlightClaims>& claims,
-                                 std::shared_ptr<Work> work, const Tensor& tensor,
-                                 const Buffer& sent, int rank) {
-  if (!check_in_flight_writes || sent.nbytes == 0) return work;
-  auto issued = std::make_shared<std::vector<std::byte>>(sent.nbytes);
-  std::memcpy(issued->data(), tensor.data_ptr(), sent.nbytes);
+                                 std::shared_ptr<Work> work, std::vector<CheckedTensor> tensors,
+                                 int rank) {
+  if (!check_in_flight_writes) return work;
+  std::erase_if(tensors, [](const CheckedTensor& c) { return c.sent.nbytes == 0; });
+  if (tensors.empty()) return work;
   const std::string name = cat(work->collective(), " #", work->seq(), " on rank ", rank);
-  const std::string described =
-      cat("shape ", tp::to_string(tensor.shape()), ", ", to_string(tensor.dtype()));
-  claims->claim(work->seq(), name, described, tensor.storage(), tensor.data_ptr(), sent.nbytes);
-  const std::string what = cat(name, ": its tensor (", described, ")");
   const std::string op = work->collective() == "allreduce" ? "all-reduce" : work->collective();
-  work->set_on_first_wait([target = buffer_of(tensor), sent, issued, what, op, claims,
-                           seq = work->seq()] {
-    if (std::memcmp(target.data, issued->data(), target.nbytes) != 0) {
+  // What the first wait() needs of each tensor: its memory, the bytes it
+  // had at issue, and how to name it.
+  struct Watched {
+    Buffer target;  // the tensor's own memory
+    Buffer sent;
+    std::shared_ptr<std::vector<std::byte>> issued;
+    std::string what;  // "allreduce #3 on rank 0: its tensor (shape (4), float32)"
+    bool written;
+  };
+  std::vector<Watched> watched;
+  for (const CheckedTensor& c : tensors) {
+    auto issued = std::make_shared<std::vector<std::byte>>(c.sent.nbytes);
+    std::memcpy(issued->data(), c.tensor.data_ptr(), c.sent.nbytes);
+    const std::string described =
+        cat("shape ", tp::to_string(c.tensor.shape()), ", ", to_string(c.tensor.dtype()));
+    claims->claim(work->seq(), name, described, c.tensor.storage(), c.tensor.data_ptr(),
+                  c.sent.nbytes, c.written);
+    watched.push_back(Watched{buffer_of(c.tensor), c.sent, std::move(issued),
+                              cat(name, ": its ", c.role, " (", described, ")"), c.written});
+  }
+  work->set_on_first_wait([watched = std::move(watched), op, claims, seq = work->seq()] {
+    for (const Watched& w : watched) {
+      const Buffer& target = w.target;
+      if (std::memcmp(target.data, w.issued->data(), target.nbytes) == 0) continue;
       const std::size_t element = element_size(target.dtype);
       std::size_t i = 0;
       while (std::memcmp(static_cast<const std::byte*>(target.data) + i * element,
-                         issued->data() + i * element, element) == 0) {
+                         w.issued->data() + i * element, element) == 0) {
         ++i;
       }
       claims->release(seq);  // refused: this wait() ends the claim all the same
       throw DistributedError(cat(
-          what, " was written while its ", op, " was in flight: wait() before touching it. "
+          w.what, " was written while its ", op, " was in flight: wait() before touching it. "
           "Between the call that issued it and wait(), element ",
-          changed_element(issued->data(), target.data, i, target.dtype),
-          " changed; the collective reads and writes the tensor until wait() returns, so a "
-          "write in between (a division before the wait, say) races with it and gives a "
-          "different wrong answer from run to run. [seen in checker mode: "
-          "GlooOptions::check_in_flight_writes]"));
+          changed_element(w.issued->data(), target.data, i, target.dtype),
+          " changed; the collective ", w.written ? "reads and writes" : "reads",
+          " the tensor until wait() returns, so a write in between (a division before the "
+          "wait, say) races with it and gives a different wrong answer from run to run. "
+          "[seen in checker mode: GlooOptions::check_in_flight_writes]"));
     }
-    std::memcpy(target.data, sent.data, target.nbytes);
+    for (const Watched& w : watched) {
+      if (w.written) std::memcpy(w.target.data, w.sent.data, w.target.nbytes);
+    }
     claims->release(seq);  // delivered: the memory is free for the next collective
   });
   Work* const raw = work.get();

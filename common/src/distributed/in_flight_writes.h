@@ -1,8 +1,9 @@
 // Private to libtensorplay: ProcessGroupGloo's checker mode
 // (GlooOptions::check_in_flight_writes), which makes a tensor written while
-// its all-reduce or broadcast is in flight, or taken by a second one before
-// the first is waited for, an error on every run instead of a race
-// (Note [In-flight writes] in in_flight_writes.cc).
+// its all-reduce, broadcast, reduce-scatter or flat all-gather is in flight,
+// or taken by a second one before the first is waited for, an error on
+// every run instead of a race (Note [In-flight writes] in
+// in_flight_writes.cc).
 //
 // Threads: buffer_for_collective and arm_checks run on the issuing thread;
 // the checks they arm run in the first wait(), on the waiting thread; an
@@ -15,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gloo_cuda_staging.h"
@@ -48,9 +50,11 @@ class InFlightClaims {
   // Records that collective `seq` (`name`: "allreduce #3 on rank 0") owns
   // [data, data + nbytes) of `storage`, a tensor described by `tensor`
   // ("shape (4), float32"); throws naming both collectives if one still in
-  // flight owns any of it.
+  // flight owns any of it. With `owns` false (a tensor the collective only
+  // reads), checks the same and records nothing.
   void claim(uint64_t seq, const std::string& name, const std::string& tensor,
-             const std::shared_ptr<Storage>& storage, const void* data, std::size_t nbytes);
+             const std::shared_ptr<Storage>& storage, const void* data, std::size_t nbytes,
+             bool owns = true);
   // Collective `seq`'s first wait() has delivered its result: its memory is free.
   void release(uint64_t seq);
   // A collective failed: the group runs no more (communication thread).
@@ -83,15 +87,35 @@ class InFlightClaims {
   bool group_failed_ = false;   // guarded by mutex_
 };
 
-// In checker mode, claims `tensor`'s memory for `work` and arms its first
-// wait() to check that nothing wrote `tensor` since now, then deliver the
-// result from `sent` (the buffer the collective ran on) into it and release
-// the claim: Note [In-flight writes]. Returns the caller's handle to `work`:
-// the same Work, but whose last copy going away tells the claims that the
-// caller dropped it. Otherwise returns `work` unchanged.
+// One tensor of a collective in checker mode.
+struct CheckedTensor {
+  Tensor tensor;
+  Buffer sent;       // what the collective runs on in its place (buffer_for_collective)
+  const char* role;  // "tensor", "input", "output": how an error names it
+  bool written;      // the collective writes it: claimed, and given the result at wait()
+};
+
+// In checker mode, claims the memory of each written tensor for `work` and
+// arms its first wait() to check that nothing wrote any of the tensors
+// since now, then deliver the result from `sent` (the buffer the collective
+// ran on) into each written one and release the claim: Note [In-flight
+// writes]. A tensor only read (a reduce-scatter's input) must not be owned
+// by another collective either, but is not claimed: two collectives may
+// read one tensor at once. Returns the
+// caller's handle to `work`: the same Work, but whose last copy going away
+// tells the claims that the caller dropped it. Otherwise returns `work`
+// unchanged. REQUIRES: at most one tensor is written.
 std::shared_ptr<Work> arm_checks(bool check_in_flight_writes,
                                  const std::shared_ptr<InFlightClaims>& claims,
-                                 std::shared_ptr<Work> work, const Tensor& tensor,
-                                 const Buffer& sent, int rank);
+                                 std::shared_ptr<Work> work, std::vector<CheckedTensor> tensors,
+                                 int rank);
+// The all-reduce's and the broadcast's form: one tensor, read and written.
+inline std::shared_ptr<Work> arm_checks(bool check_in_flight_writes,
+                                        const std::shared_ptr<InFlightClaims>& claims,
+                                        std::shared_ptr<Work> work, const Tensor& tensor,
+                                        const Buffer& sent, int rank) {
+  return arm_checks(check_in_flight_writes, claims, std::move(work),
+                    {CheckedTensor{tensor, sent, "tensor", true}}, rank);
+}
 
 }  // namespace tp::distributed::detail

@@ -362,4 +362,16 @@ std::shared_ptr<Work> barrier(bool async_op) {
   return finish(default_group()->barrier(), async_op);
 }
 
+std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& output, const Tensor& input,
+                                            const std::vector<int64_t>& split_sizes, ReduceOp op,
+                                            bool async_op) {
+  return finish(default_group()->reduce_scatter_tensor(output, input, split_sizes, op), async_op);
+}
+
+std::shared_ptr<Work> all_gather_into_tensor(const Tensor& output, const Tensor& input,
+                                             const std::vector<int64_t>& split_sizes,
+                                             bool async_op) {
+  return finish(default_group()->allgather_into_tensor(output, input, split_sizes), async_op);
+}
+
 }  // namespace tp::distributed

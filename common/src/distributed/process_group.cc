@@ -61,4 +61,21 @@ void ProcessGroup::charge_budget(const char* collective) {
            "shadowing loop missing its exit? (Note [Collective budget])");
 }
 
+// A group of the kit's own (a test's recording group, a checker's wrapper)
+// need not implement the flat collectives; calling one says so.
+std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const Tensor&, const Tensor&,
+                                                          const std::vector<int64_t>&,
+                                                          ReduceOp) {
+  TP_THROW(DistributedError, "tp::distributed::ProcessGroup::reduce_scatter_tensor: rank ",
+           rank(), ": the '", backend_name(), "' process group does not implement it; use "
+           "backend \"gloo\" or \"nccl\"");
+}
+
+std::shared_ptr<Work> ProcessGroup::allgather_into_tensor(const Tensor&, const Tensor&,
+                                                          const std::vector<int64_t>&) {
+  TP_THROW(DistributedError, "tp::distributed::ProcessGroup::allgather_into_tensor: rank ",
+           rank(), ": the '", backend_name(), "' process group does not implement it; use "
+           "backend \"gloo\" or \"nccl\"");
+}
+
 }  // namespace tp::distributed

@@ -31,6 +31,7 @@
 #include "tensorplay/distributed/process_group_gloo.h"
 
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -39,6 +40,8 @@
 #include <gloo/math.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -58,6 +61,7 @@
 #include "in_flight_writes.h"
 #include "network.h"
 #include "rendezvous_dir.h"
+#include "split_sizes.h"
 #include "store_rendezvous.h"
 #include "tensorplay/cuda/runtime.h"
 #include "tensorplay/error.h"
@@ -71,10 +75,13 @@ using tp::detail::cat;
 using detail::arm;
 using detail::arm_checks;
 using detail::begin_staging;
+using detail::block_offsets;
 using detail::Buffer;
 using detail::buffer_for_collective;
 using detail::buffer_of;
 using detail::Call;
+using detail::check_blocks;
+using detail::CheckedTensor;
 using detail::compare_calls;
 using detail::connect_mesh;
 using detail::debug_from_environment;
@@ -170,6 +177,88 @@ void run_allreduce(const std::shared_ptr<gloo::Context>& context, const Buffer& 
     // the correctly rounded quotient (the size, up to 2048, is exact).
     const T size = static_cast<T>(context->size);
     for (std::size_t i = 0; i < buf.numel; ++i) data[i] /= size;
+  }
+}
+
+// Note [Ring reduce-scatter]
+// Debian 12's Gloo (0.0~git20220518) has no reduce-scatter in its current
+// style (gloo/allreduce.h's: options, a tag, a timeout per call). Its one
+// reduce-scatter, ReduceScatterHalvingDoubling (gloo/reduce_scatter.h), is
+// of the older Algorithm style: it takes its message slots from the
+// context, not from a tag, so Note [Gloo tags]'s fingerprint cannot keep
+// mismatched calls apart, its deadline is the context's, and its counts are
+// `int`. An all-reduce followed by keeping one block would be correct, but
+// would move twice the bytes, and moving half of what an all-reduce moves is
+// the reason ZeRO reduce-scatters. So the group runs the textbook ring, on
+// the primitives gloo::allgatherv uses (an unbound buffer, a slot built from
+// the tag, a deadline), with allgatherv's ring run backwards plus a sum:
+//   W - 1 steps. At step s, rank r sends its partial result of block
+//   (r - s - 1) mod W to rank r + 1 and receives rank r - 1's partial
+//   result of block (r - s - 2) mod W, to which it adds block
+//   (r - s - 2) mod W of its own input. At step 0 the block sent is its
+//   input's own; the block received at the last step, s = W - 2, is block r,
+//   which is then reduced over every rank: rank r's output.
+// Each rank sends and receives W - 1 blocks ((W - 1) / W of the input when
+// the blocks are equal), as an all-gather does: half of what a ring
+// all-reduce moves. Each block is reduced on one
+// rank, in ring order starting from the rank after its owner, so float
+// results are exact only where every partial result is (as in the tests).
+// Blocks may have any size, 0 included: an empty block is neither sent nor
+// received, on both sides alike, since the block sizes agree across ranks
+// (they are in the tag). Received blocks land in a scratch buffer of the
+// input's size, each at its own offset, so no memory is written while a send
+// from it may still be in flight.
+// A slot prefix Gloo's own collectives do not use (theirs are 0x01 to 0x08,
+// gloo/types.h), so a ring message never meets another collective's.
+constexpr uint8_t kReduceScatterSlotPrefix = 0x70;
+
+template <typename T>
+void run_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const Buffer& in,
+                        const Buffer& out, const std::vector<int64_t>& sizes, ReduceOp op,
+                        uint32_t tag, milliseconds timeout) {
+  const int world = context->size;
+  const int rank = context->rank;
+  const std::vector<int64_t> offsets = block_offsets(sizes);
+  const auto block_bytes = [&](int b) { return static_cast<std::size_t>(sizes[b]) * sizeof(T); };
+  const auto block_at = [&](int b) { return static_cast<std::size_t>(offsets[b]) * sizeof(T); };
+  const T* input = static_cast<const T*>(in.ptr());
+  T* output = static_cast<T*>(out.ptr());
+  const std::size_t mine = static_cast<std::size_t>(sizes[rank]);
+  if (world == 1) {
+    if (output != input) std::copy_n(input, mine, output);
+    return;  // AVG over one rank: the input itself
+  }
+  const std::size_t total = static_cast<std::size_t>(offsets.back() + sizes.back());
+  std::vector<T> ring(total);
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer =
+      context->createUnboundBuffer(ring.data(), total * sizeof(T));
+  const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+  const gloo::AllreduceOptions::Func reduce = reduce_function<T>(op);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto left = [&] {
+    return std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(
+                                         deadline - std::chrono::steady_clock::now()));
+  };
+  const int next = (rank + 1) % world;
+  const int previous = (rank + world - 1) % world;
+  const auto block = [&](int k) { return ((rank - k) % world + world) % world; };  // (r - k) mod W
+  std::copy_n(input + offsets[block(1)], sizes[block(1)], ring.data() + offsets[block(1)]);
+  for (int s = 0; s < world - 1; ++s) {
+    const int send = block(s + 1);
+    const int recv = block(s + 2);
+    if (sizes[send] > 0) buffer->send(next, slot, block_at(send), block_bytes(send));
+    if (sizes[recv] > 0) buffer->recv(previous, slot, block_at(recv), block_bytes(recv));
+    if (sizes[send] > 0) buffer->waitSend(left());
+    if (sizes[recv] > 0) {
+      buffer->waitRecv(left());
+      T* partial = ring.data() + offsets[recv];
+      reduce(partial, partial, input + offsets[recv], static_cast<std::size_t>(sizes[recv]));
+    }
+  }
+  std::copy_n(ring.data() + offsets[rank], mine, output);
+  if (op == ReduceOp::AVG) {
+    const T size = static_cast<T>(world);  // as in run_allreduce
+    for (std::size_t i = 0; i < mine; ++i) output[i] /= size;
   }
 }
 
@@ -291,8 +380,8 @@ struct ProcessGroupGloo::Impl {
             name(), " timed out after ", timeout.count(),
             " ms: another rank did not join this collective (did every rank issue the "
             "same collectives in the same order?). Tensors of different sizes or dtypes, "
-            "or a different reduce op or root, count as different collectives. [gloo: ",
-            e.what(), "]",
+            "or a different reduce op, root or block sizes, count as different "
+            "collectives. [gloo: ", e.what(), "]",
             // Across machines a lost link looks the same to Gloo: nothing arrives.
             store ? " Or a rank's machine became unreachable (its network link is down)."
                   : "")));
@@ -555,6 +644,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& out
   }
   charge_budget("allgather");
   ++counters_.allgather;
+  counters_.allgather_bytes += static_cast<uint64_t>(input.nbytes()) * outputs.size();
   // Each CUDA tensor staged on its own; CPU ones (if mixed) used directly.
   const auto buffer = [&](const Tensor& t, bool copy_in, bool copy_out) {
     return is_cuda(t) ? staged_buffer(fn, rank(), *staging, t, copy_in, copy_out) : buffer_of(t);
@@ -586,6 +676,122 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const std::vector<Tensor>& out
       staging);
   if (!staging) work->set_outputs(outputs);  // a staged work has no future
   return work;
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter_tensor(
+    const Tensor& output, const Tensor& input, const std::vector<int64_t>& split_sizes,
+    ReduceOp op) {
+  constexpr const char* fn = "tp::distributed::ProcessGroupGloo::reduce_scatter_tensor";
+  check_tensor(fn, rank(), output, "the output");
+  check_tensor(fn, rank(), input, "the input");
+  const std::vector<int64_t> sizes =
+      check_blocks(fn, rank(), size(), input, "input", output, "output", split_sizes);
+  if (input.dtype() == kBFloat16) {
+    TP_THROW(DistributedError, fn, ": rank ", rank(), ": the input has dtype bfloat16, and "
+             "Gloo has no bfloat16 reduction; reduce-scatter float16, float32 or float64 on "
+             "gloo, or bfloat16 on NCCL");
+  }
+  const bool checked = options_.check_in_flight_writes;
+  std::shared_ptr<Staging> staging;
+  if (is_cuda(input)) staging = begin_staging(fn, rank(), input, checked);
+  if (!staging && is_cuda(output)) staging = begin_staging(fn, rank(), output, checked);
+  charge_budget("reduce_scatter");
+  ++counters_.reduce_scatter;
+  counters_.reduce_scatter_bytes += static_cast<uint64_t>(input.nbytes());
+  // CUDA tensors staged (a CPU one may be mixed in, as in an all-gather);
+  // in checker mode, copies (Note [In-flight writes]).
+  const auto buffer = [&](const Tensor& t, bool copy_in, bool copy_out) {
+    return is_cuda(t) ? staged_buffer(fn, rank(), *staging, t, copy_in, copy_out)
+                      : buffer_for_collective(t, checked);
+  };
+  const Buffer in = buffer(input, true, false);
+  const Buffer out = buffer(output, false, true);
+  auto context = impl_->context;
+  const milliseconds timeout = options_.timeout;
+  std::shared_ptr<Work> work = impl_->enqueue(
+      "reduce_scatter_tensor", "reduce_scatter_tensor queued", in.nbytes,
+      Call{Call::kReduceScatterTensor, input.numel(), static_cast<int64_t>(input.dtype()),
+           static_cast<int64_t>(op), sizes},
+      [context, in, out, sizes, op, timeout](uint32_t tag) {
+        if (in.nbytes == 0) return;  // every block empty, on every rank
+        switch (in.dtype) {  // Note [Ring reduce-scatter]
+          case Dtype::Float32:
+            run_reduce_scatter<float>(context, in, out, sizes, op, tag, timeout);
+            return;
+          case Dtype::Float64:
+            run_reduce_scatter<double>(context, in, out, sizes, op, tag, timeout);
+            return;
+          case Dtype::Float16:
+            run_reduce_scatter<gloo::float16>(context, in, out, sizes, op, tag, timeout);
+            return;
+          case Dtype::BFloat16: break;  // refused above, on the calling thread
+        }
+        TP_THROW(DistributedError, "reduce_scatter_tensor: no Gloo reduction for dtype ",
+                 to_string(in.dtype));
+      },
+      staging);
+  if (staging) return work;  // no future: Work::get_future says why
+  work->set_outputs({output});
+  return arm_checks(checked, impl_->in_flight, std::move(work),
+                    {CheckedTensor{input, in, "input", false},
+                     CheckedTensor{output, out, "output", true}},
+                    rank());
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(
+    const Tensor& output, const Tensor& input, const std::vector<int64_t>& split_sizes) {
+  constexpr const char* fn = "tp::distributed::ProcessGroupGloo::allgather_into_tensor";
+  check_tensor(fn, rank(), output, "the output");
+  check_tensor(fn, rank(), input, "the input");
+  const std::vector<int64_t> sizes =
+      check_blocks(fn, rank(), size(), output, "output", input, "input", split_sizes);
+  const bool checked = options_.check_in_flight_writes;
+  std::shared_ptr<Staging> staging;
+  if (is_cuda(input)) staging = begin_staging(fn, rank(), input, checked);
+  if (!staging && is_cuda(output)) staging = begin_staging(fn, rank(), output, checked);
+  charge_budget("allgather");
+  ++counters_.allgather;
+  counters_.allgather_bytes += static_cast<uint64_t>(output.nbytes());
+  const auto buffer = [&](const Tensor& t, bool copy_in, bool copy_out) {
+    return is_cuda(t) ? staged_buffer(fn, rank(), *staging, t, copy_in, copy_out)
+                      : buffer_for_collective(t, checked);
+  };
+  const Buffer in = buffer(input, true, false);
+  const Buffer out = buffer(output, false, true);
+  auto context = impl_->context;
+  const milliseconds timeout = options_.timeout;
+  const int me = rank();
+  std::shared_ptr<Work> work = impl_->enqueue(
+      "allgather_into_tensor", "allgather_into_tensor queued", out.nbytes,
+      Call{Call::kAllgatherIntoTensor, output.numel(), static_cast<int64_t>(output.dtype()), 0,
+           sizes},
+      [context, in, out, sizes, me, timeout](uint32_t tag) {
+        if (out.nbytes == 0) return;  // every block empty, on every rank
+        // gloo::allgatherv: Gloo's ring all-gather with a block size per rank.
+        // Bytes, not elements: it copies and never computes.
+        const std::size_t element = element_size(out.dtype);
+        std::vector<std::size_t> block_bytes;
+        for (int64_t n : sizes) block_bytes.push_back(static_cast<std::size_t>(n) * element);
+        gloo::AllgathervOptions opts(context);
+        auto* block = static_cast<uint8_t*>(out.ptr()) +
+                      static_cast<std::size_t>(block_offsets(sizes)[me]) * element;
+        // In place (the input is this rank's block of the output), or an
+        // empty block: nothing to copy in first, so no input is given.
+        if (block_bytes[me] > 0 && in.ptr() != block) {
+          opts.setInput(static_cast<uint8_t*>(in.ptr()), block_bytes[me]);
+        }
+        opts.setOutput(static_cast<uint8_t*>(out.ptr()), block_bytes);
+        opts.setTag(tag);
+        opts.setTimeout(timeout);
+        gloo::allgatherv(opts);
+      },
+      staging);
+  if (staging) return work;  // no future: Work::get_future says why
+  work->set_outputs({output});
+  return arm_checks(checked, impl_->in_flight, std::move(work),
+                    {CheckedTensor{input, in, "input", false},
+                     CheckedTensor{output, out, "output", true}},
+                    rank());
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::barrier() {

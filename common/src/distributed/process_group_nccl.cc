@@ -40,6 +40,7 @@
 
 #include "../cuda/check.h"
 #include "nccl_backend.h"
+#include "split_sizes.h"
 #include "store_rendezvous.h"
 #include "tensorplay/cuda/runtime.h"
 #include "tensorplay/distributed/init.h"
@@ -432,8 +433,8 @@ struct ProcessGroupNCCL::Impl {
             w->name(rank), " timed out after ", timeout.count(),
             " ms (NCCL; another rank did not join this collective: did every rank issue the "
             "same collectives in the same order? Tensors of different sizes or dtypes, or a "
-            "different reduce op or root, count as different collectives. The NCCL "
-            "communicator was aborted; this group cannot run further collectives)"))));
+            "different reduce op, root or block sizes, count as different collectives. The "
+            "NCCL communicator was aborted; this group cannot run further collectives)"))));
         return;
       }
     }
@@ -709,6 +710,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::allgather(const std::vector<Tensor>& out
   }
   charge_budget("allgather");
   ++counters_.allgather;
+  counters_.allgather_bytes += static_cast<uint64_t>(input.nbytes()) * outputs.size();
   const void* in = input.data_ptr();
   const std::size_t nbytes = input.nbytes();
   const auto count = static_cast<std::size_t>(input.numel());
@@ -733,6 +735,132 @@ std::shared_ptr<Work> ProcessGroupNCCL::allgather(const std::vector<Tensor>& out
       cuda::copy_async(outs[r], static_cast<const std::byte*>(flat.allocation.data) + r * nbytes,
                        nbytes, impl->stream);
     }
+  });
+}
+
+// Note [Uneven blocks on NCCL]
+// ncclReduceScatter and ncclAllGather take one count for every rank, so
+// they run the flat collectives only when the blocks are equal. Uneven
+// blocks are done as PyTorch's NCCL backend does its lists of tensors of
+// different sizes: one rooted collective per rank, all in one NCCL group,
+// which NCCL launches together. For a reduce-scatter, ncclReduce of block r
+// to root r (its recvbuff is read on the root only); for an all-gather,
+// ncclBroadcast of block r from root r (its sendbuff is read on the root
+// only). Each rank still receives only what it needs, in W smaller
+// collectives instead of one. Empty blocks are skipped, on every rank alike:
+// the block sizes are the same everywhere (process_group.h). The buffer a
+// rank other than the root does not use is given as the block itself, as
+// PyTorch gives it, so no NCCL version's pointer check sees a null.
+
+namespace {
+
+// Runs `calls` (NCCL calls, each returning an ncclResult_t) inside
+// ncclGroupStart / ncclGroupEnd, ending the group even when one fails.
+template <typename Calls>
+void nccl_group(const std::string& context, Calls calls) {
+  check_nccl(ncclGroupStart(), "ncclGroupStart", context);
+  std::string failed_call;
+  ncclResult_t result = ncclSuccess;
+  try {
+    calls(result, failed_call);
+  } catch (...) {
+    (void)ncclGroupEnd();
+    throw;
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  check_nccl(result, failed_call.c_str(), context);
+  check_nccl(ended, "ncclGroupEnd", context);
+}
+
+}  // namespace
+
+std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter_tensor(
+    const Tensor& output, const Tensor& input, const std::vector<int64_t>& split_sizes,
+    ReduceOp op) {
+  constexpr const char* fn = "tp::distributed::ProcessGroupNCCL::reduce_scatter_tensor";
+  check_tensor(fn, rank(), impl_->device, output, "the output");
+  check_tensor(fn, rank(), impl_->device, input, "the input");
+  const std::vector<int64_t> sizes =
+      detail::check_blocks(fn, rank(), size(), input, "input", output, "output", split_sizes);
+  const ncclRedOp_t nccl_reduce = nccl_op(op);
+  const ncclDataType_t dtype = nccl_dtype(input.dtype());
+  charge_budget("reduce_scatter");
+  ++counters_.reduce_scatter;
+  counters_.reduce_scatter_bytes += static_cast<uint64_t>(input.nbytes());
+  const std::vector<int64_t> offsets = detail::block_offsets(sizes);
+  const bool even = std::all_of(sizes.begin(), sizes.end(),
+                                [&](int64_t n) { return n == sizes.front(); });
+  const auto* in = static_cast<const std::byte*>(input.data_ptr());
+  void* out = output.data_ptr();
+  const std::size_t element = input.element_size();
+  const int64_t total = input.numel();
+  Impl* impl = impl_.get();
+  return impl->issue("reduce_scatter_tensor", "reduce_scatter_tensor queued", input.nbytes(),
+                     {input.storage(), output.storage()}, false, [=] {
+    if (total == 0) return;
+    const std::string context = cat(fn, ": rank ", impl->rank);
+    if (even) {
+      check_nccl(ncclReduceScatter(in, out, static_cast<std::size_t>(sizes.front()), dtype,
+                                   nccl_reduce, impl->comm, impl->stream.handle()),
+                 "ncclReduceScatter", context);
+      return;
+    }
+    // Note [Uneven blocks on NCCL]
+    nccl_group(context, [&](ncclResult_t& result, std::string& failed_call) {
+      for (int r = 0; r < impl->size && result == ncclSuccess; ++r) {
+        if (sizes[r] == 0) continue;
+        const std::byte* block = in + offsets[r] * static_cast<int64_t>(element);
+        // Off the root, recvbuff is not written; the block itself, as PyTorch passes.
+        result = ncclReduce(block, r == impl->rank ? out : const_cast<std::byte*>(block),
+                            static_cast<std::size_t>(sizes[r]), dtype, nccl_reduce, r,
+                            impl->comm, impl->stream.handle());
+        if (result != ncclSuccess) failed_call = cat("ncclReduce (block ", r, ")");
+      }
+    });
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupNCCL::allgather_into_tensor(
+    const Tensor& output, const Tensor& input, const std::vector<int64_t>& split_sizes) {
+  constexpr const char* fn = "tp::distributed::ProcessGroupNCCL::allgather_into_tensor";
+  check_tensor(fn, rank(), impl_->device, output, "the output");
+  check_tensor(fn, rank(), impl_->device, input, "the input");
+  const std::vector<int64_t> sizes =
+      detail::check_blocks(fn, rank(), size(), output, "output", input, "input", split_sizes);
+  const ncclDataType_t dtype = nccl_dtype(input.dtype());
+  charge_budget("allgather");
+  ++counters_.allgather;
+  counters_.allgather_bytes += static_cast<uint64_t>(output.nbytes());
+  const std::vector<int64_t> offsets = detail::block_offsets(sizes);
+  const bool even = std::all_of(sizes.begin(), sizes.end(),
+                                [&](int64_t n) { return n == sizes.front(); });
+  const void* in = input.data_ptr();
+  auto* out = static_cast<std::byte*>(output.data_ptr());
+  const std::size_t element = output.element_size();
+  const int64_t total = output.numel();
+  Impl* impl = impl_.get();
+  return impl->issue("allgather_into_tensor", "allgather_into_tensor queued", output.nbytes(),
+                     {input.storage(), output.storage()}, false, [=] {
+    if (total == 0) return;
+    const std::string context = cat(fn, ": rank ", impl->rank);
+    if (even) {
+      check_nccl(ncclAllGather(in, out, static_cast<std::size_t>(sizes.front()), dtype,
+                               impl->comm, impl->stream.handle()),
+                 "ncclAllGather", context);
+      return;
+    }
+    // Note [Uneven blocks on NCCL]
+    nccl_group(context, [&](ncclResult_t& result, std::string& failed_call) {
+      for (int r = 0; r < impl->size && result == ncclSuccess; ++r) {
+        if (sizes[r] == 0) continue;
+        std::byte* block = out + offsets[r] * static_cast<int64_t>(element);
+        // Off the root, sendbuff is not read; the block itself, as PyTorch passes.
+        result = ncclBroadcast(r == impl->rank ? in : block, block,
+                               static_cast<std::size_t>(sizes[r]), dtype, r, impl->comm,
+                               impl->stream.handle());
+        if (result != ncclSuccess) failed_call = cat("ncclBroadcast (block ", r, ")");
+      }
+    });
   });
 }
 

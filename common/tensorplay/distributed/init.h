@@ -109,5 +109,14 @@ std::shared_ptr<Work> broadcast(const Tensor& tensor, int src = 0, bool async_op
 std::shared_ptr<Work> all_gather(const std::vector<Tensor>& outputs, const Tensor& input,
                                  bool async_op = false);
 std::shared_ptr<Work> barrier(bool async_op = false);
+// torch.distributed's reduce_scatter_tensor and all_gather_into_tensor, with
+// split_sizes for uneven blocks (ProcessGroup::reduce_scatter_tensor and
+// allgather_into_tensor, process_group.h); empty: equal blocks.
+std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& output, const Tensor& input,
+                                            const std::vector<int64_t>& split_sizes = {},
+                                            ReduceOp op = ReduceOp::SUM, bool async_op = false);
+std::shared_ptr<Work> all_gather_into_tensor(const Tensor& output, const Tensor& input,
+                                             const std::vector<int64_t>& split_sizes = {},
+                                             bool async_op = false);
 
 }  // namespace tp::distributed

@@ -11,9 +11,10 @@
 //   - Tensors must be contiguous and defined, and stay alive and untouched
 //     until wait() returns. The data is updated in place.
 //   - dtypes: float32 and float64 everywhere. float16 and bfloat16 (the
-//     compression hooks' wire types) are moved by broadcast and allgather;
-//     all-reduce takes float16 on both backends and bfloat16 only where the
-//     backend can reduce it (NCCL; Gloo refuses it, saying so).
+//     compression hooks' wire types) are moved by broadcast and the
+//     all-gathers; all-reduce and reduce-scatter take float16 on both
+//     backends and bfloat16 only where the backend can reduce it (NCCL;
+//     Gloo refuses it, saying so).
 //   - CUDA tensors: the collective reads them after the work queued so far
 //     on the issuing thread's current CUDA stream, and wait() orders the
 //     waiting thread's current stream after the result (gloo stages them
@@ -25,6 +26,14 @@
 //     crashed, or this group already stopped after an earlier failure)
 //     throws tp::PeerFailedError, whose kind() is ErrorKind::Consequence, so
 //     spawn blames the rank that failed first.
+//   - Flat collectives, for sharded training (ZeRO): reduce_scatter_tensor
+//     and allgather_into_tensor move blocks of one flat tensor, block r
+//     being rank r's; the blocks may differ in size (split_sizes, every
+//     rank passing the same: on Gloo, ranks that differ time out in that
+//     collective, or in debug mode fail naming each rank's blocks; NCCL does
+//     not check) and be empty. A bad call (dtypes, sizes, split_sizes) is a
+//     tp::DistributedError at the call, naming the collective, the rank and
+//     the fix, the same on every backend.
 //   - counters() counts the collectives issued since construction or
 //     reset_counters(); checkers use them ("one all-reduce per parameter").
 //     Issuing methods may be called from one thread at a time.
@@ -56,12 +65,20 @@ std::string to_string(ReduceOp op);
 struct CollectiveCounters {
   uint64_t allreduce = 0;
   uint64_t broadcast = 0;
-  uint64_t allgather = 0;
+  uint64_t allgather = 0;  // allgather and allgather_into_tensor
+  uint64_t reduce_scatter = 0;  // reduce_scatter_tensor
   uint64_t barrier = 0;
   uint64_t allreduce_elements = 0;  // sum of numel over all-reduced tensors
   // Sum of nbytes over all-reduced tensors: what the all-reduces carried, so
   // a float16 bucket counts half the bytes of a float32 one.
   uint64_t allreduce_bytes = 0;
+  // Sum of nbytes over the reduce-scatters' inputs: the whole flat tensor
+  // reduced, every rank's block, so that sharded gradients count as many
+  // bytes here as the same gradients all-reduced count in allreduce_bytes.
+  uint64_t reduce_scatter_bytes = 0;
+  // Sum of nbytes over what the all-gathers delivered: every output, every
+  // rank's block (an allgather_into_tensor's output; an allgather's W outputs).
+  uint64_t allgather_bytes = 0;
 };
 
 class ProcessGroup {
@@ -95,6 +112,27 @@ class ProcessGroup {
                                           const Tensor& input) = 0;
   // Completes once every rank has entered it.
   virtual std::shared_ptr<Work> barrier() = 0;
+
+  // The flat collectives (see the contract). `input` (reduce-scatter) and
+  // `output` (all-gather) hold every rank's block one after another, block r
+  // having split_sizes[r] elements; empty split_sizes: size() equal blocks.
+  // Only element counts matter, not shapes. The other tensor is this rank's
+  // block; it may be that very block of the flat tensor (in place).
+  // REQUIRES: one dtype; split_sizes empty (numel divisible by size()) or of
+  // size() entries >= 0 adding up to the flat tensor's numel, the same on
+  // every rank; the block tensor has split_sizes[rank()] elements.
+  // The base class throws tp::DistributedError saying the backend lacks it.
+  //
+  // output (split_sizes[rank()] elements) becomes op over the ranks of
+  // block rank() of their inputs; the input is only read. torch's
+  // reduce_scatter_tensor, with uneven blocks allowed.
+  virtual std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& output, const Tensor& input,
+                                                      const std::vector<int64_t>& split_sizes = {},
+                                                      ReduceOp op = ReduceOp::SUM);
+  // Block r of output becomes rank r's input (split_sizes[r] elements).
+  // torch's all_gather_into_tensor, with uneven blocks allowed.
+  virtual std::shared_ptr<Work> allgather_into_tensor(
+      const Tensor& output, const Tensor& input, const std::vector<int64_t>& split_sizes = {});
 
   // Blocks the host until every collective issued so far has finished, and
   // throws the group's failure if there was one. Nothing to do where wait()

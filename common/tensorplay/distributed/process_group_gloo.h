@@ -23,17 +23,25 @@
 //     the thread.
 //   - Debug mode (GlooOptions::check_collectives, or TP_DISTRIBUTED_DEBUG=
 //     DETAIL in the environment): before each collective the ranks all-gather
-//     its fingerprint (op, reduce op or root, dtype, size, sequence number);
+//     its fingerprint (op, reduce op or root, dtype, size, block sizes,
+//     sequence number);
 //     when they differ, every rank fails in that collective with a
 //     tp::DistributedError listing each rank's call. It costs one small
 //     all-gather per collective, and catches what the tag cannot
 //     (Note [Gloo tags] in collective_fingerprint.cc).
 //   - ReduceOp::AVG is SUM followed by division by size() on this rank.
-//   - dtypes: all-reduce takes float32, float64 and float16 (Gloo's
-//     gloo::float16 sum, min and max: each pairwise result rounded to
-//     float16); bfloat16 is refused with tp::DistributedError, since Gloo
-//     has no bfloat16 reduction. Broadcast and all-gather move bytes, any
-//     dtype.
+//   - The flat collectives: allgather_into_tensor is Gloo's allgatherv (a
+//     ring, a block size per rank); reduce_scatter_tensor is a ring of the
+//     group's own on Gloo's point-to-point primitives, since this Gloo has
+//     no reduce-scatter that takes a tag and a deadline; it moves (W - 1) / W
+//     of the input per rank, half of what an all-reduce moves (Note [Ring
+//     reduce-scatter] in process_group_gloo.cc). Both take the same tags,
+//     deadlines, debug mode and checker mode as the others.
+//   - dtypes: all-reduce and reduce-scatter take float32, float64 and
+//     float16 (Gloo's gloo::float16 sum, min and max: each pairwise result
+//     rounded to float16); bfloat16 is refused with tp::DistributedError,
+//     since Gloo has no bfloat16 reduction. Broadcast and the all-gathers
+//     move bytes, any dtype.
 //   - CUDA tensors (a build with CUDA) are staged through pinned host memory
 //     on a communication stream of the group's own: the collective reads the
 //     tensor after the work queued so far on the issuing thread's current
@@ -46,12 +54,15 @@
 //     GPU, which NCCL cannot do (Note [Staging CUDA tensors] in
 //     gloo_cuda_staging.cc).
 //   - Checker mode (GlooOptions::check_in_flight_writes): a tensor written
-//     while its all-reduce or broadcast is in flight is an error at wait(),
-//     every time, and a second all-reduce or broadcast issued on memory
-//     (a tensor, or a view overlapping it) whose collective has not been
-//     waited for (still in flight, or its Work dropped unwaited) is an error
-//     at once, naming both; the result lands in the tensor at wait(). CPU tensors
-//     only: a CUDA tensor in checker mode is a tp::DistributedError at issue.
+//     while its all-reduce, broadcast or flat collective (its input or its
+//     output) is in flight is an error at wait(), every time, and a
+//     collective issued on memory (a tensor, or a view overlapping it) that
+//     such a collective writes and has not been waited for (still in
+//     flight, or its Work dropped unwaited) is an error at once, naming
+//     both; the result lands in the tensor at wait(). Two collectives may
+//     read one tensor at once. The list allgather is not checked. CPU
+//     tensors only: a CUDA tensor in checker mode is a tp::DistributedError
+//     at issue.
 //   - Trace: when tp::trace is enabled, each collective records an instant
 //     "<op> queued" on the issuing thread and a span "<op>" on the
 //     communication thread.
@@ -60,6 +71,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensorplay/distributed/process_group.h"
 #include "tensorplay/distributed/store.h"
@@ -120,6 +132,15 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Work> allgather(const std::vector<Tensor>& outputs,
                                   const Tensor& input) override;
   std::shared_ptr<Work> barrier() override;
+  // Gloo has no reduce-scatter of its current kind: a ring of the group's
+  // own (see the contract).
+  std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& output, const Tensor& input,
+                                              const std::vector<int64_t>& split_sizes = {},
+                                              ReduceOp op = ReduceOp::SUM) override;
+  // gloo::allgatherv.
+  std::shared_ptr<Work> allgather_into_tensor(
+      const Tensor& output, const Tensor& input,
+      const std::vector<int64_t>& split_sizes = {}) override;
 
   const GlooOptions& options() const { return options_; }
 

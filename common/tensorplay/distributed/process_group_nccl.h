@@ -62,6 +62,12 @@
 //     stream that nothing orders the waiter after; PyTorch's CUDA-aware
 //     futures record events for that, which tp::distributed::Future does
 //     not. wait() for the work instead.
+//   - The flat collectives (process_group.h): ncclReduceScatter and
+//     ncclAllGather when every block has the same size; otherwise, as
+//     PyTorch's NCCL backend does lists of tensors of different sizes, one
+//     ncclReduce (ncclBroadcast) per non-empty block, rooted at its rank,
+//     in one NCCL group (Note [Uneven blocks on NCCL] in
+//     process_group_nccl.cc).
 //   - counters(): as for every group (process_group.h).
 //   - Threads: issuing methods and synchronize() from one thread at a time
 //     (process_group.h); Work::wait() from any thread. The watchdog thread
@@ -75,6 +81,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensorplay/distributed/process_group.h"
 #include "tensorplay/distributed/store.h"
@@ -109,6 +116,14 @@ class ProcessGroupNCCL : public ProcessGroup {
   std::shared_ptr<Work> allgather(const std::vector<Tensor>& outputs,
                                   const Tensor& input) override;
   std::shared_ptr<Work> barrier() override;
+  // ncclReduceScatter and ncclAllGather for equal blocks; uneven ones by one
+  // rooted collective per rank in an NCCL group (see the contract).
+  std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& output, const Tensor& input,
+                                              const std::vector<int64_t>& split_sizes = {},
+                                              ReduceOp op = ReduceOp::SUM) override;
+  std::shared_ptr<Work> allgather_into_tensor(
+      const Tensor& output, const Tensor& input,
+      const std::vector<int64_t>& split_sizes = {}) override;
 
   // Blocks the host until every collective issued so far has finished;
   // throws the group's failure if there was one.

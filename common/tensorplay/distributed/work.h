@@ -65,7 +65,8 @@ class Work {
   // Blocks until the collective finished; rethrows its error.
   virtual void wait();
   virtual bool is_completed() const;
-  // "allreduce", "broadcast", "allgather" or "barrier".
+  // "allreduce", "broadcast", "allgather", "barrier", "reduce_scatter_tensor"
+  // or "allgather_into_tensor".
   const std::string& collective() const { return collective_; }
   // 1-based position of this collective in the group's issue order.
   uint64_t seq() const { return seq_; }
