@@ -244,8 +244,12 @@ std::shared_ptr<Future> powerSGD_hook(PowerSGDState& state, GradBucket& bucket) 
   }
   if (bucket.is_last()) ++state.iter_;
   if (q_numel == 0) {
-    // Nothing compressed in this bucket: it is already averaged.
-    if (error.defined()) error.zero_();
+    // Nothing compressed in this bucket: it is already averaged, and the
+    // error is what it is for any bucket, what was sent minus what came back.
+    if (error.defined()) {
+      error.copy_(sent);
+      error.add_(buffer, -1.0);
+    }
     auto done = std::make_shared<Future>();
     done->set_value({buffer});
     return done;

@@ -426,7 +426,8 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
   if (out.empty() && o.comm_hook != "powersgd") out = check_no_wait_in_hooks(run);
   if (out.empty()) {
     out = train::check_synced_when_backward_returns(
-        run, "wait for every bucket's future in the end-of-backward callback");
+        run, "wait for every bucket's future in the end-of-backward callback (or, if the DDP "
+             "does, the hook chained its result to a collective it never waited for)");
   }
   if (out.empty() && o.comm_hook == "powersgd") out = check_powersgd_steps(c, run);
   return out;
@@ -635,24 +636,36 @@ train::Scenario future_never_completes() {
 }
 
 train::Scenario wrong_result() {
-  return {"a hook whose future delivers a tensor of the wrong size is refused naming the bucket",
+  return {"a hook whose future delivers the wrong tensor (one value too many, float16, 2-D) is "
+          "refused naming the bucket",
           2,
           [](int rank, Group group) -> std::string {
-            auto ddp = make_ddp(group);
-            ddp->register_comm_hook([](stage08::GradBucket& bucket) {
-              auto done = std::make_shared<Future>();
-              done->set_value({tp::zeros({bucket.buffer().numel() + 1})});
-              return done;
-            });
-            try {
-              gradients_after_backward(*ddp, rank);
-            } catch (const tp::DistributedError& e) {
-              if (std::string(e.what()).find("bucket 0") == std::string::npos) {
-                return cat("rank ", rank, ": the error does not name bucket 0: ", e.what());
+            // Each a value the bucket cannot take as it is.
+            const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> wrong = {
+                {"numel + 1 values", [](const Tensor& b) { return tp::zeros({b.numel() + 1}); }},
+                {"a float16 tensor of the bucket's size",
+                 [](const Tensor& b) { return b.to(tp::kFloat16); }},
+                {"a 2-D tensor of the bucket's numel",
+                 [](const Tensor& b) { return b.clone().view({1, b.numel()}); }}};
+            for (const auto& [what, make] : wrong) {
+              auto ddp = make_ddp(group);
+              ddp->register_comm_hook([make = make](stage08::GradBucket& bucket) {
+                auto done = std::make_shared<Future>();
+                done->set_value({make(bucket.buffer())});
+                return done;
+              });
+              try {
+                gradients_after_backward(*ddp, rank);
+              } catch (const tp::DistributedError& e) {
+                if (std::string(e.what()).find("bucket 0") == std::string::npos) {
+                  return cat("rank ", rank, ": delivering ", what, ": the error does not name "
+                             "bucket 0: ", e.what());
+                }
+                continue;
               }
-              return "";
+              return cat("rank ", rank, ": a future delivering ", what, " was accepted");
             }
-            return cat("rank ", rank, ": a future delivering ", "numel + 1 values was accepted");
+            return "";
           },
           "check the future's value()[0] against the bucket (shape and dtype) before using it"};
 }

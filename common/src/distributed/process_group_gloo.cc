@@ -695,7 +695,7 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter_tensor(
   std::shared_ptr<Staging> staging;
   if (is_cuda(input)) staging = begin_staging(fn, rank(), input, checked);
   if (!staging && is_cuda(output)) staging = begin_staging(fn, rank(), output, checked);
-  charge_budget("reduce_scatter");
+  charge_budget("reduce_scatter_tensor");
   ++counters_.reduce_scatter;
   counters_.reduce_scatter_bytes += static_cast<uint64_t>(input.nbytes());
   // CUDA tensors staged (a CPU one may be mixed in, as in an all-gather);
@@ -749,7 +749,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(
   std::shared_ptr<Staging> staging;
   if (is_cuda(input)) staging = begin_staging(fn, rank(), input, checked);
   if (!staging && is_cuda(output)) staging = begin_staging(fn, rank(), output, checked);
-  charge_budget("allgather");
+  charge_budget("allgather_into_tensor");
   ++counters_.allgather;
   counters_.allgather_bytes += static_cast<uint64_t>(output.nbytes());
   const auto buffer = [&](const Tensor& t, bool copy_in, bool copy_out) {

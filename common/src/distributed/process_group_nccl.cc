@@ -784,7 +784,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::reduce_scatter_tensor(
       detail::check_blocks(fn, rank(), size(), input, "input", output, "output", split_sizes);
   const ncclRedOp_t nccl_reduce = nccl_op(op);
   const ncclDataType_t dtype = nccl_dtype(input.dtype());
-  charge_budget("reduce_scatter");
+  charge_budget("reduce_scatter_tensor");
   ++counters_.reduce_scatter;
   counters_.reduce_scatter_bytes += static_cast<uint64_t>(input.nbytes());
   const std::vector<int64_t> offsets = detail::block_offsets(sizes);
@@ -828,7 +828,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::allgather_into_tensor(
   const std::vector<int64_t> sizes =
       detail::check_blocks(fn, rank(), size(), output, "output", input, "input", split_sizes);
   const ncclDataType_t dtype = nccl_dtype(input.dtype());
-  charge_budget("allgather");
+  charge_budget("allgather_into_tensor");
   ++counters_.allgather;
   counters_.allgather_bytes += static_cast<uint64_t>(output.nbytes());
   const std::vector<int64_t> offsets = detail::block_offsets(sizes);

@@ -319,10 +319,13 @@ DemoReport build_report(const std::string& stage, const std::string& title,
         return std::any_of(losses.begin(), losses.end(), [](double v) { return !std::isfinite(v); });
       });
   // Nothing to compare DDP with when the single-process run itself overflowed.
-  report.verdict = report.findings.empty()    ? Verdict::Matches
-                   : reference_diverged       ? Verdict::ReferenceDiverged
-                   : !approximation.empty()   ? Verdict::Approximate
-                                              : Verdict::Differs;
+  // An approximate run gets no verdict either way: within the tolerance
+  // or not, it was not trying to match.
+  const bool differs = !report.findings.empty();
+  report.verdict = differs && reference_diverged ? Verdict::ReferenceDiverged
+                   : !approximation.empty()      ? Verdict::Approximate
+                   : differs                     ? Verdict::Differs
+                                                 : Verdict::Matches;
   return report;
 }
 
@@ -504,7 +507,7 @@ void print_summary(const DemoReport& report) {
               c.max_loss_diff, static_cast<long long>(c.loss_index < 0 ? -1 : c.loss_index / k),
               c.loss_rank);
   if (!report.args->worker) {  // a worker counts no collectives
-    std::printf("all-reduces per step on rank 0: %llu for %zu parameter tensors\n",
+    std::printf("all-reduces in step 0 on rank 0: %llu for %zu parameter tensors\n",
                 static_cast<unsigned long long>(report.allreduces_in_step0.front()),
                 rank0.final_params.size());
     std::printf("bytes all-reduced by rank 0: %llu in the first step, %llu in the last\n",
