@@ -26,7 +26,9 @@ uint32_t make_tag(uint64_t seq, std::initializer_list<uint64_t> must_agree);
 // What must agree between ranks for one collective: hashed into its tag
 // (Note [Gloo tags]) and, in debug mode, compared whole.
 struct Call {
-  enum Kind : int64_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kBarrier = 4 };
+  // kClose is no collective: the end of a rank's group, checked in debug
+  // mode as if it were one (Note [Collective fingerprints]).
+  enum Kind : int64_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kBarrier = 4, kClose = 5 };
   int64_t kind = 0;
   int64_t count = 0;  // elements (allreduce) or bytes (broadcast, allgather)
   int64_t dtype = 0;
@@ -44,9 +46,13 @@ struct Call {
 bool debug_from_environment(int rank);
 
 // Debug mode's check, run just before collective `seq` (Note [Collective
-// fingerprints]): every rank of `context` shares its `call` and `seq`;
-// throws tp::DistributedError listing each rank's call when they differ, on
-// every rank at once. A Gloo all-gather: all ranks must call it.
+// fingerprints]), or as the group closes (a Call of kind kClose, `seq` the
+// number the next collective would have had): every rank of `context`
+// shares its `call` and `seq`; throws tp::DistributedError listing each
+// rank's call when they differ, on every rank at once, and, where some
+// ranks closed the group while others are at a collective, which ranks
+// skipped one or issued an extra one. A Gloo all-gather: all ranks must
+// call it.
 void compare_calls(const std::shared_ptr<gloo::Context>& context, const Call& call, uint64_t seq,
                    std::chrono::milliseconds timeout);
 
