@@ -435,6 +435,92 @@ TEST_CASE("TP_DISTRIBUTED_DEBUG=DETAIL names both ranks' calls at once when they
   CHECK(seconds_since(start) < 15.0);  // at once, not after the 20 s collective timeout
 }
 
+// ---- a skipped collective (issue 25, item 2) -----------------------------------
+
+// Rank 1 skips the first of two all-reduces of the same shape. Its one
+// all-reduce pairs with rank 0's first: both hold 1 + 20 (rank 0's first
+// tensor plus rank 1's second), where a correct run holds 2 + 20 in the
+// second. Nothing any rank holds tells the pairing is wrong (Note
+// [Collective fingerprints]); what shows is rank 0's second all-reduce,
+// which nobody joins.
+TEST_CASE("without debug mode, a skipped all-reduce of the same shape pairs with the next one") {
+  tp::TempDir dir;
+  const mp::SpawnError e = spawn_error_of([&] {
+    spawn_ranks(2, [&](int rank) {
+      dist::ProcessGroupGloo group(dir.path(), rank, 2, {kShortTimeout});
+      tp::Tensor first = tp::full({1733}, 1.0);
+      if (rank == 0) group.allreduce(first)->wait();  // rank 1 skips it
+      tp::Tensor second = tp::full({1733}, rank == 0 ? 2.0 : 20.0);
+      group.allreduce(second)->wait();
+      const double sum = second.to_vector()[0];
+      TP_CHECK_EQ(sum, 21.0, "rank 1's all-reduce summed with rank 0's first, silently");
+    });  // rank 1 returns: its connections close
+  });
+  const std::string what = e.what();
+  CHECK(e.rank() == 0);  // the rank that was left waiting, not the one that skipped
+  CHECK(what.find("allreduce #2 on rank 0 failed: the connection to another rank broke") !=
+        std::string::npos);
+  CHECK(what.find("meanwhile: rank 1 had returned") != std::string::npos);
+}
+
+// The same job in debug mode: rank 1 closes its group while rank 0 is at
+// its second all-reduce, and the close is checked like a collective.
+TEST_CASE("TP_DISTRIBUTED_DEBUG=DETAIL names a rank that skipped an all-reduce of the same shape") {
+  tp::TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  const mp::SpawnError e = spawn_error_of([&] {
+    spawn_ranks(2, [&](int rank) {
+      ::setenv("TP_DISTRIBUTED_DEBUG", "DETAIL", 1);
+      dist::ProcessGroupGloo group(dir.path(), rank, 2, {kTimeout});
+      if (rank == 0) group.allreduce(tp::full({1733}, 1.0))->wait();  // rank 1 skips it
+      group.allreduce(tp::full({1733}, rank == 0 ? 2.0 : 20.0))->wait();
+    });  // rank 1 closes its group here, and meets rank 0's second all-reduce
+  });
+  CHECK(e.rank() == 0);
+  CHECK(std::string(e.what()).find(
+            "allreduce #2 on rank 0 failed: TP_DISTRIBUTED_DEBUG=DETAIL found the ranks "
+            "calling different collectives: rank 0 called allreduce SUM of 1733 float32 "
+            "elements as its collective #2; rank 1 closed the group after its collective #1. "
+            "A rank that closes the group while another still issues collectives is behind: "
+            "rank 1 skipped a collective, or rank 0 issued an extra one") != std::string::npos);
+  CHECK(seconds_since(start) < 15.0);  // at once, not after the 20 s collective timeout
+}
+
+// No false alarm: every kind of collective, waited for through the Work
+// and through its future, more than 256 of them (the tag keeps the low 8
+// bits of the sequence number: Note [Gloo tags]), then a close that matches.
+TEST_CASE("TP_DISTRIBUTED_DEBUG=DETAIL passes 700 matching collectives and a matching close") {
+  tp::TempDir dir;
+  CHECK_NOTHROW(spawn_ranks(2, [&](int rank) {
+    ::setenv("TP_DISTRIBUTED_DEBUG", "DETAIL", 1);
+    dist::ProcessGroupGloo group(dir.path(), rank, 2, {kTimeout});
+    for (int i = 0; i < 100; ++i) {
+      tp::Tensor a = tp::full({5}, rank + 1.0);
+      group.allreduce(a)->wait();
+      tp::Tensor b = tp::full({5}, rank + 1.0);
+      group.allreduce(b, dist::ReduceOp::MAX)->get_future()->wait();
+      tp::Tensor c = tp::full({3}, rank == 1 ? 7.0 : 0.0);
+      group.broadcast(c, 1)->get_future()->wait();
+      std::vector<tp::Tensor> out{tp::zeros({2}), tp::zeros({2})};
+      group.allgather(out, tp::full({2}, rank * 10.0))->wait();
+      group.barrier()->get_future()->wait();
+      auto left = group.allreduce(tp::ones({4}));  // two in flight at once
+      auto right = group.allreduce(tp::ones({6}, tp::kFloat64));
+      left->wait();
+      right->wait();
+      const double sum = a.to_vector()[0];  // copies: TP_CHECK_EQ keeps references
+      const double max = b.to_vector()[0];
+      const double broadcast = c.to_vector()[2];
+      const double gathered = out[1].to_vector()[0];
+      TP_CHECK_EQ(sum, 3.0, "allreduce SUM of 1 and 2");
+      TP_CHECK_EQ(max, 2.0, "allreduce MAX of 1 and 2");
+      TP_CHECK_EQ(broadcast, 7.0, "broadcast from rank 1");
+      TP_CHECK_EQ(gathered, 10.0, "rank 1's input, gathered");
+    }
+    TP_CHECK_EQ(group.counters().allreduce, 400u, "four all-reduces per round");
+  }));
+}
+
 TEST_CASE("the directory store of file:// for NCCL: set, get, check, add across processes, timeout") {
   tp::TempDir dir("tp-dir-store");
   dist::detail::DirStore store(dir.path());

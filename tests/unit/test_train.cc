@@ -7,17 +7,22 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "tensorplay/autograd/engine.h"
 #include "tensorplay/autograd/grad_mode.h"
+#include "tensorplay/distributed/process_group_gloo.h"
+#include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/train/checker.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/predicates.h"
 #include "tensorplay/train/reference.h"
 #include "tensorplay/train/results.h"
+#include "tensorplay/util/temp_dir.h"
 
 namespace {
 
@@ -1042,4 +1047,81 @@ TEST_CASE("gradient storage: views of one bucket share it, separate gradients do
   own.set_grad(tp::ones({2}));
   CHECK(train::grad_storage_groups({a, b, own, tp::zeros({1}).requires_grad_()}) ==
         std::vector<int64_t>{1, 1, 2, 0});
+}
+
+// ---- the likely cause of a hang follows from where the ranks were (issue 25, item 9) ----
+
+namespace {
+
+// Runs `job`, which must end in a SpawnError, and returns the checker's finding.
+template <typename Job>
+train::Finding finding_of(Job job) {
+  try {
+    job();
+  } catch (const tp::multiprocessing::SpawnError& e) {
+    return train::finding_from_error("08", e);
+  }
+  FAIL("the job did not fail");
+  return {};
+}
+
+[[noreturn]] void spin_forever() {
+  volatile uint64_t turns = 0;  // volatile: the loop is not optimised away
+  for (;;) turns = turns + 1;
+}
+
+}  // namespace
+
+TEST_CASE("a job whose every rank spins outside collectives is not blamed on a collective wait") {
+  namespace mp = tp::multiprocessing;
+  mp::SpawnOptions options;
+  options.timeout = std::chrono::milliseconds(500);  // nothing here makes progress
+  options.kill_grace = std::chrono::milliseconds(200);
+  const train::Finding f = finding_of([&] { mp::spawn(options, [](int) { spin_forever(); }, 2); });
+  CHECK(f.what.find("No rank was in a collective") != std::string::npos);
+  CHECK(f.likely_cause.find("collective that another rank never issued") == std::string::npos);
+  CHECK(f.likely_cause ==
+        "no rank was in a collective, so none was waiting for another: every rank was busy "
+        "outside collectives, in a loop that never ends (in a comm hook, or elsewhere in the "
+        "step), or waiting on something other than its peers");
+}
+
+TEST_CASE("a rank waiting in a collective that another rank never issued is still named so") {
+  namespace mp = tp::multiprocessing;
+  namespace dist = tp::distributed;
+  const std::string waits = "a rank waits in a collective that another rank never issued";
+  SUBCASE("the collective times out on the rank that waits") {
+    tp::TempDir dir("tp-never-issued");
+    mp::SpawnOptions options;
+    options.kill_grace = std::chrono::milliseconds(200);
+    const train::Finding f = finding_of([&] {
+      mp::spawn(
+          options,
+          [&](int rank) {
+            dist::ProcessGroupGloo group(dir.path(), rank, 2,
+                                         dist::GlooOptions{std::chrono::milliseconds(1500)});
+            if (rank == 1) spin_forever();  // never issues the all-reduce
+            group.allreduce(tp::ones({3}))->wait();
+          },
+          2);
+    });
+    CHECK(f.what.find("tp::TimeoutError: allreduce #1 on rank 0 timed out") != std::string::npos);
+    CHECK(f.likely_cause.find(waits) == 0);
+  }
+  SUBCASE("the job stops making progress with one rank in a collective") {
+    mp::SpawnOptions options;
+    options.timeout = std::chrono::milliseconds(500);
+    options.kill_grace = std::chrono::milliseconds(200);
+    const train::Finding f = finding_of([&] {
+      mp::spawn(
+          options,
+          [](int rank) {
+            if (rank == 0) mp::set_rank_waiting("allreduce #1");  // as Work::wait says
+            spin_forever();
+          },
+          2);
+    });
+    CHECK(f.what.find("rank 0 (waiting in allreduce #1)") != std::string::npos);
+    CHECK(f.likely_cause.find(waits) == 0);
+  }
 }

@@ -85,6 +85,15 @@ std::string describe(const Call& c) {
   return cat("an unknown collective (kind ", c.kind, ")");
 }
 
+// "rank 1", "ranks 0 and 2", "ranks 0, 2 and 3".
+std::string ranks(const std::vector<int>& list) {
+  std::string out = list.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    out += cat(i == 0 ? "" : i + 1 == list.size() ? " and " : ", ", list[i]);
+  }
+  return out;
+}
+
 }  // namespace
 
 // Note [Collective fingerprints]
@@ -98,6 +107,25 @@ std::string describe(const Call& c) {
 // two different calls share a tag (Note [Gloo tags]).
 // The tag of this all-gather hashes a constant no Call produces, plus the
 // collective's sequence number.
+//
+// A skipped collective. The k-th check of every rank pairs with the k-th of
+// the others, so the sequence numbers always agree where the checks meet:
+// a rank that skips a collective is not seen where it skips. Its next
+// collective pairs with the others' skipped one, and when the two have the
+// same shape the sum is silently wrong (nothing any rank holds tells them
+// apart). From then on the rank is one collective behind, and that shows at
+// the first check where the two streams differ: a different call, or the
+// end, where the rank that skipped one runs out of collectives first. So
+// the end is checked too: a group that is destroyed, not during unwinding,
+// runs one last check, a Call of kind kClose with the sequence number its
+// next collective would have had, and a rank still at a collective meets
+// it: "rank 0 called allreduce ... as its collective #2; rank 1 closed the
+// group after its collective #1", with which ranks skipped a collective or
+// issued an extra one. Destroying a group is then a meeting point in debug
+// mode: it waits (up to the timeout) for every rank to close it or issue
+// its next collective. A group that failed, or is destroyed while an
+// exception unwinds, leaves without the check: its peers learn of it from
+// the broken connection, as without debug mode.
 constexpr uint64_t kFingerprintCheck = 0x7470666370ull;  // "tpfcp"
 
 bool debug_from_environment(int rank) {
@@ -132,15 +160,31 @@ void compare_calls(const std::shared_ptr<gloo::Context>& context, const Call& ca
   for (std::size_t i = 0; i < all.size(); ++i) same = same && all[i] == mine[i % mine.size()];
   if (same) return;
   std::string calls;
+  std::vector<int> closed;  // ranks that closed the group
+  std::vector<int> issuing;  // ranks at a collective
   for (int r = 0; r < context->size; ++r) {
     const int64_t* f = all.data() + r * mine.size();
-    calls += cat(r == 0 ? "" : "; ", "rank ", r, " called ",
-                 describe(Call{f[0], f[1], f[2], f[3], std::vector<int64_t>(f + 5, f + 5 + size)}),
-                 " as its collective #", f[4]);
+    calls += cat(r == 0 ? "" : "; ", "rank ", r);
+    if (f[0] == Call::kClose) {
+      closed.push_back(r);
+      calls += f[4] > 1 ? cat(" closed the group after its collective #", f[4] - 1)
+                        : std::string(" closed the group before any collective");
+    } else {
+      issuing.push_back(r);
+      calls += cat(" called ",
+                   describe(Call{f[0], f[1], f[2], f[3], std::vector<int64_t>(f + 5, f + 5 + size)}),
+                   " as its collective #", f[4]);
+    }
+  }
+  std::string skipped;
+  if (!closed.empty() && !issuing.empty()) {
+    skipped = cat(". A rank that closes the group while another still issues collectives is "
+                  "behind: ", ranks(closed), " skipped a collective, or ", ranks(issuing),
+                  " issued an extra one");
   }
   TP_THROW(DistributedError, "TP_DISTRIBUTED_DEBUG=DETAIL found the ranks calling different "
-           "collectives: ", calls, ". Every rank must issue the same collectives, with the "
-           "same sizes, dtypes, reduce ops, roots and block sizes, in the same order");
+           "collectives: ", calls, skipped, ". Every rank must issue the same collectives, "
+           "with the same sizes, dtypes, reduce ops, roots and block sizes, in the same order");
 }
 
 }  // namespace tp::distributed::detail

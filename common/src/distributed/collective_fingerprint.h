@@ -30,6 +30,8 @@ inline uint32_t make_tag(uint64_t seq, std::initializer_list<uint64_t> must_agre
 // What must agree between ranks for one collective: hashed into its tag
 // (Note [Gloo tags]) and, in debug mode, compared whole.
 struct Call {
+  // kClose is no collective: the end of a rank's group, checked in debug
+  // mode as if it were one (Note [Collective fingerprints]).
   enum Kind : int64_t {
     kAllreduce = 1,
     kBroadcast = 2,
@@ -37,6 +39,7 @@ struct Call {
     kBarrier = 4,
     kReduceScatterTensor = 5,
     kAllgatherIntoTensor = 6,
+    kClose = 7,
   };
   int64_t kind = 0;
   // Elements (allreduce, and the flat tensor of reduce_scatter_tensor and
@@ -61,9 +64,13 @@ struct Call {
 bool debug_from_environment(int rank);
 
 // Debug mode's check, run just before collective `seq` (Note [Collective
-// fingerprints]): every rank of `context` shares its `call` and `seq`;
-// throws tp::DistributedError listing each rank's call when they differ, on
-// every rank at once. A Gloo all-gather: all ranks must call it.
+// fingerprints]), or as the group closes (a Call of kind kClose, `seq` the
+// number the next collective would have had): every rank of `context`
+// shares its `call` and `seq`; throws tp::DistributedError listing each
+// rank's call when they differ, on every rank at once, and, where some
+// ranks closed the group while others are at a collective, which ranks
+// skipped one or issued an extra one. A Gloo all-gather: all ranks must
+// call it.
 void compare_calls(const std::shared_ptr<gloo::Context>& context, const Call& call, uint64_t seq,
                    std::chrono::milliseconds timeout);
 

@@ -46,8 +46,10 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -533,7 +535,23 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   impl_->comm_thread = std::thread([impl = impl_.get()] { impl->loop(); });
 }
 
-ProcessGroupGloo::~ProcessGroupGloo() = default;  // Impl drains and joins
+// Then ~Impl drains the queue and joins the communication thread.
+ProcessGroupGloo::~ProcessGroupGloo() {
+  // Debug mode checks the end too (Note [Collective fingerprints]): a rank
+  // still issuing collectives meets this one's close and names it. Not
+  // during unwinding: the peers learn of a failure from the broken
+  // connection, at once, instead of meeting a close the failure caused.
+  if (!options_.check_collectives || std::uncaught_exceptions() > 0) return;
+  try {
+    impl_->enqueue("close", "close queued", 0, Call{Call::kClose, 0, 0, 0}, [](uint32_t) {})
+        ->wait();
+  } catch (const PeerFailedError&) {
+    // The group had failed already, and said so where it failed.
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: rank %d: closing the group: %s\n", kWho, rank(), e.what());
+  } catch (...) {
+  }
+}
 
 // ---- the collectives, as issued --------------------------------------------------
 

@@ -634,13 +634,17 @@ void Job::throw_timeout() {
                         " ms (SpawnOptions::timeout); still running: " + running;
   if (!finished.empty()) message += "; already finished: " + finished;
   message += ". ";
+  Hang hang = Hang::kAllInCollective;
   if (stopped > 0) {
+    hang = Hang::kRankStopped;
     message += "A stopped rank never joins a collective: continue it (kill -CONT) or end it.";
   } else if (waiting == 0) {
+    hang = Hang::kNoneInCollective;
     message +=
         "No rank was in a collective: every rank was computing without end (a loop that "
         "never ends?), or waiting on something other than its peers.";
   } else if (waiting < live || !finished.empty()) {
+    hang = Hang::kSomeInCollective;
     message +=
         "Ranks waiting in a collective wait for the ranks that are not in it: did those skip "
         "a collective (a rank that skipped a collective leaves the others waiting in it), or "
@@ -650,7 +654,7 @@ void Job::throw_timeout() {
         "Every rank waited in a collective: if they wait in different ones, a rank skipped "
         "a collective or issued an extra one.";
   }
-  throw SpawnError(-1, message, ErrorKind::Timeout);
+  throw SpawnError(-1, message, ErrorKind::Timeout, hang);
 }
 
 // Note [Which rank failed first]

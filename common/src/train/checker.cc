@@ -82,8 +82,11 @@ Finding finding_from_error(const std::string& stage, const std::exception& error
   // spawn reports the kind of the failure it blames.
   ErrorKind kind = ErrorKind::Cause;
   bool from_a_rank = false;
+  // A job without progress: where its ranks were, which the cause must fit.
+  multiprocessing::Hang hang = multiprocessing::Hang::kNone;
   if (const auto* spawn_error = dynamic_cast<const multiprocessing::SpawnError*>(&error)) {
     kind = spawn_error->kind();
+    hang = spawn_error->hang();
     from_a_rank = true;
   } else if (const auto* tp_error = dynamic_cast<const Error*>(&error)) {
     kind = tp_error->kind();
@@ -93,6 +96,24 @@ Finding finding_from_error(const std::string& stage, const std::exception& error
       return {message, "this is still the exercise stub: fill in the function the message "
                        "names (./kit reset " + stage + " restores the stubs)"};
     case ErrorKind::Timeout:
+      switch (hang) {
+        case multiprocessing::Hang::kNoneInCollective:
+          return {message, "no rank was in a collective, so none was waiting for another: "
+                           "every rank was busy outside collectives, in a loop that never "
+                           "ends (in a comm hook, or elsewhere in the step), or waiting on "
+                           "something other than its peers"};
+        case multiprocessing::Hang::kRankStopped:
+          return {message, "a rank was stopped (SIGSTOP), so it never joined a collective: "
+                           "continue it (kill -CONT) or end it"};
+        case multiprocessing::Hang::kAllInCollective:
+          return {message, "every rank waited in a collective and none completed: they wait "
+                           "in different ones, so a rank skipped a collective or issued an "
+                           "extra one: every rank must issue the same collectives in the same "
+                           "order"};
+        case multiprocessing::Hang::kNone:  // a collective timed out on a rank
+        case multiprocessing::Hang::kSomeInCollective:
+          break;
+      }
       return {message, "a rank waits in a collective that another rank never issued: every "
                        "rank must issue the same collectives in the same order"};
     case ErrorKind::Consequence:

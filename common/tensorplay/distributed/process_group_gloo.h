@@ -20,7 +20,7 @@
 //     fails at once) or tp::DistributedError (anything else Gloo reports).
 //   - Owns one communication thread that runs queued collectives in issue
 //     order (see process_group.h). The destructor drains the queue and joins
-//     the thread.
+//     the thread (in debug mode it first checks the end: below).
 //   - Debug mode (GlooOptions::check_collectives, or TP_DISTRIBUTED_DEBUG=
 //     DETAIL in the environment): before each collective the ranks all-gather
 //     its fingerprint (op, reduce op or root, dtype, size, block sizes,
@@ -28,7 +28,14 @@
 //     when they differ, every rank fails in that collective with a
 //     tp::DistributedError listing each rank's call. It costs one small
 //     all-gather per collective, and catches what the tag cannot
-//     (Note [Gloo tags] in collective_fingerprint.cc).
+//     (Note [Gloo tags] in collective_fingerprint.cc). The destructor
+//     checks the end the same way (unless the group failed or an exception
+//     is unwinding): it waits, up to the timeout, for every rank to close
+//     the group or issue its next collective, so a rank that skipped a
+//     collective is named where it runs out of them first ("rank 1 closed
+//     the group after its collective #1"), on the ranks still at a
+//     collective; the destructor itself never throws, and prints the
+//     mismatch to stderr (Note [Collective fingerprints]).
 //   - ReduceOp::AVG is SUM followed by division by size() on this rank.
 //   - The flat collectives: allgather_into_tensor is Gloo's allgatherv (a
 //     ring, a block size per rank); reduce_scatter_tensor is a ring of the

@@ -25,7 +25,8 @@
 //     collective, outside any (and its last), stopped (SIGSTOP), or returned.
 //   - If no rank makes progress for SpawnOptions::timeout (a rank starting or
 //     finishing a wait in a collective, or ending), every rank is killed and
-//     SpawnError (rank -1, kind Timeout) says which ranks were still running
+//     SpawnError (rank -1, kind Timeout, hang() saying whether any rank was
+//     in a collective) says which ranks were still running
 //     and what each was doing (set_rank_waiting, which each rank calls around
 //     every collective wait through the wait listener spawn sets in it:
 //     set_wait_listener in distributed/work.h). A job that keeps making
@@ -66,18 +67,34 @@ struct SpawnOptions {
   std::chrono::milliseconds kill_grace{2000};
 };
 
+// Where the ranks were when a job made no progress, read from the status
+// board; a report's likely cause must follow from it (a job where no rank
+// was in a collective is not one where a rank waits for another).
+enum class Hang {
+  kNone,                // not a job without progress: a rank failed
+  kRankStopped,         // a rank was stopped (SIGSTOP)
+  kNoneInCollective,    // every running rank was outside collectives
+  kSomeInCollective,    // some ranks waited in a collective, the others were
+                        // outside any or had finished
+  kAllInCollective,     // every rank was running and waited in a collective
+};
+
 class SpawnError : public DistributedError {
  public:
   // rank: the rank blamed for the failure, or -1 for a job without progress.
   // kind: the blamed failure's kind: the kind of the tp::Error that rank threw
   // (Cause for any other exception), Cause for a rank killed by a signal or
   // exiting on its own, Timeout for a job without progress.
-  SpawnError(int rank, const std::string& message, ErrorKind kind = ErrorKind::Cause)
-      : DistributedError(message, kind), rank_(rank) {}
+  // hang: for a job without progress, where its ranks were; else kNone.
+  SpawnError(int rank, const std::string& message, ErrorKind kind = ErrorKind::Cause,
+             Hang hang = Hang::kNone)
+      : DistributedError(message, kind), rank_(rank), hang_(hang) {}
   int rank() const { return rank_; }
+  Hang hang() const { return hang_; }
 
  private:
   int rank_;
+  Hang hang_;
 };
 
 // One child's body: returns its result string or throws.

@@ -152,7 +152,9 @@ struct CheckerRun {
 };
 CheckerRun parse_checker_args(int argc, char** argv);
 // Describes an error from a run (a rank's exception or hang, or a plan the
-// stage refused) as a finding, by its kind.
+// stage refused) as a finding, by its kind; for a job without progress, by
+// where its ranks were too (SpawnError::hang), so the likely cause never
+// says a rank waits in a collective when none was in one.
 Finding finding_from_error(const std::string& stage, const std::exception& error);
 // Prints PASS or FAIL for one case or scenario; a passing case also shows
 // its largest differences from the reference (`comparison`; null for a
