@@ -98,12 +98,31 @@ void orthogonalize_columns(T* a, int64_t rows, int64_t cols, tp::Generator* refi
 }
 
 // `matrix` is (n, r), contiguous, on the CPU. `refill`: see the Note.
-void orthogonalize(const Tensor& matrix, tp::Generator* refill = nullptr) {
+[[maybe_unused]] void orthogonalize(const Tensor& matrix, tp::Generator* refill = nullptr) {
   if (matrix.dtype() == tp::kFloat64) {
     orthogonalize_columns(matrix.data_ptr<double>(), matrix.size(0), matrix.size(1), refill);
   } else {
     orthogonalize_columns(matrix.data_ptr<float>(), matrix.size(0), matrix.size(1), refill);
   }
+}
+
+// Copies the all-reduced `flat` (divided already) back into the tensors it
+// was packed from, in order.
+// ([[maybe_unused]], as orthogonalize and keep_error: only the exercise's
+// stub leaves them unused.)
+[[maybe_unused]] void unpack(const Tensor& flat, std::vector<Tensor>& tensors) {
+  int64_t offset = 0;
+  for (Tensor& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.shape()));
+    offset += t.numel();
+  }
+}
+
+// Error feedback's memory: what this rank sent minus what came back.
+[[maybe_unused]] void keep_error(Tensor& error, const Tensor& sent, const Tensor& received) {
+  if (!error.defined()) return;  // no error feedback
+  error.copy_(sent);
+  error.add_(received, -1.0);
 }
 
 // One gradient sent as P and Q.

@@ -96,12 +96,31 @@ void orthogonalize_columns(T* a, int64_t rows, int64_t cols, tp::Generator* refi
 }
 
 // `matrix` is (n, r), contiguous, on the CPU. `refill`: see the Note.
-void orthogonalize(const Tensor& matrix, tp::Generator* refill = nullptr) {
+[[maybe_unused]] void orthogonalize(const Tensor& matrix, tp::Generator* refill = nullptr) {
   if (matrix.dtype() == tp::kFloat64) {
     orthogonalize_columns(matrix.data_ptr<double>(), matrix.size(0), matrix.size(1), refill);
   } else {
     orthogonalize_columns(matrix.data_ptr<float>(), matrix.size(0), matrix.size(1), refill);
   }
+}
+
+// Copies the all-reduced `flat` (divided already) back into the tensors it
+// was packed from, in order.
+// ([[maybe_unused]], as orthogonalize and keep_error: only the exercise's
+// stub leaves them unused.)
+[[maybe_unused]] void unpack(const Tensor& flat, std::vector<Tensor>& tensors) {
+  int64_t offset = 0;
+  for (Tensor& t : tensors) {
+    t.copy_(flat.narrow(0, offset, t.numel()).view(t.shape()));
+    offset += t.numel();
+  }
+}
+
+// Error feedback's memory: what this rank sent minus what came back.
+[[maybe_unused]] void keep_error(Tensor& error, const Tensor& sent, const Tensor& received) {
+  if (!error.defined()) return;  // no error feedback
+  error.copy_(sent);
+  error.add_(received, -1.0);
 }
 
 // One gradient sent as P and Q.
@@ -202,6 +221,25 @@ std::shared_ptr<Future> powerSGD_hook(PowerSGDState& state, GradBucket& bucket) 
   }
   std::shared_ptr<tp::distributed::Work> flat_work;
   if (uncompressed_numel > 0) flat_work = group.allreduce(flat, ReduceOp::SUM);
+  if (compressed.empty()) {
+    // Nothing to compress in this bucket: that all-reduce is the whole
+    // reduction, and, as in allreduce_hook, nothing waits for it here.
+    if (bucket.is_last()) ++state.iter_;
+    if (!flat_work) {  // a bucket of tensors without elements: nothing to send
+      auto done = std::make_shared<Future>();
+      done->set_value({buffer});
+      return done;
+    }
+    return flat_work->get_future()->then(
+        [flat, uncompressed, world_size, sent, error, buffer](Future& summed) mutable
+        -> Future::Value {
+          summed.value();  // rethrows the all-reduce's failure
+          flat.div_(world_size);
+          unpack(flat, uncompressed);
+          keep_error(error, sent, buffer);
+          return {buffer};
+        });
+  }
   // Step III: P = M Q, with the previous Q or a random one, the same on
   // every rank.
   // Random numbers the same on every rank: seeded with the seed, the
@@ -231,11 +269,7 @@ std::shared_ptr<Future> powerSGD_hook(PowerSGDState& state, GradBucket& bucket) 
   if (flat_work) {
     flat_work->wait();
     flat.div_(world_size);
-    offset = 0;
-    for (Tensor& g : uncompressed) {
-      g.copy_(flat.narrow(0, offset, g.numel()).view(g.shape()));
-      offset += g.numel();
-    }
+    unpack(flat, uncompressed);
   }
   if (p_work) p_work->wait();
   for (Compressed& c : compressed) {
@@ -243,17 +277,6 @@ std::shared_ptr<Future> powerSGD_hook(PowerSGDState& state, GradBucket& bucket) 
     c.q.copy_(tp::matmul(c.m.t(), c.p));
   }
   if (bucket.is_last()) ++state.iter_;
-  if (q_numel == 0) {
-    // Nothing compressed in this bucket: it is already averaged, and the
-    // error is what it is for any bucket, what was sent minus what came back.
-    if (error.defined()) {
-      error.copy_(sent);
-      error.add_(buffer, -1.0);
-    }
-    auto done = std::make_shared<Future>();
-    done->set_value({buffer});
-    return done;
-  }
   // Step 3 of the Note, once Q's sum has arrived: M = P Q^T / W.
   return group.allreduce(q_memory, ReduceOp::SUM)->get_future()->then(
       [buffer, q_memory, compressed, world_size, sent, error](Future& summed) mutable
@@ -261,10 +284,7 @@ std::shared_ptr<Future> powerSGD_hook(PowerSGDState& state, GradBucket& bucket) 
         summed.value();  // rethrows the all-reduce's failure
         q_memory.div_(world_size);
         for (Compressed& c : compressed) c.m.copy_(tp::matmul(c.p, c.q.t()));
-        if (error.defined()) {
-          error.copy_(sent);
-          error.add_(buffer, -1.0);  // what the approximation dropped, sent next time
-        }
+        keep_error(error, sent, buffer);  // what the approximation dropped, sent next time
         return {buffer};
       });
   // END SOLUTION

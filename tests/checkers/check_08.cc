@@ -360,22 +360,39 @@ std::vector<train::Finding> check_bucket_order(const Case& c, const train::CaseR
 
 // A gradient hook that waits: a "wait" span inside a gradient hook's span
 // ("hook", on the backward's thread), i.e. the comm hook it called waited.
-std::vector<train::Finding> check_no_wait_in_hooks(const train::CaseRun& run) {
+// A comm hook returns without waiting for the collective whose result its
+// future delivers. PowerSGD alone may wait inside its hook, and only for
+// the collectives it issued before its last (P, and the uncompressed
+// tensors: Note [PowerSGD]); `allow_earlier` says so.
+std::vector<train::Finding> check_no_wait_in_hooks(const train::CaseRun& run, bool allow_earlier) {
   for (const train::RankResult& r : run.ranks) {
     std::vector<const tp::trace::Event*> hooks;
     for (const tp::trace::Event& e : r.events) {
       if (e.name == "hook" && e.category == "ddp" && e.phase == 'X') hooks.push_back(&e);
     }
-    for (const tp::trace::Event& w : r.events) {
-      if (w.name != "wait" || w.phase != 'X') continue;
-      for (const tp::trace::Event* h : hooks) {
-        if (h->tid != w.tid || w.begin_order < h->begin_order || w.end_order > h->end_order) continue;
+    auto inside = [](const tp::trace::Event& e, const tp::trace::Event& h) {
+      return h.tid == e.tid && e.begin_order >= h.begin_order &&
+             (e.end_order == 0 ? e.begin_order : e.end_order) <= h.end_order;
+    };
+    for (const tp::trace::Event* h : hooks) {
+      int64_t last_queued = -1;  // the seq of the last collective queued in this hook
+      for (const tp::trace::Event& q : r.events) {
+        if (q.category == "comm" && q.name.ends_with(" queued") && inside(q, *h)) {
+          last_queued = train::arg_of(q, "seq");
+        }
+      }
+      for (const tp::trace::Event& w : r.events) {
+        if (w.name != "wait" || w.phase != 'X' || !inside(w, *h)) continue;
+        const int64_t seq = train::arg_of(w, "seq");
+        if (allow_earlier && seq != last_queued) continue;
         return {{cat("rank ", r.rank, ": the gradient hook of parameter ", train::arg_of(*h, "param"),
-                     " waited for all-reduce #", train::arg_of(w, "seq"), " before returning: "
-                     "the comm hook it called waited for its collective"),
+                     " waited for all-reduce #", seq, " before returning: the comm hook it "
+                     "called waited for ", allow_earlier ? "the collective its future delivers"
+                                                         : "its collective"),
                  "a hook launches its reduction and returns its future at once; what needs the "
-                 "sum (the division) goes in a then() callback. Waiting in the hook stops "
-                 "backward at every bucket until it has crossed the network (Note [Overlap])"}};
+                 "sum (the division, the decompression) goes in a then() callback. Waiting in the "
+                 "hook stops backward at every bucket until it has crossed the network (Note "
+                 "[Overlap])"}};
       }
     }
   }
@@ -422,8 +439,8 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
   }
   if (out.empty() && o.comm_hook == "powersgd") out = check_powersgd_bytes(c, run);
   if (out.empty() && o.comm_hook != "powersgd") out = check_bucket_order(c, run, initial);
-  // PowerSGD waits for P in the hook, by design (Note [PowerSGD]).
-  if (out.empty() && o.comm_hook != "powersgd") out = check_no_wait_in_hooks(run);
+  // PowerSGD waits for P in the hook, by design (Note [PowerSGD]), never for Q.
+  if (out.empty()) out = check_no_wait_in_hooks(run, o.comm_hook == "powersgd");
   if (out.empty()) {
     out = train::check_synced_when_backward_returns(
         run, "wait for every bucket's future in the end-of-backward callback (or, if the DDP "
