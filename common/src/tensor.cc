@@ -21,6 +21,7 @@
 #include "tensorplay/tensor.h"
 
 #include <cmath>
+#include <cstdio>
 #include <new>
 #include <sstream>
 #include <type_traits>
@@ -303,8 +304,19 @@ Tensor make_empty(const Shape& shape, Dtype dtype, Device device, const char* fn
   check_device_usable(device, fn);
   const int64_t n = numel_of(shape);
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(
-      static_cast<std::size_t>(n) * element_size(dtype), device);
+  const std::size_t nbytes = static_cast<std::size_t>(n) * element_size(dtype);
+  try {
+    impl->storage = std::make_shared<Storage>(nbytes, device);
+  } catch (const std::bad_alloc&) {
+    // std::bad_alloc says nothing of what was asked for; this does.
+    char gib[32];
+    std::snprintf(gib, sizeof gib, "%.1f GiB", static_cast<double>(nbytes) / (1 << 30));
+    TP_THROW(Error, fn, ": out of memory: could not allocate ", nbytes, " bytes (", gib,
+             ") for a ", to_string(dtype),
+             " tensor of shape ", tp::to_string(shape), " on ", tp::to_string(device),
+             "; lower what makes it large (the batch size, the model's width or depth) or the "
+             "number of ranks sharing this machine's memory");
+  }
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -53,6 +53,19 @@ TEST_CASE("dtypes and devices have names and element sizes") {
   CHECK(tp::to_string(tp::Device{tp::DeviceType::CUDA, 0}) == "cuda:0");
 }
 
+TEST_CASE("a tensor too large for memory is an error naming its shape and bytes, not a bare "
+          "std::bad_alloc") {
+  // 2^46 float32 elements: 256 TiB, more than a process's address space, so
+  // the allocation fails on every machine, whatever its overcommit policy.
+  const int64_t n = int64_t{1} << 46;
+  CHECK_THROWS_WITH_AS(tp::zeros({n}), doctest::Contains("tp::zeros: out of memory: could not "
+                                                         "allocate 281474976710656 bytes"),
+                       tp::Error);
+  CHECK_THROWS_WITH_AS(tp::empty({n / 4, 4}, tp::kFloat32),
+                       doctest::Contains("(262144.0 GiB) for a float32 tensor of shape (17592186044416, 4) on cpu; lower"),
+                       tp::Error);
+}
+
 TEST_CASE("storage is 64-byte aligned") {
   for (std::size_t nbytes : {1, 4, 100, 4096}) {
     tp::Storage storage(nbytes, tp::kCPU);
