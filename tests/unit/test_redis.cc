@@ -4,6 +4,8 @@
 // job ids reused, keys cleaned up, and a server that is not there.
 #include <doctest/doctest.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -120,4 +122,38 @@ TEST_CASE("a redis-server that is not there is an error naming its address") {
                                             .c_str())),
       tp::DistributedError);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE("a port where another service listens is named as not a Redis server, not as a lost "
+          "one") {
+  // A listener that answers whatever it is sent like a web server would.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;  // any free port
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  REQUIRE(::listen(listener, 1) == 0);
+  socklen_t length = sizeof address;
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  const int port = ntohs(address.sin_port);
+  std::thread web([listener] {
+    const int client = ::accept(listener, nullptr, nullptr);
+    if (client < 0) return;
+    char request[256];
+    (void)::read(client, request, sizeof request);
+    const char reply[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+    (void)::write(client, reply, sizeof reply - 1);
+    ::close(client);
+  });
+  CHECK_THROWS_WITH_AS(
+      dist::RedisStore("127.0.0.1", port, "job", milliseconds(2000)),
+      doctest::Contains(doctest::String(("the server at 127.0.0.1:" + std::to_string(port) +
+                                         " accepted the connection but does not answer as a "
+                                         "Redis server")
+                                            .c_str())),
+      tp::DistributedError);
+  web.join();
+  ::close(listener);
 }

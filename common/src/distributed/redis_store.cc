@@ -88,7 +88,19 @@ RedisStore::RedisStore(const std::string& host, int port, const std::string& job
   tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
   tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
   redisSetTimeout(impl_->redis->raw(), tv);
-  impl_->command({"PING"});  // a server that accepts but does not speak Redis fails here
+  // Another service on that port (a web server, a typo in the port) accepts
+  // the connection too; what it answers to PING tells it from redis-server.
+  Reply pong(static_cast<redisReply*>(redisCommand(impl_->redis->raw(), "PING")));
+  if (pong == nullptr) {
+    TP_THROW(DistributedError, kWho, ": the server at ", host, ":", port, " accepted the "
+             "connection but does not answer as a Redis server (PING: ",
+             impl_->redis->raw()->errstr, "); is redis-server what listens on port ", port,
+             ", and not another service?");
+  }
+  if (pong->type == REDIS_REPLY_ERROR) {
+    TP_THROW(DistributedError, kWho, ": ", impl_->where(), " answered PING with an error: ",
+             std::string(pong->str, pong->len));
+  }
 }
 
 RedisStore::~RedisStore() {
