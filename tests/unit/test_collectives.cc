@@ -41,24 +41,9 @@ using std::chrono::milliseconds;
 
 namespace {
 
-std::string join(const std::vector<double>& values) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(values[i]);
-  }
-  return out + "]";
-}
-
 // Exact comparison: every expected value below is a small integer or a
 // half, exactly representable in float32, and sums of such values are exact.
-void expect_values(const tp::Tensor& t, const std::vector<double>& expected,
-                   const std::string& what) {
-  const std::vector<double> got = t.to_vector();
-  if (got != expected) {
-    throw tp::Error(what + " on rank " + std::to_string(mp::current_rank()) + ": expected " +
-                    join(expected) + ", got " + join(got));
-  }
-}
+using test_util::expect_values;
 
 const tp::Dtype kDtypes[] = {tp::kFloat32, tp::kFloat64};
 // Broadcast and allgather move bytes, so they take the 16-bit dtypes too

@@ -41,25 +41,10 @@ namespace {
 // doctest's Contains takes a C string; the messages below are built.
 doctest::Contains Contains(const std::string& text) { return doctest::Contains(text.c_str()); }
 
-std::string join(const std::vector<double>& values) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(values[i]);
-  }
-  return out + "]";
-}
-
 // Exact comparison: every expected value below is an integer below 2048
 // (exact in float16) or, for the all-gathers, below 256 (exact in bfloat16),
 // and so is every partial sum.
-void expect_values(const tp::Tensor& t, const std::vector<double>& expected,
-                   const std::string& what) {
-  const std::vector<double> got = t.to_vector();
-  if (got != expected) {
-    throw tp::Error(what + " on rank " + std::to_string(mp::current_rank()) + ": expected " +
-                    join(expected) + ", got " + join(got));
-  }
-}
+using test_util::expect_values;
 
 // Uneven blocks with an empty one: block r has 2r + 3 elements, but block 1
 // has none: (3) at W = 1, (3, 0) at W = 2, (3, 0, 7) at 3, (3, 0, 7, 9) at 4.

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "tensorplay/distributed/init.h"
 #include "tensorplay/error.h"
@@ -83,6 +85,27 @@ inline void check_sum(int rank, int world) {
   const double expected = world * (world + 1) / 2.0;
   for (double v : t.to_vector()) {
     TP_CHECK_EQ(v, expected, "allreduce SUM on rank ", rank, " of ", world);
+  }
+}
+
+// "[1.000000, 2.000000]": values as a message shows them.
+inline std::string join(const std::vector<double>& values) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(values[i]);
+  }
+  return out + "]";
+}
+
+// In a spawned rank: throws "<what> on rank r: expected [..], got [..]"
+// unless t holds exactly `expected` (callers choose values that every
+// dtype and every partial sum represents exactly).
+inline void expect_values(const tp::Tensor& t, const std::vector<double>& expected,
+                          const std::string& what) {
+  const std::vector<double> got = t.to_vector();
+  if (got != expected) {
+    throw tp::Error(what + " on rank " + std::to_string(tp::multiprocessing::current_rank()) +
+                    ": expected " + join(expected) + ", got " + join(got));
   }
 }
 
