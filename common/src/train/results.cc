@@ -128,6 +128,12 @@ std::string serialize(const RankResult& r) {
                   {"allreduces_per_micro", r.allreduces_per_micro},
                   {"broadcasts_per_micro", r.broadcasts_per_micro},
                   {"allreduce_bytes_per_micro", r.allreduce_bytes_per_micro},
+                  {"allgathers_per_micro", r.allgathers_per_micro},
+                  {"allgather_bytes_per_micro", r.allgather_bytes_per_micro},
+                  {"reduce_scatters_per_micro", r.reduce_scatters_per_micro},
+                  {"reduce_scatter_bytes_per_micro", r.reduce_scatter_bytes_per_micro},
+                  {"shard_partition", r.shard_partition},
+                  {"params_with_state", r.params_with_state},
                   {"buckets", r.buckets},
                   {"initial_buckets", r.initial_buckets},
                   {"param_ids", r.param_ids},
@@ -161,6 +167,13 @@ RankResult parse_rank_result(const std::string& bytes) {
     r.allreduces_per_micro = j.at("allreduces_per_micro").get<std::vector<uint64_t>>();
     r.broadcasts_per_micro = j.at("broadcasts_per_micro").get<std::vector<uint64_t>>();
     r.allreduce_bytes_per_micro = j.at("allreduce_bytes_per_micro").get<std::vector<uint64_t>>();
+    r.allgathers_per_micro = j.at("allgathers_per_micro").get<std::vector<uint64_t>>();
+    r.allgather_bytes_per_micro = j.at("allgather_bytes_per_micro").get<std::vector<uint64_t>>();
+    r.reduce_scatters_per_micro = j.at("reduce_scatters_per_micro").get<std::vector<uint64_t>>();
+    r.reduce_scatter_bytes_per_micro =
+        j.at("reduce_scatter_bytes_per_micro").get<std::vector<uint64_t>>();
+    r.shard_partition = j.at("shard_partition").get<std::vector<std::vector<int64_t>>>();
+    r.params_with_state = j.at("params_with_state").get<std::vector<int64_t>>();
     r.buckets = j.at("buckets").get<std::vector<std::vector<int64_t>>>();
     r.initial_buckets = j.at("initial_buckets").get<std::vector<std::vector<int64_t>>>();
     r.param_ids = j.at("param_ids").get<std::vector<int64_t>>();

@@ -24,6 +24,11 @@ class SGD {
   void step();
   void zero_grad(bool set_to_none = true);
   const SGDOptions& options() const { return options_; }
+  // The parameters as given, and each one's momentum buffer: undefined
+  // until its first step with momentum > 0 (what a sharded optimizer's
+  // checker reads to see which state a rank really holds).
+  const std::vector<Tensor>& params() const { return params_; }
+  const std::vector<Tensor>& momentum_buffers() const { return momentum_buffers_; }
 
  private:
   std::vector<Tensor> params_;

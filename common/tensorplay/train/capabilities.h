@@ -49,6 +49,15 @@ struct Capabilities {
   // lookup in the stage's namespace: it registers the built-in
   // communication hook the options name (the demo's --comm-hook), or none.
   bool comm_hooks = false;
+  // Stage 09: the optimizer is the stage's, sharded across the ranks. The
+  // trainer builds it with `make_optimizer(ddp, sgd_options, options)`
+  // (argument-dependent lookup, like register_builtin_hook), which returns
+  // a std::unique_ptr to an object with step(), zero_grad(bool),
+  // partition() (each rank's parameter indices) and params_with_state();
+  // on uneven inputs it runs the loop under `join_with_optimizer(ddp,
+  // optimizer, options, body)` instead of ddp.join(body), since a joined
+  // rank must shadow the optimizer's collectives too.
+  bool sharded_optimizer = false;
 };
 
 }  // namespace tp::train

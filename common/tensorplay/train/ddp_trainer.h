@@ -77,6 +77,19 @@ concept DataParallelModel =
     (!D::capabilities.comm_hooks || requires(D ddp, const typename D::Options& options) {
       register_builtin_hook(ddp, options);
     }) &&
+    (!D::capabilities.sharded_optimizer ||
+     requires(D ddp, const typename D::Options& options, std::function<void()> body) {
+       make_optimizer(ddp, optim::SGDOptions{}, options)->step();
+       make_optimizer(ddp, optim::SGDOptions{}, options)->zero_grad(true);
+       {
+         make_optimizer(ddp, optim::SGDOptions{}, options)->partition()
+       } -> std::convertible_to<std::vector<std::vector<int64_t>>>;
+       {
+         make_optimizer(ddp, optim::SGDOptions{}, options)->params_with_state()
+       } -> std::convertible_to<std::vector<int64_t>>;
+       join_with_optimizer(ddp, *make_optimizer(ddp, optim::SGDOptions{}, options), options,
+                           body);
+     }) &&
     (!D::capabilities.buckets || requires(D ddp) {
       { ddp.bucket_assignment() } -> std::convertible_to<std::vector<std::vector<int64_t>>>;
     });
@@ -170,7 +183,15 @@ RankResult train_rank(int rank, const RunConfig& config,
   result.initial_buffers = snapshot(model->named_buffers());
 
   data::SyntheticRegression dataset(data_options(config));
-  optim::SGD optimizer(ddp.parameters(), {config.lr, config.momentum});
+  // The kit's SGD, or the stage's own (sharded) optimizer.
+  auto optimizer = [&] {
+    const optim::SGDOptions sgd{config.lr, config.momentum};
+    if constexpr (caps.sharded_optimizer) {
+      return make_optimizer(ddp, sgd, options);
+    } else {
+      return std::make_unique<optim::SGD>(ddp.parameters(), sgd);
+    }
+  }();
   const int64_t k_micro = config.micro_batches;
   const bool on_gpu = config.device.type == DeviceType::CUDA;  // GPU spans in the trace
   // [snippet:rank-step]
@@ -195,7 +216,7 @@ RankResult train_rank(int rank, const RunConfig& config,
   auto train_loop = [&] {
     for (int64_t step = 0; step < steps_of(config, rank); ++step) {
       trace::Span step_span("step", "train", {{"step", step}});
-      optimizer.zero_grad(config.zero_grad_set_to_none);
+      optimizer->zero_grad(config.zero_grad_set_to_none);
       for (int64_t micro = 0; micro < k_micro; ++micro) {
         const int64_t i = step * k_micro + micro;
         group->reset_counters();
@@ -215,17 +236,23 @@ RankResult train_rank(int rank, const RunConfig& config,
             ddp.sync_grads();
           }
           trace::Span span("optimizer", "compute");
-          optimizer.step();
+          optimizer->step();
         }
         result.allreduces_per_micro.push_back(group->counters().allreduce);
         result.broadcasts_per_micro.push_back(group->counters().broadcast);
         result.allreduce_bytes_per_micro.push_back(group->counters().allreduce_bytes);
+        result.allgathers_per_micro.push_back(group->counters().allgather);
+        result.allgather_bytes_per_micro.push_back(group->counters().allgather_bytes);
+        result.reduce_scatters_per_micro.push_back(group->counters().reduce_scatter);
+        result.reduce_scatter_bytes_per_micro.push_back(group->counters().reduce_scatter_bytes);
       }
       if (step == 0) result.after_first_step = snapshot(ddp.named_parameters());
     }
   };
   // [/snippet:rank-step]
-  if constexpr (caps.join) {
+  if constexpr (caps.join && caps.sharded_optimizer) {
+    join_with_optimizer(ddp, *optimizer, options, std::function<void()>(train_loop));
+  } else if constexpr (caps.join) {
     ddp.join(std::function<void()>(train_loop));
   } else {
     train_loop();
@@ -237,6 +264,10 @@ RankResult train_rank(int rank, const RunConfig& config,
   result.final_buffers = snapshot(model->named_buffers());
   result.grad_storage = grad_storage_groups(ddp.parameters());
   if constexpr (caps.buckets) result.buckets = ddp.bucket_assignment();
+  if constexpr (caps.sharded_optimizer) {
+    result.shard_partition = optimizer->partition();
+    result.params_with_state = optimizer->params_with_state();
+  }
   if (config.trace) {
     trace::disable();
     result.events = trace::events();

@@ -53,6 +53,13 @@ struct RankResult {
   // [i]: bytes handed to all-reduces in micro-batch i (what a compressing
   // comm hook shrinks; CollectiveCounters::allreduce_bytes).
   std::vector<uint64_t> allreduce_bytes_per_micro;
+  // [i]: the flat collectives of a sharded optimizer (stage 09) in
+  // micro-batch i: how many, and the bytes each carried, counted as
+  // CollectiveCounters counts them (the whole flat tensor).
+  std::vector<uint64_t> allgathers_per_micro;
+  std::vector<uint64_t> allgather_bytes_per_micro;
+  std::vector<uint64_t> reduce_scatters_per_micro;
+  std::vector<uint64_t> reduce_scatter_bytes_per_micro;
   uint64_t construction_allreduces = 0;  // issued by the DDP constructor
   uint64_t construction_broadcasts = 0;
   uint64_t construction_allgathers = 0;
@@ -72,6 +79,11 @@ struct RankResult {
   // rank, i.e. that got no gradient from its backward (tp::train::
   // unreached_parameters).
   std::vector<std::vector<int64_t>> unreached_per_micro;
+  // A sharded optimizer's (stage 09; empty otherwise): the parameter indices
+  // of each rank's shard, as this rank computed them, and the parameters
+  // this rank holds optimizer state for after the last step.
+  std::vector<std::vector<int64_t>> shard_partition;
+  std::vector<int64_t> params_with_state;
   std::vector<trace::Event> events;  // when RunConfig::trace is set
 };
 

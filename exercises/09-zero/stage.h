@@ -1,0 +1,78 @@
+// Copied from solutions/09-zero/stage.h by tools/gen_exercise.py (nothing to fill in here).
+// Stage 09's identity, declared once (tp::train::StageSpec in
+// tensorplay/train/stage_spec.h): the title, the options the demo offers
+// as flags, and the stage's words in the checker's diagnoses; and the two
+// functions through which the kit's trainer (capability sharded_optimizer)
+// builds the optimizer and joins. Its demo (lessons/09-zero/main.cc), its
+// checker and the benchmarks read it.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "ddp.h"
+#include "default_hooks.h"
+#include "join.h"
+#include "tensorplay/optim/sgd.h"
+#include "tensorplay/train/stage_spec.h"
+#include "zero.h"
+
+namespace stage09 {
+
+// The trainer's optimizer: the DDP's parameters, sharded (zero.h).
+inline std::unique_ptr<ZeroRedundancyOptimizer> make_optimizer(DistributedDataParallel& ddp,
+                                                               tp::optim::SGDOptions sgd,
+                                                               const Options& options) {
+  return std::make_unique<ZeroRedundancyOptimizer>(
+      ddp.parameters(), ddp.process_group(), sgd,
+      ZeroOptions{.reduce_scatter = options.reduce_scatter, .param_sync = options.param_sync});
+}
+
+// The trainer's loop on uneven inputs: Join over the DDP, then the
+// optimizer (join.h), with the options' divisor and early termination.
+inline void join_with_optimizer(DistributedDataParallel& ddp, ZeroRedundancyOptimizer& zero,
+                                const Options& options, const std::function<void()>& body) {
+  Join join({&ddp, &zero},
+            JoinOptions{.enable = true,
+                        .throw_on_early_termination = options.throw_on_early_termination,
+                        .divide_by_initial_world_size = options.divide_by_initial_world_size});
+  join.run(body);
+}
+
+inline tp::train::StageSpec<Options> stage_spec() {
+  tp::train::StageSpec<Options> spec;
+  spec.number = "09";
+  spec.title = "DDP with a ZeRO-sharded optimizer";
+  spec.advice.where_sync =
+      "by the gradient hooks of the micro-batch that syncs, bucket by bucket (or, in the "
+      "reduce-scatter form, by the optimizer's reduce-scatter), then each rank steps its shard "
+      "and the shards are exchanged";
+  spec.advice.how_sync_runs =
+      "inside the backward of the step's last micro-batch (the buckets), then in the "
+      "optimizer's step(): this rank's shard stepped, every shard gathered";
+  spec.flags = tp::train::bucket_cap_flags<Options>(
+      {tp::train::gradient_as_bucket_view_flag<Options>(), tp::train::static_graph_flag<Options>(),
+       tp::train::find_unused_parameters_flag<Options>(),
+       tp::train::switch_flag<Options>("--reduce-scatter", &Options::reduce_scatter,
+                                       "the reduce-scatter form: the optimizer reduces each "
+                                       "rank's shard of the gradients, the DDP sends nothing"),
+       tp::train::choice_flag<Options>("--param-sync", &Options::param_sync,
+                                       {"allgather", "broadcast"},
+                                       "how the updated shards reach every rank"),
+       tp::train::choice_flag<Options>("--comm-hook", &Options::comm_hook,
+                                       {"none", "allreduce", "fp16", "bf16"},
+                                       "the built-in comm hook to register")});
+  // --divide-by-active-ranks (a flag every demo has) sets the plan's divisor;
+  // the Join must divide the same way.
+  spec.adapt = [](const tp::train::RunConfig& config, Options& options) {
+    options.divide_by_initial_world_size = config.divisor == tp::train::Divisor::InitialWorldSize;
+  };
+  spec.approximation = [](const Options& options) -> std::string {
+    if (options.comm_hook == "fp16") return "fp16_compress_hook rounds each average to float16";
+    if (options.comm_hook == "bf16") return "bf16_compress_hook rounds each average to bfloat16";
+    return "";
+  };
+  return spec;
+}
+
+}  // namespace stage09

@@ -1,0 +1,82 @@
+// Stage 09 — the simple built-in communication hooks. See default_hooks.h
+// for the contract and Note [Comm hooks] in ddp.cc for what a hook is.
+#include "default_hooks.h"
+
+#include <string>
+
+#include "tensorplay/autograd/grad_mode.h"
+#include "tensorplay/error.h"
+
+namespace stage09 {
+
+using tp::Tensor;
+using tp::distributed::ReduceOp;
+
+std::shared_ptr<Future> allreduce_hook(ProcessGroup& process_group, GradBucket& bucket) {
+  Tensor buffer = bucket.buffer();
+  const double world_size = process_group.size();
+  return process_group.allreduce(buffer, ReduceOp::SUM)->get_future()->then(
+      [buffer, world_size](Future& summed) mutable -> Future::Value {
+        summed.value();  // rethrows the all-reduce's failure
+        buffer.div_(world_size);
+        return {buffer};
+      });
+}
+
+namespace {
+
+// fp16_compress_hook and bf16_compress_hook: the same four steps, with the
+// 16-bit type as the only difference.
+std::shared_ptr<Future> compress_hook(ProcessGroup& process_group, GradBucket& bucket,
+                                      tp::Dtype compressed_dtype) {
+  tp::NoGradGuard no_grad;
+  Tensor buffer = bucket.buffer();
+  Tensor compressed = buffer.to(compressed_dtype);
+  compressed.div_(process_group.size());
+  return process_group.allreduce(compressed, ReduceOp::SUM)->get_future()->then(
+      [buffer](Future& summed) mutable -> Future::Value {
+        buffer.copy_(summed.value()[0]);  // back to the bucket's dtype, in place
+        return {buffer};
+      });
+}
+
+}  // namespace
+
+std::shared_ptr<Future> fp16_compress_hook(ProcessGroup& process_group, GradBucket& bucket) {
+  return compress_hook(process_group, bucket, tp::kFloat16);
+}
+
+std::shared_ptr<Future> bf16_compress_hook(ProcessGroup& process_group, GradBucket& bucket) {
+  return compress_hook(process_group, bucket, tp::kBFloat16);
+}
+
+std::shared_ptr<Future> noop_hook(ProcessGroup& process_group, GradBucket& bucket) {
+  (void)process_group;
+  return Future::completed({bucket.buffer()});
+}
+
+void register_builtin_hook(DistributedDataParallel& ddp, const Options& options) {
+  const std::string& name = options.comm_hook;
+  if (options.reduce_scatter) {
+    // The optimizer reduces (zero.h): a second reduction here would send
+    // every gradient twice.
+    TP_CHECK(name == "none", "stage09: the reduce-scatter form reduces the gradients in the "
+             "optimizer, so it registers noop_hook itself; --comm-hook ", name,
+             " would reduce them a second time: leave it at none");
+    ddp.register_comm_hook(ddp.process_group(), noop_hook);
+    return;
+  }
+  if (name == "none") return;
+  if (name == "allreduce") {
+    ddp.register_comm_hook(ddp.process_group(), allreduce_hook);
+  } else if (name == "fp16") {
+    ddp.register_comm_hook(ddp.process_group(), fp16_compress_hook);
+  } else if (name == "bf16") {
+    ddp.register_comm_hook(ddp.process_group(), bf16_compress_hook);
+  } else {
+    TP_THROW(tp::Error, "stage09: unknown comm hook '", name,
+             "'; the built-in ones are none, allreduce, fp16 and bf16 (PowerSGD is stage 08's)");
+  }
+}
+
+}  // namespace stage09

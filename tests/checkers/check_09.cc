@@ -1,0 +1,470 @@
+// Checker for stage 09 (DDP with a ZeRO-sharded optimizer). Compiled once
+// and linked with every stage-09 solution: solutions/09-zero (must pass),
+// the generated exercise (must fail at once, naming the stub), each
+// planted-bug mutant in tests/mutants/09-zero (must fail with the diagnosis
+// the mutant names), and your exercises/09-zero (`./kit check 09`).
+// TP_STAGE_HEADER is set only for a planted bug that patches the header: its
+// copy of stage.h, which includes the patched ddp.h.
+#ifdef TP_STAGE_HEADER
+#include TP_STAGE_HEADER
+#else
+#include "stage.h"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "scenario_models.h"
+#include "tensorplay/data.h"
+#include "tensorplay/error.h"
+#include "tensorplay/nn/linear.h"
+#include "tensorplay/ops.h"
+#include "tensorplay/random.h"
+#include "tensorplay/train/checker.h"
+
+namespace {
+
+namespace train = tp::train;
+using DDP = stage09::DistributedDataParallel;
+using Options = stage09::Options;
+using Case = train::CheckCase<Options>;
+using Group = std::shared_ptr<tp::distributed::ProcessGroup>;
+using stage09::Join;
+using stage09::JoinOptions;
+using stage09::ZeroRedundancyOptimizer;
+using tp::detail::cat;
+
+// MiniMLP float32, reverse registration order: 16, 512 | 128, 4096 | 128,
+// 2048 bytes.
+const Options kSeveral{.bucket_cap_mb = 2000.0 / (1 << 20), .first_bucket_cap_mb = 500.0 / (1 << 20)};
+
+Options zero_form(bool reduce_scatter, const std::string& param_sync = "allgather") {
+  Options options = kSeveral;
+  options.reduce_scatter = reduce_scatter;
+  options.param_sync = param_sync;
+  return options;
+}
+
+std::string form_label(const Options& o) {
+  return cat(o.reduce_scatter ? "reduce-scatter form" : "composed with the DDP", ", ",
+             o.param_sync);
+}
+
+// The plan's divisor and the Join's option must agree.
+Case uneven_case(train::RunConfig config, std::vector<int64_t> counts, Options options,
+                 bool divide_by_active, const std::string& label) {
+  config.world_size = static_cast<int>(counts.size());
+  config.batches_per_rank = std::move(counts);
+  config.divisor = divide_by_active ? train::Divisor::ActiveRanks : train::Divisor::InitialWorldSize;
+  options.divide_by_initial_world_size = !divide_by_active;
+  return {config, options, label};
+}
+
+std::vector<Case> cases() {
+  train::RunConfig base;
+  base.per_rank_seed = true;
+  std::vector<Case> out;
+  // Sharding must not change the math: every W, with and without momentum.
+  for (int w : {2, 1, 3, 4}) {
+    for (double momentum : {0.0, 0.9}) {
+      train::RunConfig even = base;
+      even.world_size = w;
+      even.momentum = momentum;
+      out.push_back({even, zero_form(false), cat("W = ", w, ", momentum ", momentum, ", ",
+                                                 form_label(zero_form(false)))});
+    }
+  }
+  train::RunConfig momentum = base;
+  momentum.momentum = 0.9;
+  for (int w : {2, 3, 4}) {
+    train::RunConfig even = momentum;
+    even.world_size = w;
+    out.push_back({even, zero_form(true), cat("W = ", w, ", momentum 0.9, ",
+                                               form_label(zero_form(true)))});
+  }
+  train::RunConfig three = momentum;
+  three.world_size = 3;
+  out.push_back({three, zero_form(false, "broadcast"),
+                 cat("W = 3, momentum 0.9, ", form_label(zero_form(false, "broadcast")))});
+  train::RunConfig f64 = three;
+  f64.dtype = tp::kFloat64;
+  out.push_back({f64, zero_form(true, "broadcast"),
+                 cat("float64, W = 3, momentum 0.9, ", form_label(zero_form(true, "broadcast")))});
+  train::RunConfig accumulate = three;
+  accumulate.micro_batches = 2;
+  Options view = zero_form(false);
+  view.gradient_as_bucket_view = true;
+  out.push_back({accumulate, view, "K = 2, gradient_as_bucket_view, momentum 0.9"});
+  // Uneven inputs: Join({ddp, zero}); a joined rank keeps stepping its shard.
+  out.push_back(uneven_case(momentum, {6, 2, 4}, zero_form(false), false,
+                            "uneven inputs, momentum 0.9: joined ranks step their shards"));
+  out.push_back(uneven_case(momentum, {2, 6, 4}, zero_form(false), true,
+                            "uneven inputs, divide by the active ranks"));
+  out.push_back(uneven_case(momentum, {0, 4, 2}, zero_form(true), false,
+                            "rank 0 with no batch, reduce-scatter form"));
+  out.push_back(uneven_case(momentum, {5, 2, 3, 4}, zero_form(true), true,
+                            "uneven inputs, reduce-scatter form, divide by the active ranks"));
+  train::RunConfig branchy = momentum;
+  branchy.model_kind = train::ModelKind::Branchy;
+  Options unused = zero_form(true);
+  unused.find_unused_parameters = true;
+  out.push_back(uneven_case(branchy, {5, 2, 4}, unused, false,
+                            "branchy, find_unused_parameters, uneven, reduce-scatter form"));
+  Options unused_composed = zero_form(false);
+  unused_composed.find_unused_parameters = true;
+  out.push_back(uneven_case(branchy, {3, 5}, unused_composed, false,
+                            "branchy, find_unused_parameters, uneven"));
+  for (Case& c : out) c.config.trace = true;
+  return out;
+}
+
+// ---- stage checks -----------------------------------------------------------
+
+// The partition rule (Note [Partition] in zero.cc), from the shapes alone.
+std::vector<std::vector<int64_t>> expected_partition(const train::Snapshot& params, int world) {
+  std::vector<int64_t> numel;
+  for (const train::ParamValues& p : params) numel.push_back(static_cast<int64_t>(p.values.size()));
+  std::vector<int64_t> order(numel.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return numel[a] > numel[b]; });
+  std::vector<std::vector<int64_t>> shards(static_cast<size_t>(world));
+  std::vector<int64_t> load(static_cast<size_t>(world), 0);
+  for (int64_t p : order) {
+    const size_t r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    shards[r].push_back(p);
+    load[r] += numel[static_cast<size_t>(p)];
+  }
+  for (auto& shard : shards) std::sort(shard.begin(), shard.end());
+  return shards;
+}
+
+std::string list(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::string list(const std::vector<std::vector<int64_t>>& v) {
+  std::string s;
+  for (size_t r = 0; r < v.size(); ++r) s += cat(r ? ", " : "", "rank ", r, ": ", list(v[r]));
+  return s;
+}
+
+std::vector<train::Finding> check_partition(const train::CaseRun& run) {
+  const auto expected = expected_partition(run.reference.initial_params, run.config.world_size);
+  for (const train::RankResult& r : run.ranks) {
+    if (r.shard_partition != run.ranks[0].shard_partition) {
+      return {{cat("rank ", r.rank, " partitions the parameters as {", list(r.shard_partition),
+                   "} but rank 0 as {", list(run.ranks[0].shard_partition), "}"),
+               "every rank must compute the same partition, from what is the same everywhere "
+               "(the shapes, in parameter order), never from its rank or anything local; "
+               "otherwise the ranks disagree on who steps what and the all-gather's blocks "
+               "do not line up (Note [Partition])"}};
+    }
+  }
+  if (run.ranks[0].shard_partition != expected) {
+    return {{cat("the partition is {", list(run.ranks[0].shard_partition), "}; the rule gives {",
+                 list(expected), "}"),
+             "largest parameter first (ties in parameter order), each to the rank with the "
+             "fewest elements so far (ties: the lowest rank); a shard lists its indices in "
+             "increasing order (Note [Partition])"}};
+  }
+  return {};
+}
+
+// Which parameters ever got a gradient on some rank (a branchy model leaves
+// some unused in some steps).
+std::set<int64_t> ever_reached(const train::CaseRun& run) {
+  std::set<int64_t> reached;
+  for (const train::RankResult& r : run.ranks) {
+    for (const std::vector<int64_t>& unreached : r.unreached_per_micro) {
+      for (size_t p = 0; p < run.num_params(); ++p) {
+        if (!std::binary_search(unreached.begin(), unreached.end(), static_cast<int64_t>(p))) {
+          reached.insert(static_cast<int64_t>(p));
+        }
+      }
+    }
+  }
+  return reached;
+}
+
+std::vector<train::Finding> check_state(const train::CaseRun& run) {
+  const auto partition = expected_partition(run.reference.initial_params, run.config.world_size);
+  const std::set<int64_t> reached = ever_reached(run);
+  for (const train::RankResult& r : run.ranks) {
+    std::vector<int64_t> expected;
+    if (run.config.momentum > 0) {
+      for (int64_t p : partition[static_cast<size_t>(r.rank)]) {
+        if (reached.count(p)) expected.push_back(p);
+      }
+    }
+    if (r.params_with_state == expected) continue;
+    std::vector<int64_t> foreign;
+    for (int64_t p : r.params_with_state) {
+      if (!std::binary_search(partition[static_cast<size_t>(r.rank)].begin(),
+                              partition[static_cast<size_t>(r.rank)].end(), p)) {
+        foreign.push_back(p);
+      }
+    }
+    if (!foreign.empty()) {
+      return {{cat("rank ", r.rank, " holds optimizer state (momentum) for parameters ",
+                   list(foreign), ", which are not in its shard ",
+                   list(partition[static_cast<size_t>(r.rank)])),
+               "a rank keeps state for its own shard only: its local SGD is built over its "
+               "shard's parameters and steps nothing else; stepping every parameter gives the "
+               "same numbers (the all-gather overwrites them) and keeps W copies of the state, "
+               "the very thing ZeRO removes"}};
+    }
+    return {{cat("rank ", r.rank, " holds optimizer state for ", list(r.params_with_state),
+                 "; with momentum ", run.config.momentum, " its shard's parameters that got a "
+                 "gradient, ", list(expected), ", should have it"),
+             "each rank steps its whole shard in every step, a joined rank too (its join hook "
+             "steps the shard: Note [A joined rank's shard])"}};
+  }
+  return {};
+}
+
+// The optimizer's collectives, per step of a rank that trains.
+std::vector<train::Finding> check_flat_collectives(const Case& c, const train::CaseRun& run) {
+  const Options& o = c.options;
+  const int64_t k = c.config.micro_batches;
+  const int64_t elements = [&] {
+    int64_t n = 0;
+    for (const train::ParamValues& p : run.reference.initial_params) {
+      n += static_cast<int64_t>(p.values.size());
+    }
+    return n;
+  }();
+  const uint64_t bytes = static_cast<uint64_t>(elements) * tp::element_size(c.config.dtype);
+  for (const train::RankResult& r : run.ranks) {
+    for (size_t i = 0; i < r.allgathers_per_micro.size(); ++i) {
+      const bool last = static_cast<int64_t>(i) % k + 1 == k;
+      const uint64_t gathers = last && o.param_sync == "allgather" ? 1 : 0;
+      const uint64_t scatters = last && o.reduce_scatter ? 1 : 0;
+      if (r.allgathers_per_micro[i] != gathers ||
+          (gathers && r.allgather_bytes_per_micro[i] != bytes)) {
+        return {{cat("rank ", r.rank, ", micro-batch ", i, ": ", r.allgathers_per_micro[i],
+                     " all-gathers of ", r.allgather_bytes_per_micro[i], " bytes; expected ",
+                     gathers, gathers ? cat(" of ", bytes, " bytes (every parameter)") : ""),
+                 o.param_sync == "allgather"
+                     ? "step() ends with one all-gather of the flat parameters, every shard in "
+                       "its block (Note [Shards back to every rank]); nothing before the step "
+                       "syncs"
+                     : "with param_sync broadcast, each shard is broadcast from its owner and "
+                       "nothing is all-gathered"}};
+      }
+      if (r.reduce_scatters_per_micro[i] != scatters ||
+          (scatters && r.reduce_scatter_bytes_per_micro[i] != bytes)) {
+        return {{cat("rank ", r.rank, ", micro-batch ", i, ": ", r.reduce_scatters_per_micro[i],
+                     " reduce-scatters of ", r.reduce_scatter_bytes_per_micro[i],
+                     " bytes; expected ", scatters,
+                     scatters ? cat(" of ", bytes, " bytes (every gradient)") : ""),
+                 o.reduce_scatter
+                     ? "in the reduce-scatter form step() reduce-scatters the flat gradients "
+                       "once (Note [The reduce-scatter form])"
+                     : "composed with the DDP, the gradients arrive all-reduced: the optimizer "
+                       "reduces nothing"}};
+      }
+    }
+  }
+  return {};
+}
+
+std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
+  const Options& o = c.options;
+  std::vector<train::Finding> out = check_partition(run);
+  if (out.empty()) out = check_state(run);
+  if (out.empty()) out = check_flat_collectives(c, run);
+  const auto initial = train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb);
+  const int64_t k = c.config.micro_batches;
+  const size_t final_count = run.ranks[0].buckets.size();
+  if (out.empty()) {
+    out = train::check_counts_per_micro(
+        run, train::Collective::AllReduce,
+        [&](int64_t step, int64_t micro) -> uint64_t {
+          if (micro + 1 != k) return 0;
+          const size_t buckets = o.reduce_scatter ? 0 : step == 0 ? initial.size() : final_count;
+          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+          return 1 + buckets + (used_map ? 1 : 0);
+        },
+        o.reduce_scatter
+            ? "one to say the rank still trains (and the used-map), no bucket: the reduce-scatter "
+              "form all-reduces no gradient"
+            : "one to say the rank still trains, then one per bucket (and the used-map)",
+        o.reduce_scatter
+            ? "in the reduce-scatter form the DDP registers noop_hook and the optimizer's "
+              "reduce-scatter is the only reduction (Note [The reduce-scatter form])"
+            : "inside a Join, every synced forward counts the ranks still training first; then "
+              "the DDP's buckets, as in stage 08");
+  }
+  const auto partition = expected_partition(run.reference.initial_params, c.config.world_size);
+  const uint64_t shard_broadcasts =
+      o.param_sync == "broadcast"
+          ? static_cast<uint64_t>(std::count_if(partition.begin(), partition.end(),
+                                                [](const auto& s) { return !s.empty(); }))
+          : 0;
+  const bool rebuilds = o.static_graph || !o.find_unused_parameters;
+  if (out.empty()) {
+    out = train::check_counts_per_micro(
+        run, train::Collective::Broadcast,
+        [&](int64_t step, int64_t micro) -> uint64_t {
+          if (micro + 1 != k) return 0;
+          return (rebuilds && step == 0 ? 1 : 0) + shard_broadcasts;
+        },
+        cat(rebuilds ? "the rebuild's order in the first step, " : "",
+            shard_broadcasts ? cat(shard_broadcasts, " per step (one per non-empty shard)")
+                             : "none for the shards"),
+        o.param_sync == "broadcast"
+            ? "with param_sync broadcast, each non-empty shard is broadcast once per step, "
+              "from its owner (Note [Shards back to every rank])"
+            : "the shards travel in the all-gather; nothing else is broadcast but the "
+              "bucket rebuild's order (stage 06)");
+  }
+  if (out.empty()) {
+    out = train::check_synced_when_backward_returns(
+        run, "wait for every bucket in the end-of-backward callback");
+  }
+  return out;
+}
+
+// ---- scenarios --------------------------------------------------------------
+
+// One training step on this rank's rows.
+void train_step(DDP& ddp, ZeroRedundancyOptimizer& zero, int rank) {
+  const tp::data::Batch batch = scenario_models::rows_of(rank);
+  zero.zero_grad();
+  tp::mse_loss(ddp(batch.x), batch.y).backward();
+  zero.step();
+}
+
+train::Scenario early_termination() {
+  return {"Join({ddp, zero}) with throw_on_early_termination, ranks with 3, 1 and 2 steps: "
+          "every rank throws",
+          3,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            DDP ddp(train::make_model({}), group, kSeveral);
+            ZeroRedundancyOptimizer zero(ddp.parameters(), group, {.lr = 0.05, .momentum = 0.9});
+            const int steps = rank == 0 ? 3 : rank == 1 ? 1 : 2;
+            try {
+              Join({&ddp, &zero}, JoinOptions{.throw_on_early_termination = true}).run([&] {
+                for (int s = 0; s < steps; ++s) train_step(ddp, zero, rank);
+              });
+            } catch (const tp::DistributedError& e) {
+              if (std::string(e.what()).find("throw_on_early_termination") == std::string::npos) {
+                return cat("rank ", rank, ": the error does not name throw_on_early_termination: ",
+                           e.what());
+              }
+              return "";
+            }
+            return cat("rank ", rank, ": run() returned although rank 1 ran out after one step "
+                                      "and throw_on_early_termination is set");
+          },
+          "with throw_on_early_termination, the first count that finds fewer ranks than the "
+          "world size throws on every rank: the training ranks in their notify, the joined one "
+          "in Join's loop (Note [Join over joinables])"};
+}
+
+train::Scenario disabled_join() {
+  return {"Join with enable = false: the body runs, and nothing is counted", 2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            DDP ddp(train::make_model({}), group, kSeveral);
+            ZeroRedundancyOptimizer zero(ddp.parameters(), group, {.lr = 0.05});
+            const uint64_t before = group->counters().allreduce;
+            int ran = 0;
+            Join({&ddp, &zero}, JoinOptions{.enable = false}).run([&] {
+              train_step(ddp, zero, rank);
+              ++ran;
+            });
+            const uint64_t n = group->counters().allreduce - before;
+            if (ran != 1) return cat("rank ", rank, ": the body ran ", ran, " times; expected 1");
+            if (n != ddp.bucket_assignment().size()) {
+              return cat("rank ", rank, ": ", n, " all-reduces in a step under a disabled Join; "
+                         "expected ", ddp.bucket_assignment().size(), " (the buckets only: no "
+                         "count, no loop)");
+            }
+            return "";
+          },
+          "enable = false makes run(body) just body(): no joinable sees the Join, so no notify "
+          "counts and no loop runs (join.h)"};
+}
+
+// More ranks than parameters: two shards are empty.
+train::Scenario empty_shards() {
+  return {"W = 4 on a model of 2 parameters: ranks 2 and 3 own nothing, and all agree", 4,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            auto model = std::make_shared<tp::nn::Linear>(16, 4);
+            DDP ddp(model, group, kSeveral);
+            for (const std::string& sync : {"allgather", "broadcast"}) {
+              for (bool reduce_scatter : {false, true}) {
+                ZeroRedundancyOptimizer zero(ddp.parameters(), group,
+                                             {.lr = 0.05, .momentum = 0.9},
+                                             {.reduce_scatter = reduce_scatter, .param_sync = sync});
+                const auto& shards = zero.partition();
+                if (shards.size() != 4 || shards[0] != std::vector<int64_t>{0} ||
+                    shards[1] != std::vector<int64_t>{1} || !shards[2].empty() ||
+                    !shards[3].empty()) {
+                  return cat("rank ", rank, ": partition {", list(shards),
+                             "}; expected {rank 0: [0], rank 1: [1], rank 2: [], rank 3: []}");
+                }
+                // Without the DDP's reduction the reduce-scatter form needs
+                // local gradients: it would all-reduce them twice otherwise.
+                for (int s = 0; s < 2; ++s) {
+                  if (reduce_scatter) {
+                    zero.zero_grad();
+                    const tp::data::Batch batch = scenario_models::rows_of(rank);
+                    {
+                      auto guard = ddp.no_sync();  // local gradients, as noop_hook leaves them
+                      tp::mse_loss(ddp(batch.x), batch.y).backward();
+                    }
+                    zero.step();
+                  } else {
+                    train_step(ddp, zero, rank);
+                  }
+                }
+                const std::vector<int64_t> state = zero.params_with_state();
+                if (state != (rank < 2 ? std::vector<int64_t>{rank} : std::vector<int64_t>{})) {
+                  return cat("rank ", rank, " (", sync, reduce_scatter ? ", reduce-scatter" : "",
+                             "): state for ", list(state), "; expected ",
+                             rank < 2 ? cat("[", rank, "]") : "none");
+                }
+              }
+            }
+            // Every rank must hold rank 0's values.
+            for (const tp::Tensor& p : ddp.parameters()) {
+              tp::Tensor mine = p.detach().clone();
+              tp::Tensor root = p.detach().clone();
+              group->broadcast(root, 0)->wait();
+              const double d = tp::max_abs_diff(mine, root);
+              if (d != 0.0) {
+                return cat("rank ", rank, ": a parameter differs from rank 0's by ", d,
+                           " after the steps");
+              }
+            }
+            return "";
+          },
+          "an empty shard steps nothing and sends an empty block (or no broadcast): the "
+          "all-gather's split sizes and the broadcasts must be the same on every rank, empty "
+          "ones included (Note [Partition])"};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  train::CheckerSpec<Options> spec;
+  spec.stage = stage09::stage_spec();
+  spec.cases = cases();
+  spec.stage_checks = stage_checks;
+  for (train::Scenario scenario : {early_termination(), disabled_join(), empty_shards()}) {
+    spec.scenarios.push_back(std::move(scenario));
+  }
+  return train::run_checker<DDP>(argc, argv, spec);
+}
