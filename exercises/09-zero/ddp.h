@@ -40,7 +40,9 @@
 //     parameter no active rank used (as zero_grad() with set_to_none, the
 //     default, leaves it). A hook decides its own divisor:
 //     divide_by_initial_world_size = false with a hook is refused at
-//     join_hook(). The post hook broadcasts the last joiner's parameters.
+//     join_hook(), but for the reduce-scatter form's noop_hook (its
+//     optimizer divides). The post hook broadcasts the last joiner's
+//     parameters.
 //   - Otherwise as stage 06: options and behaviour of no_sync, unused
 //     parameters, static_graph, rebuilt buckets.
 //   - Hooks capture `this`: neither copyable nor movable; the hooks are
@@ -103,12 +105,15 @@ struct Options {
   // (default_hooks.h) registers after construction, as the kit's trainer
   // does for the demo's --comm-hook: "none", "allreduce", "fp16" or "bf16".
   std::string comm_hook = "none";
-  // Not read by the DDP: the kit's trainer builds the stage's optimizer,
-  // a ZeroRedundancyOptimizer (zero.h), with these (make_optimizer in
-  // stage.h). reduce_scatter also makes register_builtin_hook register
-  // noop_hook: the optimizer reduces the gradients, the DDP must not.
+  // The reduce-scatter form of ZeRO (zero.h): the optimizer reduces the
+  // gradients, so the DDP registers noop_hook (default_hooks.h) at
+  // construction and accepts no other hook; its buckets only tell who has
+  // a gradient. The kit's trainer also builds its ZeroRedundancyOptimizer
+  // with it (make_optimizer in stage.h).
   bool reduce_scatter = false;
-  std::string param_sync = "allgather";  // or "broadcast" (ZeroOptions)
+  // Not read by the DDP: the optimizer's ZeroOptions::param_sync,
+  // "allgather" or "broadcast".
+  std::string param_sync = "allgather";
 };
 
 class DistributedDataParallel;

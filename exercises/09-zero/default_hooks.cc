@@ -53,18 +53,19 @@ std::shared_ptr<Future> bf16_compress_hook(ProcessGroup& process_group, GradBuck
 
 std::shared_ptr<Future> noop_hook(ProcessGroup& process_group, GradBucket& bucket) {
   (void)process_group;
-  return Future::completed({bucket.buffer()});
+  auto future = std::make_shared<Future>();
+  future->set_value({bucket.buffer()});
+  return future;
 }
 
 void register_builtin_hook(DistributedDataParallel& ddp, const Options& options) {
   const std::string& name = options.comm_hook;
   if (options.reduce_scatter) {
-    // The optimizer reduces (zero.h): a second reduction here would send
-    // every gradient twice.
+    // The DDP has registered noop_hook (the optimizer reduces, zero.h): a
+    // second reduction here would send every gradient twice.
     TP_CHECK(name == "none", "stage09: the reduce-scatter form reduces the gradients in the "
-             "optimizer, so it registers noop_hook itself; --comm-hook ", name,
+             "optimizer (the DDP registers noop_hook itself); --comm-hook ", name,
              " would reduce them a second time: leave it at none");
-    ddp.register_comm_hook(ddp.process_group(), noop_hook);
     return;
   }
   if (name == "none") return;

@@ -9,6 +9,7 @@
 #include <set>
 #include <utility>
 
+#include "default_hooks.h"
 #include "tensorplay/autograd/engine.h"
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/autograd/node.h"
@@ -54,6 +55,11 @@ DistributedDataParallel::DistributedDataParallel(
     if (ignored_[i]) continue;
     hooks_.push_back(params_[i].second.register_post_accumulate_grad_hook(
         [this, i](const Tensor& param) { on_gradient_ready(static_cast<int64_t>(i), param); }));
+  }
+  // The reduce-scatter form: the optimizer reduces, so the buckets go
+  // through noop_hook untouched (Note [The reduce-scatter form] in zero.cc).
+  if (options_.reduce_scatter) {
+    comm_hook_ = [group = process_group_](GradBucket& bucket) { return noop_hook(*group, bucket); };
   }
 }
 
@@ -439,6 +445,9 @@ void DistributedDataParallel::file_gradient(int64_t index, const Tensor& grad) {
 void DistributedDataParallel::register_comm_hook(CommHook hook) {
   TP_CHECK(hook != nullptr, "stage09 DDP: register_comm_hook: the hook is empty; pass a "
            "callable that takes a GradBucket& and returns a future");
+  TP_CHECK(!options_.reduce_scatter, "stage09 DDP: register_comm_hook: the reduce-scatter form "
+           "(Options::reduce_scatter) reduces in the optimizer and has registered noop_hook; a "
+           "second reduction would send every gradient twice");
   TP_CHECK(!comm_hook_, "stage09 DDP: register_comm_hook: a comm hook is already registered; "
            "a DDP takes one hook, registered once (as PyTorch's register_comm_hook)");
   TP_CHECK(!backward_seen_, "stage09 DDP: register_comm_hook: a backward has already run; "
@@ -671,7 +680,8 @@ void DistributedDataParallel::join(const std::function<void()>& body) {
 }
 
 std::unique_ptr<JoinHook> DistributedDataParallel::join_hook(const JoinOptions& options) {
-  TP_CHECK(!comm_hook_ || options.divide_by_initial_world_size,
+  // noop_hook divides nothing: the reduce-scatter form's optimizer does.
+  TP_CHECK(!comm_hook_ || options_.reduce_scatter || options.divide_by_initial_world_size,
            "stage09 DDP: a Join with a comm hook and divide_by_initial_world_size = false: the "
            "hook decides what to divide by (the built-in hooks divide by the world size), so "
            "the option would be silently ignored; keep the default, true, or divide inside "

@@ -403,7 +403,7 @@ train::Scenario empty_shards() {
             tp::manual_seed(0);
             auto model = std::make_shared<tp::nn::Linear>(16, 4);
             DDP ddp(model, group, kSeveral);
-            for (const std::string& sync : {"allgather", "broadcast"}) {
+            for (const char* sync : {"allgather", "broadcast"}) {
               for (bool reduce_scatter : {false, true}) {
                 ZeroRedundancyOptimizer zero(ddp.parameters(), group,
                                              {.lr = 0.05, .momentum = 0.9},

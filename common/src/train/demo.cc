@@ -122,9 +122,10 @@ void add_run_flags(CLI::App& app, DemoArgs& args, bool offers_worker) {
              config.batches_per_rank.push_back(std::stoll(count));
            }
          },
-         "micro-batches of each rank, one count per rank: uneven inputs")
+         "micro-batches of each rank, one count per rank: uneven inputs (a 0: a rank that "
+         "joins at once)")
       ->type_name("N0,N1,...")
-      ->transform(whole_numbers(1, 100000));
+      ->transform(whole_numbers(0, 100000));
   app.add_flag_callback(
       "--divide-by-active-ranks", [&config] { config.divisor = Divisor::ActiveRanks; },
       "with uneven inputs, divide by the ranks still training, not by W");
