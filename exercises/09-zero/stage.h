@@ -50,6 +50,9 @@ inline tp::train::StageSpec<Options> stage_spec() {
   spec.advice.how_sync_runs =
       "inside the backward of the step's last micro-batch (the buckets), then in the "
       "optimizer's step(): this rank's shard stepped, every shard gathered";
+  spec.advice.after_a_rank_joins =
+      "do the ranks that ran out add zeros to every bucket, keep the active ranks' average in "
+      "their gradients, and step their own shard with it (Note [A joined rank's shard])";
   spec.flags = tp::train::bucket_cap_flags<Options>(
       {tp::train::gradient_as_bucket_view_flag<Options>(), tp::train::static_graph_flag<Options>(),
        tp::train::find_unused_parameters_flag<Options>(),

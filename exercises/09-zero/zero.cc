@@ -31,6 +31,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
   // whole list, on every rank alike, not only for the shard of one.
   tp::optim::SGD check_all(params_, sgd_options_);
   partition_parameters();
+  check_partition_agrees();
   const std::vector<int64_t>& mine = partition_[static_cast<size_t>(process_group_->rank())];
   if (!mine.empty()) {
     std::vector<Tensor> shard;
@@ -81,6 +82,38 @@ void ZeroRedundancyOptimizer::partition_parameters() {
       offset += params_[static_cast<size_t>(p)].numel();
     }
     split_sizes_[r] = offset - block_start_[r];
+  }
+}
+
+// A partition that differs between ranks would pair blocks of different
+// sizes in every all-gather: the job would hang in the first step with
+// nothing said. One all-gather of each parameter's owner says it here.
+void ZeroRedundancyOptimizer::check_partition_agrees() {
+  const int world = process_group_->size();
+  const int64_t n = static_cast<int64_t>(params_.size());
+  Tensor owners = tp::full({n}, -1, tp::kFloat64);
+  for (int r = 0; r < world; ++r) {
+    for (int64_t p : partition_[static_cast<size_t>(r)]) {
+      TP_CHECK(p >= 0 && p < n, "stage09 ZeroRedundancyOptimizer: the partition names "
+               "parameter ", p, "; there are ", n);
+      owners.data_ptr<double>()[p] = r;
+    }
+  }
+  std::vector<Tensor> all;
+  for (int r = 0; r < world; ++r) all.push_back(tp::zeros({n}, tp::kFloat64));
+  process_group_->allgather(all, owners)->wait();
+  for (int r = 0; r < world; ++r) {
+    for (int64_t p = 0; p < n; ++p) {
+      const double mine = owners.data_ptr<double>()[p];
+      const double theirs = all[static_cast<size_t>(r)].data_ptr<double>()[p];
+      TP_CHECK(mine >= 0, "stage09 ZeroRedundancyOptimizer: no shard holds parameter ", p,
+               "; every parameter belongs to exactly one rank (Note [Partition])");
+      if (mine == theirs) continue;
+      TP_THROW(tp::DistributedError, "stage09 ZeroRedundancyOptimizer: rank ",
+               process_group_->rank(), " gives parameter ", p, " to rank ", mine,
+               " but rank ", r, " gives it to rank ", theirs, " (-1: to nobody); every rank "
+               "must compute the same partition, from the shapes alone (Note [Partition])");
+    }
   }
 }
 

@@ -26,6 +26,9 @@
 //   - Every rank constructs it with the same parameters (shapes, order), the
 //     same SGD options and the same ZeroOptions: the partition is computed
 //     from the shapes alone, so it is the same on every rank.
+//   - The constructor all-gathers each parameter's owner and throws
+//     tp::DistributedError when a rank's partition differs from another's
+//     or leaves a parameter to nobody (it would otherwise hang in step()).
 //   - partition()[r] lists rank r's parameters (indices into `params`, in
 //     increasing order); every parameter is in exactly one shard; a shard
 //     may be empty (more ranks than parameters).
@@ -97,6 +100,9 @@ class ZeroRedundancyOptimizer : public Joinable {
   // Note [Partition]: fills partition_, and where each parameter sits in
   // the flat buffers (offsets_, split_sizes_).
   void partition_parameters();
+  // Throws tp::DistributedError naming a parameter whose owner differs
+  // between ranks, or that no rank owns. One all-gather.
+  void check_partition_agrees();
   // Note [The reduce-scatter form]: this rank's shard gets the average.
   void reduce_scatter_gradients(int active_ranks);
   // Note [Shards back to every rank].

@@ -230,6 +230,44 @@ std::vector<train::Finding> check_state(const train::CaseRun& run) {
   return {};
 }
 
+// After step 0 every rank holds every shard as its owner updated it, bit
+// for bit: the owner computed it, the others copied it.
+std::vector<train::Finding> check_replicas_agree(const train::CaseRun& run) {
+  const auto partition = expected_partition(run.reference.initial_params, run.config.world_size);
+  const train::RankResult* first = nullptr;
+  for (const train::RankResult& r : run.ranks) {
+    if (r.after_first_step.empty()) continue;  // took no step (no batch)
+    if (first == nullptr) {
+      first = &r;
+      continue;
+    }
+    std::vector<int64_t> differ;
+    for (size_t p = 0; p < r.after_first_step.size(); ++p) {
+      if (r.after_first_step[p].values != first->after_first_step[p].values) {
+        differ.push_back(static_cast<int64_t>(p));
+      }
+    }
+    if (differ.empty()) continue;
+    std::string owners;
+    for (size_t q = 0; q < partition.size(); ++q) {
+      for (int64_t p : differ) {
+        if (std::binary_search(partition[q].begin(), partition[q].end(), p)) {
+          owners += cat(owners.empty() ? "" : ", ", "rank ", q);
+          break;
+        }
+      }
+    }
+    return {{cat("after step 0's update, rank ", r.rank, " and rank ", first->rank,
+                 " hold different values of parameters ", list(differ), " (in the shards of ",
+                 owners, ")"),
+             "when step() returns, every rank must hold every shard exactly as its owner "
+             "updated it: update this rank's shard first, then exchange the shards, then copy "
+             "every other rank's block out of the gathered buffer, after the wait (Note [Shards "
+             "back to every rank])"}};
+  }
+  return {};
+}
+
 // The optimizer's collectives, per step of a rank that trains.
 std::vector<train::Finding> check_flat_collectives(const Case& c, const train::CaseRun& run) {
   const Options& o = c.options;
@@ -280,6 +318,7 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
   const Options& o = c.options;
   std::vector<train::Finding> out = check_partition(run);
   if (out.empty()) out = check_state(run);
+  if (out.empty()) out = check_replicas_agree(run);
   if (out.empty()) out = check_flat_collectives(c, run);
   const auto initial = train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb);
   const int64_t k = c.config.micro_batches;
@@ -438,22 +477,59 @@ train::Scenario empty_shards() {
                 }
               }
             }
-            // Every rank must hold rank 0's values.
+            // Every rank must hold rank 0's values (every broadcast first, so
+            // that the ranks' collectives pair up whatever this rank finds).
+            std::string found;
             for (const tp::Tensor& p : ddp.parameters()) {
-              tp::Tensor mine = p.detach().clone();
               tp::Tensor root = p.detach().clone();
               group->broadcast(root, 0)->wait();
-              const double d = tp::max_abs_diff(mine, root);
-              if (d != 0.0) {
-                return cat("rank ", rank, ": a parameter differs from rank 0's by ", d,
-                           " after the steps");
+              const double d = tp::max_abs_diff(p, root);
+              if (d != 0.0 && found.empty()) {
+                found = cat("rank ", rank, ": a parameter differs from rank 0's by ", d,
+                            " after the steps");
               }
             }
-            return "";
+            return found;
           },
           "an empty shard steps nothing and sends an empty block (or no broadcast): the "
           "all-gather's split sizes and the broadcasts must be the same on every rank, empty "
           "ones included (Note [Partition])"};
+}
+
+// join(body), stage 07's way, still works: Join over the DDP alone.
+train::Scenario join_alone() {
+  return {"ddp.join(body) with a plain SGD, ranks with 3 and 1 steps: the last joiner's model "
+          "reaches every rank",
+          2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            DDP ddp(train::make_model({}), group, kSeveral);
+            tp::optim::SGD sgd(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
+            const tp::data::Batch batch = scenario_models::rows_of(rank);
+            ddp.join([&] {
+              for (int s = 0; s < (rank == 0 ? 3 : 1); ++s) {
+                sgd.zero_grad();
+                tp::mse_loss(ddp(batch.x), batch.y).backward();
+                sgd.step();
+              }
+            });
+            // Every broadcast first, so that the ranks' collectives pair
+            // up whatever this rank finds.
+            std::string found;
+            for (const auto& [name, p] : ddp.named_parameters()) {
+              tp::Tensor root = p.detach().clone();
+              group->broadcast(root, 0)->wait();
+              const double d = tp::max_abs_diff(p, root);
+              if (d != 0.0 && found.empty()) {
+                found = cat("rank ", rank, ": after join(), ", name, " differs from rank 0's by ",
+                            d, "; rank 0 joined last");
+              }
+            }
+            return found;
+          },
+          "a plain SGD's joined rank stops stepping and falls behind: the DDP's post hook "
+          "broadcasts the last joiner's parameters when every rank has joined, so Join must run "
+          "every post hook after its loop (Note [Join over joinables])"};
 }
 
 }  // namespace
@@ -463,7 +539,8 @@ int main(int argc, char** argv) {
   spec.stage = stage09::stage_spec();
   spec.cases = cases();
   spec.stage_checks = stage_checks;
-  for (train::Scenario scenario : {early_termination(), disabled_join(), empty_shards()}) {
+  for (train::Scenario scenario :
+       {early_termination(), disabled_join(), empty_shards(), join_alone()}) {
     spec.scenarios.push_back(std::move(scenario));
   }
   return train::run_checker<DDP>(argc, argv, spec);

@@ -809,7 +809,7 @@ std::string why_later_step_wrong(const Evidence& e, const Ending& end) {
         "divided by what the plan asks (", e.config.divisor == Divisor::ActiveRanks
                                                ? "the ranks still training"
                                                : "the initial world size",
-        "), and do the ranks that ran out add zeros to every bucket?");
+        "), and ", e.advice.after_a_rank_joins, "?");
   }
   if (!end.apart.empty()) {  // the ranks drifted apart in some later step
     return detail::cat(

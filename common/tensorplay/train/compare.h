@@ -71,6 +71,10 @@ struct Advice {
   // match the reference: are their gradients ___?", asked when the ranks
   // agree: where the stage moves a gradient, so that it can land wrong.
   std::string where_grads_move = "all-reduced and divided like the others";
+  // "the first wrong update is step 2's, the first step with fewer ranks
+  // training: is the summed gradient divided by what the plan asks, and
+  // ___?": what a rank that ran out must keep doing.
+  std::string after_a_rank_joins = "do the ranks that ran out add zeros to every bucket";
 };
 
 // Findings when the results are not what the plan says: a rank missing, a
