@@ -489,6 +489,33 @@ void print_uneven_steps(const RunConfig& config) {
   }
 }
 
+// A sharded optimizer's partition (stage 09), and what its step moved:
+// each rank's parameters with their elements, then rank 0's bytes per
+// collective in its last step.
+void print_shards(const RunConfig& config, const RankResult& rank0) {
+  std::printf("\nshards (each rank steps and keeps optimizer state for its own):\n");
+  for (size_t r = 0; r < rank0.shard_partition.size(); ++r) {
+    std::string names;
+    size_t elements = 0;
+    for (int64_t p : rank0.shard_partition[r]) {
+      const ParamValues& param = rank0.final_params.at(static_cast<size_t>(p));
+      names += (names.empty() ? "" : ", ") + param.name;
+      elements += param.values.size();
+    }
+    std::printf("  rank %zu: %zu elements: %s\n", r, elements, names.empty() ? "(none)" : names.c_str());
+  }
+  const int64_t steps = steps_of(config, rank0.rank);
+  if (steps == 0) return;
+  const int64_t k = config.micro_batches;
+  const auto last = [&](const std::vector<uint64_t>& per_micro) {
+    return static_cast<unsigned long long>(sum_over_step(per_micro, k, steps - 1));
+  };
+  std::printf("bytes in rank %d's last step: all-reduced %llu, reduce-scattered %llu, "
+              "all-gathered %llu\n",
+              rank0.rank, last(rank0.allreduce_bytes_per_micro),
+              last(rank0.reduce_scatter_bytes_per_micro), last(rank0.allgather_bytes_per_micro));
+}
+
 void print_summary(const DemoReport& report) {
   const RunConfig& config = report.args->config;
   const RankResult& rank0 = report.ranks->front();
@@ -515,6 +542,7 @@ void print_summary(const DemoReport& report) {
                 static_cast<unsigned long long>(report.bytes_in_first_step),
                 static_cast<unsigned long long>(report.bytes_in_last_step));
   }
+  if (!rank0.shard_partition.empty()) print_shards(config, rank0);
   if (k > 1) {
     // Where in the step they happen: with no_sync, all in the last one.
     std::string per_micro;
@@ -647,7 +675,11 @@ Json report_json(const DemoReport& report) {
     j["ranks"].push_back({{"rank", r.rank},
                           {"micro_batch_losses", numbers(r.losses)},
                           {"allreduces_per_micro", r.allreduces_per_micro},
-                          {"allreduce_bytes_per_micro", r.allreduce_bytes_per_micro}});
+                          {"allreduce_bytes_per_micro", r.allreduce_bytes_per_micro},
+                          {"reduce_scatter_bytes_per_micro", r.reduce_scatter_bytes_per_micro},
+                          {"allgather_bytes_per_micro", r.allgather_bytes_per_micro},
+                          {"shard_partition", r.shard_partition},
+                          {"params_with_state", r.params_with_state}});
   }
   j["final"] = {{"reference_param_norm", number_or_null(c.reference_norm)},
                 {"rank_param_norms", numbers(report.rank_norms)},
