@@ -611,6 +611,7 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const Tensor& tensor, int root
   if (is_cuda(tensor)) staging = begin_staging(fn, rank(), tensor, options_.check_in_flight_writes);
   charge_budget("broadcast");
   ++counters_.broadcast;
+  counters_.broadcast_bytes += static_cast<uint64_t>(tensor.nbytes());
   // Only the root's bytes are read; every rank's are written.
   const Buffer buf = staging ? staged_buffer(fn, rank(), *staging, tensor, rank() == root, true)
                              : buffer_for_collective(tensor, options_.check_in_flight_writes);

@@ -674,6 +674,7 @@ std::shared_ptr<Work> ProcessGroupNCCL::broadcast(const Tensor& tensor, int root
   }
   charge_budget("broadcast");
   ++counters_.broadcast;
+  counters_.broadcast_bytes += static_cast<uint64_t>(tensor.nbytes());
   void* data = tensor.data_ptr();
   const auto count = static_cast<std::size_t>(tensor.numel());
   const ncclDataType_t dtype = nccl_dtype(tensor.dtype());

@@ -511,9 +511,10 @@ void print_shards(const RunConfig& config, const RankResult& rank0) {
     return static_cast<unsigned long long>(sum_over_step(per_micro, k, steps - 1));
   };
   std::printf("bytes in rank %d's last step: all-reduced %llu, reduce-scattered %llu, "
-              "all-gathered %llu\n",
+              "all-gathered %llu, broadcast %llu\n",
               rank0.rank, last(rank0.allreduce_bytes_per_micro),
-              last(rank0.reduce_scatter_bytes_per_micro), last(rank0.allgather_bytes_per_micro));
+              last(rank0.reduce_scatter_bytes_per_micro), last(rank0.allgather_bytes_per_micro),
+              last(rank0.broadcast_bytes_per_micro));
 }
 
 void print_summary(const DemoReport& report) {
@@ -678,6 +679,7 @@ Json report_json(const DemoReport& report) {
                           {"allreduce_bytes_per_micro", r.allreduce_bytes_per_micro},
                           {"reduce_scatter_bytes_per_micro", r.reduce_scatter_bytes_per_micro},
                           {"allgather_bytes_per_micro", r.allgather_bytes_per_micro},
+                          {"broadcast_bytes_per_micro", r.broadcast_bytes_per_micro},
                           {"shard_partition", r.shard_partition},
                           {"params_with_state", r.params_with_state}});
   }

@@ -132,6 +132,7 @@ std::string serialize(const RankResult& r) {
                   {"allgather_bytes_per_micro", r.allgather_bytes_per_micro},
                   {"reduce_scatters_per_micro", r.reduce_scatters_per_micro},
                   {"reduce_scatter_bytes_per_micro", r.reduce_scatter_bytes_per_micro},
+                  {"broadcast_bytes_per_micro", r.broadcast_bytes_per_micro},
                   {"shard_partition", r.shard_partition},
                   {"params_with_state", r.params_with_state},
                   {"buckets", r.buckets},
@@ -172,6 +173,7 @@ RankResult parse_rank_result(const std::string& bytes) {
     r.reduce_scatters_per_micro = j.at("reduce_scatters_per_micro").get<std::vector<uint64_t>>();
     r.reduce_scatter_bytes_per_micro =
         j.at("reduce_scatter_bytes_per_micro").get<std::vector<uint64_t>>();
+    r.broadcast_bytes_per_micro = j.at("broadcast_bytes_per_micro").get<std::vector<uint64_t>>();
     r.shard_partition = j.at("shard_partition").get<std::vector<std::vector<int64_t>>>();
     r.params_with_state = j.at("params_with_state").get<std::vector<int64_t>>();
     r.buckets = j.at("buckets").get<std::vector<std::vector<int64_t>>>();

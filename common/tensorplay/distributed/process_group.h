@@ -72,6 +72,8 @@ struct CollectiveCounters {
   // Sum of nbytes over all-reduced tensors: what the all-reduces carried, so
   // a float16 bucket counts half the bytes of a float32 one.
   uint64_t allreduce_bytes = 0;
+  // Sum of nbytes over broadcast tensors (what the root sends each rank).
+  uint64_t broadcast_bytes = 0;
   // Sum of nbytes over the reduce-scatters' inputs: the whole flat tensor
   // reduced, every rank's block, so that sharded gradients count as many
   // bytes here as the same gradients all-reduced count in allreduce_bytes.

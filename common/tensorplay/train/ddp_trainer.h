@@ -8,8 +8,10 @@
 //     Capabilities (capabilities.h). The trainer does what the capabilities
 //     say: sync_grads() after the step's last backward for syncs_after_backward,
 //     nothing for syncs_in_backward, no_sync() around every micro-batch but
-//     the last when the stage has it, join() around the loop for uneven
-//     inputs.
+//     the last when the stage has it, join() around the loop (a Join over
+//     the DDP and its optimizer, for a stage with a sharded optimizer).
+//     The optimizer is tp::optim::SGD, or the stage's own (sharded_optimizer:
+//     make_optimizer).
 //   - train_rank() is the training loop of one rank, walking the plan of
 //     config.h; run_ddp() spawns config.world_size ranks, each with a
 //     process group on a fresh file:// rendezvous (make_rank_group), and
@@ -245,6 +247,7 @@ RankResult train_rank(int rank, const RunConfig& config,
         result.allgather_bytes_per_micro.push_back(group->counters().allgather_bytes);
         result.reduce_scatters_per_micro.push_back(group->counters().reduce_scatter);
         result.reduce_scatter_bytes_per_micro.push_back(group->counters().reduce_scatter_bytes);
+        result.broadcast_bytes_per_micro.push_back(group->counters().broadcast_bytes);
       }
       if (step == 0) result.after_first_step = snapshot(ddp.named_parameters());
     }

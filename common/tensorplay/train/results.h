@@ -60,6 +60,7 @@ struct RankResult {
   std::vector<uint64_t> allgather_bytes_per_micro;
   std::vector<uint64_t> reduce_scatters_per_micro;
   std::vector<uint64_t> reduce_scatter_bytes_per_micro;
+  std::vector<uint64_t> broadcast_bytes_per_micro;  // the bytes of broadcasts_per_micro
   uint64_t construction_allreduces = 0;  // issued by the DDP constructor
   uint64_t construction_broadcasts = 0;
   uint64_t construction_allgathers = 0;
