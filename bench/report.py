@@ -8,6 +8,9 @@ Input: a folder of results as `./kit bench` writes them (bench/results/):
   bench_hooks.w<W>.json       bench/bench_hooks.cc at W ranks
   hook_losses.json            bench/hook_losses.py: stage 08's loss per step
                               with each comm hook
+  bench_zero.w<W>.json        bench/bench_zero.cc at W ranks
+  zero_memory.json            bench/zero_memory.py: memory per rank of stage
+                              08 and stage 09 at W = 1..4
   torch_ddp.w<W>.json         bench/torch_ddp.py (only if PyTorch is installed)
   round<R>.bench_step.json,   short alternating runs of the kit's stage 03
   round<R>.torch_ddp.json     and PyTorch's DDP at 2 ranks, default caps
@@ -28,6 +31,9 @@ Output, in --out (the input folder unless given):
                      rank, and the step's time (interleaved medians)
   hook_losses.png    rank 0's loss per step with each hook against no hook,
                      and the distance between them
+  zero.png           stage 09: optimizer state per rank against W (plain
+                     DDP against ZeRO, with 1/W of DDP's drawn), and the
+                     step time of each optimizer (interleaved medians)
 The figures need python3-matplotlib (./kit installs it); --no-plots skips
 them.
 
@@ -77,7 +83,7 @@ def load(folder):
     if not os.path.isdir(folder):
         return results
     for file in sorted(os.listdir(folder)):
-        m = re.fullmatch(r"(bench_allreduce|bench_sync|bench_step|bench_hooks|torch_ddp)\.w(\d+)\.json", file)
+        m = re.fullmatch(r"(bench_allreduce|bench_sync|bench_step|bench_hooks|bench_zero|torch_ddp)\.w(\d+)\.json", file)
         if not m:
             continue
         with open(os.path.join(folder, file)) as f:
@@ -155,6 +161,15 @@ def load_rounds(folder):
 def load_hook_losses(folder):
     """bench/hook_losses.py's results, or None when they are absent."""
     path = os.path.join(folder, "hook_losses.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_zero_memory(folder):
+    """bench/zero_memory.py's results, or None when they are absent."""
+    path = os.path.join(folder, "zero_memory.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -601,7 +616,121 @@ def report_hook_losses(losses, report):
 
 # ---- the figures -----------------------------------------------------------
 
-def plot(results, fits, out, hook_losses=None):
+# Stage 09's optimizers, in the order bench_zero.cc runs them.
+OPTIMIZERS = [("sgd", "plain SGD (every rank steps everything)"),
+              ("zero", "ZeRO, composed, all-gather"),
+              ("zero_broadcast", "ZeRO, composed, a broadcast per shard"),
+              ("zero_rs", "ZeRO, reduce-scatter form")]
+FORMS = {"ddp": "DDP (stage 08)", "zero": "ZeRO composed (stage 09)",
+         "zero_rs": "ZeRO reduce-scatter form (stage 09)"}
+
+
+def report_zero_memory(memory, report):
+    report.add("## ZeRO: memory per rank (zero_memory.py, stages 08 and 09)", "")
+    if not memory:
+        report.add("Not measured (zero_memory.json missing).", "")
+        return
+    ddp = {run["world_size"]: max(r["optimizer_state_bytes"] for r in run["ranks"])
+           for run in memory["runs"] if run["form"] == "ddp"}
+    table = []
+    for run in memory["runs"]:
+        state = [r["optimizer_state_bytes"] for r in run["ranks"]]
+        peak = [r["peak_model_state_bytes"] for r in run["ranks"]]
+        w = run["world_size"]
+        table.append([run["world_size"], FORMS.get(run["form"], run["form"]),
+                      ", ".join(f"{b / 1024:.1f}" for b in state),
+                      f"{max(state) / ddp[w]:.3f}" if ddp.get(w) else "-",
+                      f"{1 / w:.3f}", ", ".join(f"{b / 1024:.1f}" for b in peak),
+                      "yes" if run["matches_reference"] else "NO"])
+    report.table(["W", "optimizer", "optimizer state per rank, KiB", "largest / DDP's",
+                  "1/W", "peak params+grads+state per rank, KiB", "matches the reference"], table)
+    c = memory["config"]
+    report.add(f"- the {c['model']} model, momentum {c['momentum']}, {c['steps']} steps; bytes "
+               "counted by the library on the tensor storage (tp::memory), per rank; a shard "
+               "holds whole parameters, so ZeRO's largest shard is within one parameter of "
+               "1/W of the model", "")
+
+
+def report_zero(results, report):
+    report.add("## ZeRO: step time and bytes per step (bench_zero, stage 09)", "")
+    found = False
+    for (program, w), result in sorted(results.items()):
+        if program != "bench_zero":
+            continue
+        found = True
+        runs = result["runs"]
+        round_ = runs.get("BM_ZeroRound", {})
+        table = []
+        for label, name in OPTIMIZERS:
+            run = runs.get(f"BM_StepStage09/opt:{label}")
+            if not run:
+                continue
+            over = 1.0 if label == "sgd" and round_ else round_.get(f"{label}_over_sgd")
+            table.append([name, f"{run['state_bytes'] / 1e3:.1f}",
+                          f"{run['allreduce_bytes'] / 1e3:.1f}",
+                          f"{run['reduce_scatter_bytes'] / 1e3:.1f}",
+                          f"{run['allgather_bytes'] / 1e3:.1f}",
+                          f"{run['broadcast_bytes'] / 1e3:.1f}", f"{run['collectives']:.0f}",
+                          f"{ms(run):.2f}",
+                          f"{round_[label + '_ms']:.2f}" if label + "_ms" in round_ else "-",
+                          f"{over:.2f}x" if over is not None else "-"])
+        report.add(f"### {w} ranks", "")
+        report.table(["optimizer", "state kB", "kB all-reduced", "kB reduce-scattered",
+                      "kB all-gathered", "kB broadcast", "collectives per step", "step p50 ms",
+                      "interleaved step p50 ms", "interleaved / plain SGD"], table)
+    if found:
+        report.add("- the deep model of bench_hooks (130 tensors, 4.2 MB), momentum 0.9; the "
+                   "bytes are what each collective was handed per step and rank (an all-gather "
+                   "or reduce-scatter: the whole flat tensor), not what crosses the wire", "")
+    else:
+        report.add("Not measured (bench_zero.w*.json missing).", "")
+
+
+def plot_zero(results, memory, save, plt):
+    """zero.png where zero_memory.json or bench_zero results exist."""
+    zero = {w: r["runs"] for (p, w), r in sorted(results.items()) if p == "bench_zero"}
+    if not memory and not zero:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    if memory:
+        by_form = {}
+        for run in memory["runs"]:
+            by_form.setdefault(run["form"], []).append(
+                (run["world_size"], max(r["optimizer_state_bytes"] for r in run["ranks"]) / 1024))
+        for form, points in by_form.items():
+            points.sort()
+            left.plot([p[0] for p in points], [p[1] for p in points], "o-",
+                      label=FORMS.get(form, form))
+        ddp = dict(by_form.get("ddp", []))
+        if ddp:
+            ws = sorted(ddp)
+            left.plot(ws, [ddp[w] / w for w in ws], "k:", label="DDP's / W")
+        left.set(xlabel="ranks (W)", ylabel="optimizer state per rank, KiB (largest rank)",
+                 title="Optimizer state per rank", ylim=(0, None))
+        left.set_xticks(sorted({run["world_size"] for run in memory["runs"]}))
+        left.legend(fontsize=7)
+    if zero:
+        width = 0.8 / len(zero)
+        for i, (w, runs) in enumerate(sorted(zero.items())):
+            round_ = runs.get("BM_ZeroRound", {})
+            xs, ys = [], []
+            for x, (label, _) in enumerate(OPTIMIZERS):
+                run = runs.get(f"BM_StepStage09/opt:{label}")
+                if run is None:
+                    continue
+                xs.append(x + (i - (len(zero) - 1) / 2) * width)
+                ys.append(round_.get(f"{label}_ms", ms(run)))
+            right.bar(xs, ys, width, label=f"{w} ranks",
+                      color={2: "tab:blue", 4: "tab:orange"}.get(w))
+        right.set_xticks(range(len(OPTIMIZERS)), ["plain SGD", "ZeRO\nall-gather",
+                                                  "ZeRO\nbroadcasts", "ZeRO\nreduce-scatter"],
+                         fontsize=8)
+        right.set(ylabel="one step, ms (interleaved medians)", title="Step time")
+        right.legend(fontsize=7)
+    save(fig, "zero.png")
+
+
+def plot(results, fits, out, hook_losses=None, zero_memory=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -747,6 +876,7 @@ def plot(results, fits, out, hook_losses=None):
         right.legend(fontsize=7)
         save(fig, "step.png")
     plot_hooks(results, hook_losses, save, plt)
+    plot_zero(results, zero_memory, save, plt)
     return written
 
 
@@ -854,6 +984,9 @@ def main():
     report_hooks(results, report)
     hook_losses = load_hook_losses(args.results)
     report_hook_losses(hook_losses, report)
+    report_zero(results, report)
+    zero_memory = load_zero_memory(args.results)
+    report_zero_memory(zero_memory, report)
     text = report.text()
     write_text(os.path.join(out, "summary.md"), text)
     print(text)
@@ -864,7 +997,7 @@ def main():
             print("report.py: no figures: python3-matplotlib is not installed "
                   "(apt-get install python3-matplotlib, or ./kit setup)", file=sys.stderr)
             return 1
-        for path in plot(results, fits, out, hook_losses):
+        for path in plot(results, fits, out, hook_losses, zero_memory):
             print(f"report.py: wrote {path}")
     return 0
 

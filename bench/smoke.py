@@ -35,6 +35,8 @@ PROGRAMS = [
                          "BM_AccumulateNoSync/micro:8", "BM_AccumulateSyncEvery/micro:1"]),
     ("bench_hooks", [2], ["BM_StepStage08Hook/hook:none", "BM_StepStage08Hook/hook:fp16",
                           "BM_StepStage08Hook/hook:powersgd_r4", "BM_HookRound"]),
+    ("bench_zero", [2], ["BM_StepStage09/opt:sgd", "BM_StepStage09/opt:zero",
+                         "BM_StepStage09/opt:zero_rs", "BM_ZeroRound"]),
 ]
 
 
@@ -58,7 +60,8 @@ def run(cmd):
 
 
 def main():
-    bench_dir, report_py, torch_py, hook_losses_py, demo_08 = sys.argv[1:6]
+    bench_dir, report_py, torch_py, hook_losses_py, demo_08, zero_memory_py, demo_09 = \
+        sys.argv[1:8]
     with tempfile.TemporaryDirectory(prefix="tp-bench-smoke-") as out:
         for program, sizes, needed in PROGRAMS:
             for w in sizes:
@@ -92,6 +95,8 @@ def main():
             print("smoke: PyTorch not installed: torch_ddp.py not run (it is optional)")
         run([sys.executable, hook_losses_py, demo_08, "--steps=5",
              "--out=" + os.path.join(out, "hook_losses.json")])
+        run([sys.executable, zero_memory_py, demo_08, demo_09, "--world-sizes=1,2",
+             "--out=" + os.path.join(out, "zero_memory.json")])
         plot_python = python_with("matplotlib")
         if not plot_python:
             sys.exit("smoke: no Python here can import matplotlib; ./kit installs "
@@ -112,10 +117,13 @@ def main():
                         "Bucket-cap sweep", "sync hidden by 03", "share of the step against the batch",
                         "Gradient accumulation (stage 04)", "## Targets", "Smoke run",
                         "Communication hooks: bytes and step time", "| fp16_compress_hook |",
-                        "Communication hooks: loss per step"):
+                        "Communication hooks: loss per step",
+                        "ZeRO: step time and bytes per step", "| ZeRO, reduce-scatter form |",
+                        "ZeRO: memory per rank"):
             if section not in text:
                 sys.exit(f"smoke: the report lacks '{section}'")
-        for figure in ("allreduce.png", "sync.png", "step.png", "hooks.png", "hook_losses.png"):
+        for figure in ("allreduce.png", "sync.png", "step.png", "hooks.png", "hook_losses.png",
+                       "zero.png"):
             path = os.path.join(out, figure)
             if not os.path.exists(path) or os.path.getsize(path) < 1000:
                 sys.exit(f"smoke: the report did not draw {figure}")

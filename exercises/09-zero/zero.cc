@@ -32,12 +32,9 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
   tp::optim::SGD check_all(params_, sgd_options_);
   partition_parameters();
   check_partition_agrees();
-  const std::vector<int64_t>& mine = partition_[static_cast<size_t>(process_group_->rank())];
-  if (!mine.empty()) {
-    std::vector<Tensor> shard;
-    for (int64_t p : mine) shard.push_back(params_[static_cast<size_t>(p)]);
-    local_ = std::make_unique<tp::optim::SGD>(std::move(shard), sgd_options_);
-  }
+  // EXERCISE: local_, the SGD that steps this rank's shard and keeps its
+  // state (zero.h); null for an empty shard (SGD refuses an empty list).
+  throw tp::NotImplemented("stage 09: ZeroRedundancyOptimizer::ZeroRedundancyOptimizer is not implemented yet (exercises/09-zero/zero.cc)");
   const int64_t total = std::accumulate(split_sizes_.begin(), split_sizes_.end(), int64_t{0});
   const tp::Dtype dtype = params_[0].dtype();
   for (const Tensor& p : params_) {
@@ -150,25 +147,11 @@ void ZeroRedundancyOptimizer::step() {
 void ZeroRedundancyOptimizer::sync_params() {
   tp::NoGradGuard no_grad;
   const int rank = process_group_->rank();
-  const std::vector<int64_t>& mine = partition_[static_cast<size_t>(rank)];
-  for (int64_t p : mine) flat_slot(flat_params_, p).copy_(params_[static_cast<size_t>(p)]);
-  if (options_.param_sync == "allgather") {
-    process_group_->allgather_into_tensor(flat_params_, block(flat_params_, rank), split_sizes_)
-        ->wait();
-  } else {
-    std::vector<std::shared_ptr<Work>> works;
-    for (int r = 0; r < process_group_->size(); ++r) {
-      if (split_sizes_[static_cast<size_t>(r)] == 0) continue;  // an empty shard: nothing to send
-      works.push_back(process_group_->broadcast(block(flat_params_, r), r));
-    }
-    for (const std::shared_ptr<Work>& work : works) work->wait();
-  }
-  for (int r = 0; r < process_group_->size(); ++r) {
-    if (r == rank) continue;
-    for (int64_t p : partition_[static_cast<size_t>(r)]) {
-      params_[static_cast<size_t>(p)].copy_(flat_slot(flat_params_, p));
-    }
-  }
+  // EXERCISE: every rank ends with every shard as its owner updated it,
+  // through flat_params_ (block(), flat_slot()): by one all-gather, or by
+  // param_sync "broadcast", one broadcast per non-empty shard from its
+  // owner (Note [Shards back to every rank]).
+  throw tp::NotImplemented("stage 09: ZeroRedundancyOptimizer::sync_params is not implemented yet (exercises/09-zero/zero.cc)");
 }
 
 // Note [The reduce-scatter form]

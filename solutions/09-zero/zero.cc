@@ -30,12 +30,16 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
   tp::optim::SGD check_all(params_, sgd_options_);
   partition_parameters();
   check_partition_agrees();
+  // EXERCISE: local_, the SGD that steps this rank's shard and keeps its
+  // state (zero.h); null for an empty shard (SGD refuses an empty list).
+  // BEGIN SOLUTION
   const std::vector<int64_t>& mine = partition_[static_cast<size_t>(process_group_->rank())];
   if (!mine.empty()) {
     std::vector<Tensor> shard;
     for (int64_t p : mine) shard.push_back(params_[static_cast<size_t>(p)]);
     local_ = std::make_unique<tp::optim::SGD>(std::move(shard), sgd_options_);
   }
+  // END SOLUTION
   const int64_t total = std::accumulate(split_sizes_.begin(), split_sizes_.end(), int64_t{0});
   const tp::Dtype dtype = params_[0].dtype();
   for (const Tensor& p : params_) {
@@ -164,6 +168,11 @@ void ZeroRedundancyOptimizer::step() {
 void ZeroRedundancyOptimizer::sync_params() {
   tp::NoGradGuard no_grad;
   const int rank = process_group_->rank();
+  // EXERCISE: every rank ends with every shard as its owner updated it,
+  // through flat_params_ (block(), flat_slot()): by one all-gather, or by
+  // param_sync "broadcast", one broadcast per non-empty shard from its
+  // owner (Note [Shards back to every rank]).
+  // BEGIN SOLUTION
   const std::vector<int64_t>& mine = partition_[static_cast<size_t>(rank)];
   for (int64_t p : mine) flat_slot(flat_params_, p).copy_(params_[static_cast<size_t>(p)]);
   if (options_.param_sync == "allgather") {
@@ -183,6 +192,7 @@ void ZeroRedundancyOptimizer::sync_params() {
       params_[static_cast<size_t>(p)].copy_(flat_slot(flat_params_, p));
     }
   }
+  // END SOLUTION
 }
 
 // Note [The reduce-scatter form]

@@ -1,0 +1,228 @@
+// Stage 09's sharded optimizer on spawned ranks: what ZeRO does to a
+// training step's time, to the bytes a rank's collectives carry, and to the
+// optimizer state a rank holds. Lesson 09 quotes these numbers.
+//
+// What it measures, on bench_step.cc's deep_mlp(16, kWidth, kDepth, 4) (130
+// parameter tensors, 4.2 MB of float32 parameters) and 64 rows per rank
+// (--batch=N), SGD with momentum 0.9, one step being zero_grad, forward,
+// loss, backward (the DDP's buckets, bucket by bucket) and the optimizer's
+// step:
+//   BM_StepStage09/opt:O   the step with optimizer O, one of
+//                          sgd (stage 09's DDP with the kit's plain SGD:
+//                          every rank steps everything, as stage 08),
+//                          zero (ZeroRedundancyOptimizer composed with the
+//                          DDP, shards sent by one all-gather),
+//                          zero_broadcast (the same, one broadcast per
+//                          shard, as PyTorch), and
+//                          zero_rs (the reduce-scatter form: the DDP sends
+//                          nothing, step() reduce-scatters the gradients).
+//   BM_ZeroRound           the four steps interleaved, one of each per
+//                          iteration, in an order rotated every iteration:
+//                          "<O>_ms", each one's median step, and
+//                          "<O>_over_sgd", the median over the iterations of
+//                          its step over the plain SGD step of the same
+//                          iteration: the ratios to quote, since a change
+//                          in the machine's load weighs on all alike.
+// Counters of BM_StepStage09, per step and rank, after the warm-up:
+// "allreduce_bytes", "reduce_scatter_bytes", "allgather_bytes",
+// "broadcast_bytes" (what each kind of collective was handed,
+// CollectiveCounters), "collectives" (how many, all kinds), "state_bytes"
+// (the optimizer state this rank holds: tp::memory's OptimizerState live
+// bytes, counted on the tensor storage), "param_bytes" (the model), and
+// "p50_ms", "p90_ms".
+//
+// What the numbers depend on: as bench_hooks.cc, the ranks share the
+// machine's cores with their communication threads, and the wire is
+// loopback TCP, CPU work too; every byte costs CPU time here.
+//
+// Run: build/bench/bench_zero [--world-size=N] [--batch=N]
+// [--benchmark_filter=...]; ./kit bench runs it at 2 and 4 ranks.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "09-zero/stage.h"
+#include "tensorplay/data.h"
+#include "tensorplay/distributed/process_group.h"
+#include "tensorplay/memory.h"
+#include "tensorplay/nn/models.h"
+#include "tensorplay/ops.h"
+#include "tensorplay/optim/sgd.h"
+#include "tensorplay/random.h"
+#include "ranked_benchmark.h"
+
+namespace {
+
+namespace dist = tp::distributed;
+using Clock = std::chrono::steady_clock;
+using tp::bench::ms_since;
+
+constexpr int kDefaultWorldSize = 2;
+constexpr int64_t kDefaultBatch = 64;
+constexpr int64_t kWidth = 128;  // bench_step.cc's model
+constexpr int64_t kDepth = 64;
+constexpr double kMomentum = 0.9;
+
+int64_t iterations_at(int world_size) {
+  return tp::bench::iterations(std::max<int64_t>(10, 80 / world_size));
+}
+
+// One optimizer set-up, as its label names it.
+struct Optimizer {
+  const char* label;
+  bool sharded = false;
+  bool reduce_scatter = false;
+  const char* param_sync = "allgather";
+};
+constexpr Optimizer kOptimizers[] = {{"sgd"},
+                                     {"zero", true},
+                                     {"zero_broadcast", true, false, "broadcast"},
+                                     {"zero_rs", true, true}};
+
+struct Rank {
+  std::shared_ptr<dist::ProcessGroup> group;
+  int64_t batch = kDefaultBatch;
+};
+
+// One DDP of stage 09 and its optimizer, and this rank's batch.
+class ZeroStep {
+ public:
+  ZeroStep(const Optimizer& opt, const Rank& rank)
+      : ddp_(model(), rank.group, options_of(opt)),
+        batch_(tp::data::SyntheticRegression().rows(rank.group->rank() * rank.batch,
+                                                    rank.batch)) {
+    const tp::optim::SGDOptions sgd{.lr = 1e-3, .momentum = kMomentum};
+    if (opt.sharded) {
+      zero_ = stage09::make_optimizer(ddp_, sgd, options_of(opt));
+    } else {
+      sgd_ = std::make_unique<tp::optim::SGD>(ddp_.parameters(), sgd);
+    }
+  }
+
+  void run() {
+    if (zero_) zero_->zero_grad(); else sgd_->zero_grad();
+    tp::mse_loss(ddp_(batch_.x), batch_.y).backward();
+    if (zero_) zero_->step(); else sgd_->step();
+  }
+
+  void warm_up() {
+    for (int64_t i = 0; i < 1 + tp::bench::warmup_iterations(); ++i) run();
+  }
+
+  uint64_t param_bytes() const {
+    uint64_t bytes = 0;
+    for (const tp::Tensor& p : ddp_.parameters()) bytes += p.nbytes();
+    return bytes;
+  }
+
+ private:
+  static std::shared_ptr<tp::nn::Module> model() {
+    tp::manual_seed(0);
+    return tp::nn::deep_mlp(16, kWidth, kDepth, 4);
+  }
+  static stage09::Options options_of(const Optimizer& opt) {
+    stage09::Options options;
+    options.reduce_scatter = opt.reduce_scatter;
+    options.param_sync = opt.param_sync;
+    return options;
+  }
+
+  stage09::DistributedDataParallel ddp_;
+  std::unique_ptr<stage09::ZeroRedundancyOptimizer> zero_;
+  std::unique_ptr<tp::optim::SGD> sgd_;
+  tp::data::Batch batch_;
+};
+
+uint64_t collectives(const dist::CollectiveCounters& c) {
+  return c.allreduce + c.broadcast + c.allgather + c.reduce_scatter + c.barrier;
+}
+
+void bm_step(benchmark::State& state, const Optimizer& opt, const Rank& rank) {
+  // Counted from an empty process: this optimizer's state only.
+  const uint64_t state_before = tp::memory::stats().live_bytes(tp::memory::Kind::OptimizerState);
+  ZeroStep step(opt, rank);
+  step.warm_up();
+  const uint64_t state_bytes =
+      tp::memory::stats().live_bytes(tp::memory::Kind::OptimizerState) - state_before;
+  dist::ProcessGroup& group = *rank.group;
+  group.barrier()->wait();
+  const dist::CollectiveCounters before = group.counters();
+  tp::bench::time_each_iteration(state, "ms", [&] { step.run(); });
+  const dist::CollectiveCounters after = group.counters();
+  const auto steps = static_cast<double>(state.iterations());
+  const auto per_step = [steps](uint64_t a, uint64_t b) { return static_cast<double>(a - b) / steps; };
+  state.counters["allreduce_bytes"] = per_step(after.allreduce_bytes, before.allreduce_bytes);
+  state.counters["reduce_scatter_bytes"] =
+      per_step(after.reduce_scatter_bytes, before.reduce_scatter_bytes);
+  state.counters["allgather_bytes"] = per_step(after.allgather_bytes, before.allgather_bytes);
+  state.counters["broadcast_bytes"] = per_step(after.broadcast_bytes, before.broadcast_bytes);
+  state.counters["collectives"] = per_step(collectives(after), collectives(before));
+  state.counters["state_bytes"] = static_cast<double>(state_bytes);
+  state.counters["param_bytes"] = static_cast<double>(step.param_bytes());
+}
+
+void bm_round(benchmark::State& state, const Rank& rank) {
+  std::vector<std::unique_ptr<ZeroStep>> steps;
+  for (const Optimizer& opt : kOptimizers) steps.push_back(std::make_unique<ZeroStep>(opt, rank));
+  for (auto& step : steps) step->warm_up();
+  rank.group->barrier()->wait();
+  const size_t n = steps.size();
+  std::vector<std::vector<double>> ms(n), over_sgd(n);
+  size_t first = 0;
+  for (auto _ : state) {
+    std::vector<double> now(n);
+    for (size_t k = 0; k < n; ++k) {
+      const size_t o = (first + k) % n;
+      const auto start = Clock::now();
+      steps[o]->run();
+      now[o] = ms_since(start);
+    }
+    first = (first + 1) % n;
+    for (size_t o = 0; o < n; ++o) {
+      ms[o].push_back(now[o]);
+      over_sgd[o].push_back(now[o] / now[0]);  // kOptimizers[0] is plain SGD
+    }
+  }
+  for (size_t o = 0; o < n; ++o) {
+    const std::string label = kOptimizers[o].label;
+    state.counters[label + "_ms"] = tp::bench::quantile(ms[o], 0.5);
+    if (o > 0) state.counters[label + "_over_sgd"] = tp::bench::quantile(over_sgd[o], 0.5);
+  }
+}
+
+void register_benchmarks(const Rank& rank) {
+  tp::bench::describe_stage(stage09::stage_spec());
+  benchmark::AddCustomContext("batch", std::to_string(rank.batch));
+  benchmark::AddCustomContext("momentum", std::to_string(kMomentum));
+  for (const Optimizer& opt : kOptimizers) {
+    const std::string name = std::string("BM_StepStage09/opt:") + opt.label;
+    benchmark::RegisterBenchmark(
+        name.c_str(), [&opt, rank](benchmark::State& state) { bm_step(state, opt, rank); })
+        ->Iterations(iterations_at(rank.group->size()))
+        ->ComputeStatistics("p90", tp::bench::p90)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
+  benchmark::RegisterBenchmark("BM_ZeroRound",
+                               [rank](benchmark::State& state) { bm_round(state, rank); })
+      ->Iterations(iterations_at(rank.group->size()))
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  long batch = kDefaultBatch;
+  return tp::bench::ranked_benchmark_main(
+      argc, argv, "bench_zero", kDefaultWorldSize,
+      {{"batch", 1, 4096, "gives each rank N rows per step", &batch}},
+      [&batch](const tp::bench::RankSetup& setup) {
+        register_benchmarks({setup.group, batch});
+      });
+}
