@@ -117,6 +117,17 @@ trace::Event event_from(const Json& j) {
 
 }  // namespace
 
+void record_micro_batch(RankResult& result, const distributed::CollectiveCounters& counters) {
+  result.allreduces_per_micro.push_back(counters.allreduce);
+  result.broadcasts_per_micro.push_back(counters.broadcast);
+  result.allreduce_bytes_per_micro.push_back(counters.allreduce_bytes);
+  result.broadcast_bytes_per_micro.push_back(counters.broadcast_bytes);
+  result.allgathers_per_micro.push_back(counters.allgather);
+  result.allgather_bytes_per_micro.push_back(counters.allgather_bytes);
+  result.reduce_scatters_per_micro.push_back(counters.reduce_scatter);
+  result.reduce_scatter_bytes_per_micro.push_back(counters.reduce_scatter_bytes);
+}
+
 std::string serialize(const RankResult& r) {
   Json events = Json::array();
   for (const trace::Event& e : r.events) events.push_back(event_json(e));

@@ -240,14 +240,7 @@ RankResult train_rank(int rank, const RunConfig& config,
           trace::Span span("optimizer", "compute");
           optimizer->step();
         }
-        result.allreduces_per_micro.push_back(group->counters().allreduce);
-        result.broadcasts_per_micro.push_back(group->counters().broadcast);
-        result.allreduce_bytes_per_micro.push_back(group->counters().allreduce_bytes);
-        result.allgathers_per_micro.push_back(group->counters().allgather);
-        result.allgather_bytes_per_micro.push_back(group->counters().allgather_bytes);
-        result.reduce_scatters_per_micro.push_back(group->counters().reduce_scatter);
-        result.reduce_scatter_bytes_per_micro.push_back(group->counters().reduce_scatter_bytes);
-        result.broadcast_bytes_per_micro.push_back(group->counters().broadcast_bytes);
+        record_micro_batch(result, group->counters());  // what it issued
       }
       if (step == 0) result.after_first_step = snapshot(ddp.named_parameters());
     }

@@ -101,6 +101,10 @@ struct ReferenceResult {
   std::vector<std::string> unreached_in_step0;
 };
 
+// Appends one micro-batch's collectives (counted since the group's counters
+// were reset at its start) to the *_per_micro vectors of `result`.
+void record_micro_batch(RankResult& result, const distributed::CollectiveCounters& counters);
+
 // RankResult::grad_storage for these parameters.
 std::vector<int64_t> grad_storage_groups(const std::vector<Tensor>& params);
 
