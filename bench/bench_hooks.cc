@@ -58,6 +58,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -198,36 +199,19 @@ void bm_step_hook(benchmark::State& state, const Hook& hook, const Rank& rank) {
   state.counters["cores"] = cpu_ms / wall_ms;
 }
 
-// Every hook's step, one of each per iteration; the order rotates by one
-// every iteration, so each hook is first, second, ... equally often.
+// Every hook's step, one of each per iteration (tp::bench::interleaved_round).
 void bm_hook_round(benchmark::State& state, const Rank& rank) {
   std::vector<std::unique_ptr<HookedStep>> steps;
-  for (const Hook& hook : kHooks) steps.push_back(std::make_unique<HookedStep>(hook, rank));
+  std::vector<std::string> labels;
+  std::vector<std::function<void()>> runs;
+  for (const Hook& hook : kHooks) {
+    steps.push_back(std::make_unique<HookedStep>(hook, rank));
+    labels.push_back(hook.label);  // kHooks[0] is "none": "<H>_over_none"
+    runs.push_back([step = steps.back().get()] { step->run(); });
+  }
   for (auto& step : steps) step->warm_up();
   rank.group->barrier()->wait();
-
-  const size_t n = steps.size();
-  std::vector<std::vector<double>> ms(n), over_none(n);
-  size_t first = 0;
-  for (auto _ : state) {
-    std::vector<double> now(n);
-    for (size_t k = 0; k < n; ++k) {
-      const size_t h = (first + k) % n;
-      const auto start = Clock::now();
-      steps[h]->run();
-      now[h] = ms_since(start);
-    }
-    first = (first + 1) % n;
-    for (size_t h = 0; h < n; ++h) {
-      ms[h].push_back(now[h]);
-      over_none[h].push_back(now[h] / now[0]);  // kHooks[0] is "none"
-    }
-  }
-  for (size_t h = 0; h < n; ++h) {
-    const std::string label = kHooks[h].label;
-    state.counters[label + "_ms"] = tp::bench::quantile(ms[h], 0.5);
-    if (h > 0) state.counters[label + "_over_none"] = tp::bench::quantile(over_none[h], 0.5);
-  }
+  tp::bench::interleaved_round(state, labels, runs);
 }
 
 void register_benchmarks(const Rank& rank) {

@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,8 +60,6 @@
 namespace {
 
 namespace dist = tp::distributed;
-using Clock = std::chrono::steady_clock;
-using tp::bench::ms_since;
 
 constexpr int kDefaultWorldSize = 2;
 constexpr int64_t kDefaultBatch = 64;
@@ -166,33 +165,19 @@ void bm_step(benchmark::State& state, const Optimizer& opt, const Rank& rank) {
   state.counters["param_bytes"] = static_cast<double>(step.param_bytes());
 }
 
+// Every optimizer's step, one of each per iteration (tp::bench::interleaved_round).
 void bm_round(benchmark::State& state, const Rank& rank) {
   std::vector<std::unique_ptr<ZeroStep>> steps;
-  for (const Optimizer& opt : kOptimizers) steps.push_back(std::make_unique<ZeroStep>(opt, rank));
+  std::vector<std::string> labels;
+  std::vector<std::function<void()>> runs;
+  for (const Optimizer& opt : kOptimizers) {
+    steps.push_back(std::make_unique<ZeroStep>(opt, rank));
+    labels.push_back(opt.label);  // kOptimizers[0] is "sgd": "<O>_over_sgd"
+    runs.push_back([step = steps.back().get()] { step->run(); });
+  }
   for (auto& step : steps) step->warm_up();
   rank.group->barrier()->wait();
-  const size_t n = steps.size();
-  std::vector<std::vector<double>> ms(n), over_sgd(n);
-  size_t first = 0;
-  for (auto _ : state) {
-    std::vector<double> now(n);
-    for (size_t k = 0; k < n; ++k) {
-      const size_t o = (first + k) % n;
-      const auto start = Clock::now();
-      steps[o]->run();
-      now[o] = ms_since(start);
-    }
-    first = (first + 1) % n;
-    for (size_t o = 0; o < n; ++o) {
-      ms[o].push_back(now[o]);
-      over_sgd[o].push_back(now[o] / now[0]);  // kOptimizers[0] is plain SGD
-    }
-  }
-  for (size_t o = 0; o < n; ++o) {
-    const std::string label = kOptimizers[o].label;
-    state.counters[label + "_ms"] = tp::bench::quantile(ms[o], 0.5);
-    if (o > 0) state.counters[label + "_over_sgd"] = tp::bench::quantile(over_sgd[o], 0.5);
-  }
+  tp::bench::interleaved_round(state, labels, runs);
 }
 
 void register_benchmarks(const Rank& rank) {

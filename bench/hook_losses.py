@@ -33,11 +33,11 @@ Run: python3 bench/hook_losses.py build/lessons/demo_08
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 from atomic_file import write_text
+from demo_json import run_demo
 
 # (label, demo flags): the label names the run in the results and the figure.
 POWERSGD_START = 2  # as bench_hooks.cc's kPowerSGDStart
@@ -50,17 +50,6 @@ HOOKS = [
     ("powersgd_r4", ["--comm-hook", "powersgd", "--powersgd-rank", "4",
                      "--powersgd-start-iteration", str(POWERSGD_START)]),
 ]
-
-
-def run_demo(demo, flags, json_path):
-    """Runs the demo, its table discarded; exits with its output if it fails."""
-    cmd = [demo] + flags + ["--json", json_path]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode != 0:
-        sys.exit(f"hook_losses.py: {' '.join(cmd)} failed with exit code {done.returncode}:\n"
-                 + done.stdout[-3000:])
-    with open(json_path) as f:
-        return json.load(f)
 
 
 def main():
@@ -83,7 +72,7 @@ def main():
         for label, flags in HOOKS:
             print(f"hook_losses.py: {label}: {args.steps} steps at {args.world_size} ranks",
                   flush=True)
-            data = run_demo(args.demo, common + flags, os.path.join(tmp, label + ".json"))
+            data = run_demo("hook_losses.py", args.demo, common + flags, os.path.join(tmp, label + ".json"))
             config = config or data["config"]
             final = data["final"]
             runs.append({

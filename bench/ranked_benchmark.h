@@ -130,6 +130,38 @@ void time_each_iteration(benchmark::State& state, const std::string& unit, One&&
   state.counters["p90_" + unit] = quantile(seconds, 0.9) * scale;
 }
 
+// Several set-ups of one step compared a moment apart: each iteration runs
+// every one of `steps` once, in an order rotated by one every iteration (so
+// each is first, second, ... equally often), and sets "<label>_ms", each
+// one's median step, and "<label>_over_<labels[0]>", the median over the
+// iterations of its step over steps[0]'s in the same iteration. A change in
+// the machine's load weighs on all alike: the ratios are the numbers to
+// quote. REQUIRES: labels.size() == steps.size() >= 1.
+inline void interleaved_round(benchmark::State& state, const std::vector<std::string>& labels,
+                              const std::vector<std::function<void()>>& steps) {
+  const size_t n = steps.size();
+  std::vector<std::vector<double>> ms(n), over_first(n);
+  size_t first = 0;
+  for (auto _ : state) {
+    std::vector<double> now(n);
+    for (size_t k = 0; k < n; ++k) {
+      const size_t s = (first + k) % n;
+      const auto start = std::chrono::steady_clock::now();
+      steps[s]();
+      now[s] = ms_since(start);
+    }
+    first = (first + 1) % n;
+    for (size_t s = 0; s < n; ++s) {
+      ms[s].push_back(now[s]);
+      over_first[s].push_back(now[s] / now[0]);
+    }
+  }
+  for (size_t s = 0; s < n; ++s) {
+    state.counters[labels[s] + "_ms"] = quantile(ms[s], 0.5);
+    if (s > 0) state.counters[labels[s] + "_over_" + labels[0]] = quantile(over_first[s], 0.5);
+  }
+}
+
 namespace detail {
 
 // The other ranks' display reporter: runs everything, prints nothing.

@@ -158,18 +158,10 @@ def load_rounds(folder):
     return rounds
 
 
-def load_hook_losses(folder):
-    """bench/hook_losses.py's results, or None when they are absent."""
-    path = os.path.join(folder, "hook_losses.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def load_zero_memory(folder):
-    """bench/zero_memory.py's results, or None when they are absent."""
-    path = os.path.join(folder, "zero_memory.json")
+def load_json(folder, name):
+    """A results file a script wrote whole (hook_losses.json, zero_memory.json),
+    or None when it is absent."""
+    path = os.path.join(folder, name)
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -982,10 +974,10 @@ def main():
     report_step(results, report)
     report_versus_torch(load_rounds(args.results), report)
     report_hooks(results, report)
-    hook_losses = load_hook_losses(args.results)
+    hook_losses = load_json(args.results, "hook_losses.json")
     report_hook_losses(hook_losses, report)
     report_zero(results, report)
-    zero_memory = load_zero_memory(args.results)
+    zero_memory = load_json(args.results, "zero_memory.json")
     report_zero_memory(zero_memory, report)
     text = report.text()
     write_text(os.path.join(out, "summary.md"), text)

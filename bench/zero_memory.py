@@ -26,25 +26,14 @@ Run: python3 bench/zero_memory.py build/lessons/demo_08 build/lessons/demo_09
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 from atomic_file import write_text
+from demo_json import run_demo
 
 COMMON = ["--model", "deep", "--momentum", "0.9", "--steps", "4"]
 FORMS = [("08", "ddp", []), ("09", "zero", []), ("09", "zero_rs", ["--reduce-scatter"])]
-
-
-def run_demo(demo, flags, json_path):
-    """Runs the demo, its table discarded; exits with its output if it fails."""
-    cmd = [demo] + flags + ["--json", json_path]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode != 0:
-        sys.exit(f"zero_memory.py: {' '.join(cmd)} failed with exit code {done.returncode}:\n"
-                 + done.stdout[-3000:])
-    with open(json_path) as f:
-        return json.load(f)
 
 
 def main():
@@ -61,7 +50,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="tp-zero-memory-") as tmp:
         for w in [int(x) for x in args.world_sizes.split(",")]:
             for stage, form, flags in FORMS:
-                data = run_demo(demos[stage], COMMON + ["--world-size", str(w)] + flags,
+                data = run_demo("zero_memory.py", demos[stage], COMMON + ["--world-size", str(w)] + flags,
                                 os.path.join(tmp, f"{form}.w{w}.json"))
                 ranks = []
                 for r in data["ranks"]:
