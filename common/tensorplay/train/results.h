@@ -17,10 +17,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tensorplay/distributed/process_group.h"
+#include "tensorplay/memory.h"
 #include "tensorplay/nn/module.h"
 #include "tensorplay/tensor.h"
 #include "tensorplay/trace.h"
@@ -72,6 +74,11 @@ struct RankResult {
   // rank, i.e. that got no gradient from its backward (tp::train::
   // unreached_parameters).
   std::vector<std::vector<int64_t>> unreached_per_micro;
+  // This rank's tensor bytes by kind (tp::memory), read after the last step
+  // (before the final snapshot); the peaks count from just before the model
+  // was built. Empty when the lesson's own worker ran the rank (--worker): it
+  // measures nothing.
+  std::optional<memory::Stats> memory;
   std::vector<trace::Event> events;  // when RunConfig::trace is set
 };
 
