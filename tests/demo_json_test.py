@@ -10,6 +10,8 @@ per-micro-batch record: K losses per step on every rank, and all-reduces only
 on the micro-batch that syncs. The header names the seed mode of each run.
 A demo that offers --worker (lesson 01: the lesson's own rank worker) must
 give, through the worker, the same losses as through the kit's trainer.
+Every rank's memory (tp::memory) is in the JSON and in the printed table,
+and with momentum the optimizer state is exactly the parameters' bytes.
 --device cuda on a stage without the cuda capability is a usage error
 (exit 2) that says which stage runs on CUDA, on any machine; a stage with it
 (--runs-on-cuda: stage 03) is not refused for that reason.
@@ -109,12 +111,86 @@ def main(demo):
             fail(f"table row {row[0]}: rank 0 DDP loss {row[2]} vs JSON {step['ddp_rank_losses'][0]}")
     print(f"ok: {STEPS} steps x {WORLD} ranks match the reference within {tol}; "
           f"max |param diff| {final['max_param_diff_vs_reference']:.2e}")
+    check_memory_table(run.stdout, data)
+    check_memory(demo)
     check_accumulation(demo)
     check_worker(demo, data)
     check_write_errors(demo)
     check_diverging_reference(demo)
     check_launch_mistakes(demo)
     check_cuda_refusal(demo)
+
+
+def memory_rows(stdout):
+    """The "memory per rank" table's rows, each [rank, params, grads, state,
+    peak] as numbers (KiB); None when the demo printed no such table."""
+    lines = stdout.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("memory per rank")]
+    if not starts:
+        return None
+    rows = []
+    for line in lines[starts[0] + 2:]:  # past the title and the column names
+        words = line.split()
+        if len(words) != 5 or not words[0].isdigit():
+            break
+        rows.append([int(words[0])] + [float(w) for w in words[1:]])
+    return rows
+
+
+def check_memory_table(stdout, data):
+    """Every rank's memory, measured by tp::memory, in the JSON and in the
+    printed table (KiB, one decimal), with the same numbers."""
+    rows = memory_rows(stdout)
+    if rows is None:
+        fail("the demo printed no 'memory per rank' table")
+    if [r[0] for r in rows] != list(range(WORLD)):
+        fail(f"the memory table lists ranks {[r[0] for r in rows]}, expected 0 to {WORLD - 1}")
+    keys = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "peak_model_state_bytes")
+    for row, rank in zip(rows, data["ranks"]):
+        m = rank["memory"]
+        if m is None:
+            fail(f"rank {rank['rank']}: no memory record in the JSON")
+        for cell, key in zip(row[1:], keys):
+            if abs(cell - m[key] / 1024) > 0.05 + 1e-9:
+                fail(f"rank {rank['rank']}: the table shows {cell} KiB for {key}, the JSON {m[key]} B")
+        if m["parameter_bytes"] <= 0:
+            fail(f"rank {rank['rank']}: {m['parameter_bytes']} parameter bytes")
+        if data["config"]["momentum"] == 0 and m["optimizer_state_bytes"] != 0:
+            fail(f"rank {rank['rank']}: SGD without momentum holds {m['optimizer_state_bytes']} B of state")
+        live = m["parameter_bytes"] + m["gradient_bytes"] + m["optimizer_state_bytes"]
+        if m["peak_model_state_bytes"] < live:
+            fail(f"rank {rank['rank']}: peak model state {m['peak_model_state_bytes']} B below what is live, {live} B")
+    print(f"ok: memory per rank in the table and the JSON: {data['ranks'][0]['memory']}")
+
+
+def check_memory(demo, world=4):
+    """With momentum, SGD keeps one buffer per parameter: optimizer state ==
+    parameter bytes on every rank, and the same numbers on every rank (plain
+    DDP replicates the whole model state)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "demo.json")
+        run = subprocess.run([demo, "--world-size", str(world), "--steps", "2", "--momentum", "0.9",
+                              "--json", path], capture_output=True, text=True, timeout=240)
+        if run.returncode != 0:
+            print(run.stdout, run.stderr)
+            fail(f"the demo with --momentum 0.9 exited with {run.returncode}")
+        data = json.load(open(path))
+    mems = [r["memory"] for r in data["ranks"]]
+    if len(mems) != world or any(m is None for m in mems):
+        fail(f"with momentum, not every rank has a memory record: {mems}")
+    for rank, m in enumerate(mems):
+        if m["optimizer_state_bytes"] != m["parameter_bytes"]:
+            fail(f"rank {rank}: momentum 0.9 holds {m['optimizer_state_bytes']} B of optimizer "
+                 f"state for {m['parameter_bytes']} B of parameters; expected the same")
+        if not 0 < m["gradient_bytes"] <= m["parameter_bytes"]:
+            fail(f"rank {rank}: {m['gradient_bytes']} B of gradients for {m['parameter_bytes']} B "
+                 f"of parameters")
+    # The peaks may differ by a tensor the communication thread let go of a
+    # moment later on one rank; what is live at the end may not.
+    live = [{k: v for k, v in m.items() if k != "peak_model_state_bytes"} for m in mems]
+    if any(m != live[0] for m in live):
+        fail(f"plain DDP replicates the model state, but the ranks differ: {mems}")
+    print(f"ok: with momentum every rank's optimizer state is its parameter bytes: {mems[0]}")
 
 
 def check_worker(demo, trainer_data):
@@ -138,6 +214,8 @@ def check_worker(demo, trainer_data):
         fail("with --worker the header does not say the lesson's worker ran")
     if "all-reduces in step 0" in run.stdout:
         fail("with --worker the demo shows collective counts, which a worker does not record")
+    if memory_rows(run.stdout) is not None or any(r["memory"] is not None for r in data["ranks"]):
+        fail("with --worker the demo shows memory, which a worker does not measure")
     mine = [r["micro_batch_losses"] for r in data["ranks"]]
     trainer = [r["micro_batch_losses"] for r in trainer_data["ranks"]]
     if mine != trainer:

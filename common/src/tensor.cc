@@ -118,10 +118,12 @@ Strides contiguous_strides(const Shape& shape) {
 static constexpr std::align_val_t kStorageAlignment{64};
 
 Storage::Storage(std::size_t nbytes, Device device)
-    : data_(nullptr), nbytes_(nbytes), device_(device) {
+    : data_(nullptr), nbytes_(nbytes), device_(device), memory_kind_(memory::current_kind()) {
   if (device.type == DeviceType::CPU) {
     device_ = kCPU;  // one spelling of the CPU, so == compares devices
     data_ = ::operator new(nbytes, kStorageAlignment);
+    // Counted once the bytes exist: a failed allocation counts nothing.
+    memory::detail::record_allocation(memory_kind_, nbytes_);
     return;
   }
   TP_CHECK(cuda::is_available(), "tp::Storage: ", tp::to_string(device),
@@ -137,14 +139,21 @@ Storage::Storage(std::size_t nbytes, Device device)
   data_ = allocation.data;
   cuda_stream_ = allocation.stream;
   device_ = Device{DeviceType::CUDA, index};
+  memory::detail::record_allocation(memory_kind_, nbytes_);
 }
 
 Storage::~Storage() {
+  memory::detail::record_free(memory_kind_, nbytes_);
   if (device_.type == DeviceType::CPU) {
     ::operator delete(data_, kStorageAlignment);
   } else {
     cuda::deallocate({data_, cuda_stream_, device_.index});
   }
+}
+
+void Storage::set_memory_kind(memory::Kind kind) {
+  memory::detail::record_move(memory_kind_, kind, nbytes_);
+  memory_kind_ = kind;
 }
 
 // ---- the two tools: dtype dispatch and strided iteration -----------------------

@@ -48,6 +48,7 @@
 #include "tensorplay/cuda/runtime.h"
 #include "tensorplay/error.h"
 #include "tensorplay/half.h"
+#include "tensorplay/memory.h"
 
 namespace tp {
 
@@ -105,6 +106,8 @@ Strides contiguous_strides(const Shape& shape);
 // on the current stream, freed on it with tp::cuda::deallocate); device()
 // then names the device concretely (cuda:0, never index -1). A CUDA device
 // other than the current one is refused: set_device first.
+// Its bytes are counted by tp::memory (memory.h), on either device, under the
+// allocating thread's current kind, from construction to destruction.
 class Storage {
  public:
   // Throws tp::Error with tp::cuda::unavailable_reason() when a CUDA device
@@ -117,11 +120,17 @@ class Storage {
   void* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  // What tp::memory counts these bytes as.
+  memory::Kind memory_kind() const { return memory_kind_; }
+  // Counts them as `kind` from now on (AccumulateGrad: a backward result
+  // that becomes a leaf's .grad becomes Gradient).
+  void set_memory_kind(memory::Kind kind);
 
  private:
   void* data_;
   std::size_t nbytes_;
   Device device_;
+  memory::Kind memory_kind_;
   // CUDA only: the stream data_ was allocated on (and is freed on), kept
   // alive as long as this storage.
   cuda::Stream cuda_stream_;

@@ -315,6 +315,10 @@ TEST_CASE("a rank result survives serialize and parse bit for bit, everything in
   r.buckets = {{5, 4}, {3, 2, 1, 0}};
   r.grad_storage = {1, 1, 2, 0};
   r.construction_broadcasts = 6;
+  r.memory = tp::memory::Stats{};
+  r.memory->live = {1, 2, 3, 4, 5};
+  r.memory->peak = {6, 7, 8, 9, uint64_t{1} << 40};
+  r.memory->model_state_peak = 21;
   r.events.push_back(span("allreduce queued", 4, 4));
   r.events.back().thread = "main";
   r.events.back().args.push_back({"seq", 9});
@@ -337,6 +341,11 @@ TEST_CASE("a rank result survives serialize and parse bit for bit, everything in
   CHECK(back.buckets == r.buckets);
   CHECK(back.grad_storage == r.grad_storage);
   CHECK(back.construction_broadcasts == 6);
+  REQUIRE(back.memory.has_value());
+  CHECK(back.memory->live == r.memory->live);
+  CHECK(back.memory->peak == r.memory->peak);
+  CHECK(back.memory->model_state_peak == 21);
+  CHECK_FALSE(train::parse_rank_result(train::serialize(RankResult{})).memory.has_value());
   CHECK(train::allreduces_in_step(back, 3, 0) == 13);
   REQUIRE(back.events.size() == 1);
   CHECK(back.events[0].name == "allreduce queued");

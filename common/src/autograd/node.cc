@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "tensorplay/memory.h"
 #include "tensorplay/trace.h"
 
 namespace tp::autograd {
@@ -63,11 +64,16 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
     // fresh result of a backward rule). Otherwise grad_output may alias
     // other tensors (the gradient the user passed to backward, or the same
     // tensor another node received) and the leaf gets a copy.
+    // Either way the leaf's gradient is a storage of its own, which
+    // tp::memory counts as Gradient from here on: the clone is allocated so,
+    // and a taken result (allocated by the rule as Other) is moved there.
     const bool unshared = grad_output.impl_ptr().use_count() == 1 &&
                           grad_output.storage().use_count() == 1;
+    memory::KindScope gradient(memory::Kind::Gradient);
     leaf.grad = unshared && grad_output.is_contiguous()
                     ? grad_output.impl_ptr()
                     : grad_output.clone().impl_ptr();  // grad mode is off: no history
+    leaf.grad->storage->set_memory_kind(memory::Kind::Gradient);
   } else {
     // Later gradients add in place, so a grad that is a view into a DDP
     // bucket (set with set_grad) stays that view.

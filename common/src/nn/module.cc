@@ -3,6 +3,7 @@
 #include "tensorplay/nn/module.h"
 
 #include "tensorplay/error.h"
+#include "tensorplay/memory.h"
 
 namespace tp::nn {
 namespace {
@@ -25,6 +26,8 @@ void check_name(const char* what, const std::string& name) {
 // same handle (every holder of it sees the move), a new storage. A view (a
 // DDP bucket slot) stops aliasing its base, as a moved tensor must.
 void move_in_place(const Tensor& t, Device device) {
+  // The copy is what the original was (a parameter, a gradient) for tp::memory.
+  memory::KindScope same_kind(t.storage()->memory_kind());
   const Tensor moved = t.detach().to(device);  // detach: no history, stays a leaf
   TensorImpl& impl = *t.impl();
   if (moved.storage() == impl.storage) return;  // already there
@@ -113,6 +116,12 @@ Tensor Module::register_buffer(const std::string& name, Tensor t) {
   TP_CHECK(!has_name(params_, name) && !has_name(buffers_, name),
            "tp::nn::Module::register_buffer: this module already has a parameter or "
            "buffer named '", name, "'; names must be unique");
+  // A buffer made while a model's parameters are (under KindScope(Parameter),
+  // as tp::train::train_rank builds its model) is not one: tp::memory counts
+  // it as Other, so parameter, gradient and optimizer-state bytes agree.
+  if (t.storage()->memory_kind() == memory::Kind::Parameter) {
+    t.storage()->set_memory_kind(memory::Kind::Other);
+  }
   buffers_.emplace_back(name, t);
   return t;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tensorplay/autograd/grad_mode.h"
+#include "tensorplay/memory.h"
 
 namespace tp::optim {
 
@@ -39,6 +40,8 @@ void SGD::step() {
     const Tensor g = p.grad();
     if (!g.defined()) continue;  // no gradient this step: leave p (and its buffer) alone
     if (momentum > 0) {
+      // The buffer's bytes, made here, are the optimizer's state (tp::memory).
+      memory::KindScope state(memory::Kind::OptimizerState);
       Tensor& buf = momentum_buffers_[i];
       if (!buf.defined()) {
         buf = g.clone();  // buf = grad on the first step

@@ -555,6 +555,27 @@ void print_summary(const DemoReport& report) {
   }
 }
 
+// Each rank's model state, as tp::memory counted it (RankResult::memory):
+// what ZeRO divides among the ranks. Not for a lesson's worker (--worker),
+// which measures nothing.
+void print_memory(const std::vector<RankResult>& ranks) {
+  if (std::none_of(ranks.begin(), ranks.end(),
+                   [](const RankResult& r) { return r.memory.has_value(); })) {
+    return;
+  }
+  std::printf("\nmemory per rank, KiB (tensor bytes at the end; peak since the model was built):\n");
+  std::printf("%6s  %10s  %10s  %15s  %24s\n", "rank", "parameters", "gradients",
+              "optimizer state", "peak params+grads+state");
+  for (const RankResult& r : ranks) {
+    if (!r.memory) continue;
+    const memory::Stats& m = *r.memory;
+    auto kib = [](uint64_t bytes) { return static_cast<double>(bytes) / 1024.0; };
+    std::printf("%6d  %10.1f  %10.1f  %15.1f  %24.1f\n", r.rank,
+                kib(m.live_bytes(memory::Kind::Parameter)), kib(m.live_bytes(memory::Kind::Gradient)),
+                kib(m.live_bytes(memory::Kind::OptimizerState)), kib(m.model_state_peak));
+  }
+}
+
 void print_verdict(const DemoReport& report) {
   switch (report.verdict) {
     case Verdict::Matches:
@@ -585,6 +606,7 @@ void print_report(const DemoReport& report) {
   if (uneven(config)) print_uneven_steps(config);
   print_unreached(config, *report.ranks);
   print_summary(report);
+  print_memory(*report.ranks);
   print_verdict(report);
 }
 
@@ -641,8 +663,14 @@ Json numbers(const std::vector<std::optional<double>>& values) {
 
 // Schema: {stage, title, config{...}, steps[{step, reference_loss,
 // reference_rank_losses[W], ddp_rank_losses[W], max_abs_diff}],
-// ranks[{rank, micro_batch_losses[], allreduces_per_micro[]}], final{...}}.
-// A rank that did not take part in a step has null there.
+// ranks[{rank, micro_batch_losses[], allreduces_per_micro[],
+// allreduce_bytes_per_micro[], reduce_scatter_bytes_per_micro[],
+// allgather_bytes_per_micro[], broadcast_bytes_per_micro[],
+// shard_partition[W][] and params_with_state[] (a sharded optimizer's; else
+// empty), memory{parameter_bytes, gradient_bytes, optimizer_state_bytes,
+// peak_model_state_bytes}}], final{...}}.
+// A rank that did not take part in a step has null there; memory is null for
+// a lesson's worker (--worker), which measures nothing.
 Json report_json(const DemoReport& report) {
   const RunConfig& config = report.args->config;
   const std::vector<RankResult>& ranks = *report.ranks;
@@ -673,6 +701,13 @@ Json report_json(const DemoReport& report) {
   }
   j["ranks"] = Json::array();
   for (const RankResult& r : ranks) {
+    Json mem = nullptr;
+    if (r.memory) {
+      mem = {{"parameter_bytes", r.memory->live_bytes(memory::Kind::Parameter)},
+             {"gradient_bytes", r.memory->live_bytes(memory::Kind::Gradient)},
+             {"optimizer_state_bytes", r.memory->live_bytes(memory::Kind::OptimizerState)},
+             {"peak_model_state_bytes", r.memory->model_state_peak}};
+    }
     j["ranks"].push_back({{"rank", r.rank},
                           {"micro_batch_losses", numbers(r.losses)},
                           {"allreduces_per_micro", r.allreduces_per_micro},
@@ -681,7 +716,8 @@ Json report_json(const DemoReport& report) {
                           {"allgather_bytes_per_micro", r.allgather_bytes_per_micro},
                           {"broadcast_bytes_per_micro", r.broadcast_bytes_per_micro},
                           {"shard_partition", r.shard_partition},
-                          {"params_with_state", r.params_with_state}});
+                          {"params_with_state", r.params_with_state},
+                          {"memory", std::move(mem)}});
   }
   j["final"] = {{"reference_param_norm", number_or_null(c.reference_norm)},
                 {"rank_param_norms", numbers(report.rank_norms)},

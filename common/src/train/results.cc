@@ -115,6 +115,22 @@ trace::Event event_from(const Json& j) {
   return e;
 }
 
+// null for a rank that measured nothing.
+Json memory_json(const std::optional<memory::Stats>& stats) {
+  if (!stats) return nullptr;
+  return {{"live", stats->live}, {"peak", stats->peak},
+          {"model_state_peak", stats->model_state_peak}};
+}
+
+std::optional<memory::Stats> memory_from(const Json& j) {
+  if (j.is_null()) return std::nullopt;
+  memory::Stats stats;
+  stats.live = j.at("live").get<decltype(stats.live)>();
+  stats.peak = j.at("peak").get<decltype(stats.peak)>();
+  stats.model_state_peak = j.at("model_state_peak").get<uint64_t>();
+  return stats;
+}
+
 }  // namespace
 
 void record_micro_batch(RankResult& result, const distributed::CollectiveCounters& counters) {
@@ -156,6 +172,7 @@ std::string serialize(const RankResult& r) {
                   {"final_params", snapshot_json(r.final_params)},
                   {"initial_buffers", snapshot_json(r.initial_buffers)},
                   {"final_buffers", snapshot_json(r.final_buffers)},
+                  {"memory", memory_json(r.memory)},
                   {"events", std::move(events)}};
   const std::vector<std::uint8_t> bytes = Json::to_cbor(j);
   return std::string(bytes.begin(), bytes.end());
@@ -197,6 +214,7 @@ RankResult parse_rank_result(const std::string& bytes) {
     r.final_params = snapshot_from(j.at("final_params"));
     r.initial_buffers = snapshot_from(j.at("initial_buffers"));
     r.final_buffers = snapshot_from(j.at("final_buffers"));
+    r.memory = memory_from(j.at("memory"));
     for (const Json& e : j.at("events")) r.events.push_back(event_from(e));
     return r;
   } catch (const Json::exception& e) {

@@ -162,7 +162,11 @@ RankResult train_rank(int rank, const RunConfig& config,
     cuda::set_device(device_for_rank(config, rank).index);
   }
   manual_seed(model_seed_for_rank(config, rank));
-  std::shared_ptr<nn::Module> model = make_model(config);
+  memory::reset_peaks();  // RankResult::memory: the whole run counts
+  std::shared_ptr<nn::Module> model = [&] {
+    memory::KindScope parameters(memory::Kind::Parameter);  // (to() keeps the kind)
+    return make_model(config);
+  }();
   if (config.device != kCPU) model->to(device_for_rank(config, rank));
 
   // A loop that never stops issuing collectives ends at the plan's budget
@@ -256,6 +260,7 @@ RankResult train_rank(int rank, const RunConfig& config,
   // On a GPU the last step's collectives may still be finishing (an NCCL
   // wait() only orders streams): a failure among them is thrown here.
   group->synchronize();
+  result.memory = memory::stats();
   result.final_params = snapshot(ddp.named_parameters());
   result.final_buffers = snapshot(model->named_buffers());
   result.grad_storage = grad_storage_groups(ddp.parameters());

@@ -12,7 +12,9 @@
 // mean over the step's K micro-batches); the same for the last rank ("-"
 // where a rank had no batch left); and the largest |DDP - reference| over
 // all ranks at that step. Before it, the buckets when the stage has them;
-// after it, the final parameter norms and the largest differences.
+// after it, the final parameter norms and the largest differences, and each
+// rank's memory in KiB as tp::memory counted it (parameters, gradients and
+// optimizer state at the end; the peak of the three together).
 // --collective-timeout MS bounds the rendezvous and every collective
 // (default 10000). --json FILE writes the same numbers, every rank included
 // (schema in demo.cc). --trace FILE records every rank's timeline

@@ -17,10 +17,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tensorplay/distributed/process_group.h"
+#include "tensorplay/memory.h"
 #include "tensorplay/nn/module.h"
 #include "tensorplay/tensor.h"
 #include "tensorplay/trace.h"
@@ -85,6 +87,11 @@ struct RankResult {
   // this rank holds optimizer state for after the last step.
   std::vector<std::vector<int64_t>> shard_partition;
   std::vector<int64_t> params_with_state;
+  // This rank's tensor bytes by kind (tp::memory), read after the last step
+  // (before the final snapshot); the peaks count from just before the model
+  // was built. Empty when the lesson's own worker ran the rank (--worker): it
+  // measures nothing.
+  std::optional<memory::Stats> memory;
   std::vector<trace::Event> events;  // when RunConfig::trace is set
 };
 
