@@ -9,6 +9,7 @@
 
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/error.h"
+#include "tensorplay/memory.h"
 
 namespace stage09 {
 
@@ -42,6 +43,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
              "stage09 ZeroRedundancyOptimizer: the parameters must share one dtype and device "
              "(one flat buffer carries them all)");
   }
+  // What the collectives move, not model state (tp::memory's kinds).
+  tp::memory::KindScope communication(tp::memory::Kind::Communication);
   flat_params_ = tp::zeros({total}, dtype, params_[0].device());
   if (options_.reduce_scatter) flat_grads_ = tp::zeros({total}, dtype, params_[0].device());
 }

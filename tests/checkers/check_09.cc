@@ -22,6 +22,7 @@
 #include "scenario_models.h"
 #include "tensorplay/data.h"
 #include "tensorplay/error.h"
+#include "tensorplay/memory.h"
 #include "tensorplay/nn/linear.h"
 #include "tensorplay/ops.h"
 #include "tensorplay/random.h"
@@ -204,7 +205,25 @@ std::vector<train::Finding> check_state(const train::CaseRun& run) {
         if (reached.count(p)) expected.push_back(p);
       }
     }
-    if (r.params_with_state == expected) continue;
+    if (r.params_with_state == expected) {
+      // What the library counted on the tensor storage must be that state:
+      // a rank that keeps state some other way is seen here.
+      uint64_t bytes = 0;
+      for (int64_t p : expected) {
+        bytes += run.reference.initial_params[static_cast<size_t>(p)].values.size() *
+                 tp::element_size(run.config.dtype);
+      }
+      const uint64_t counted =
+          r.memory ? r.memory->live_bytes(tp::memory::Kind::OptimizerState) : 0;
+      if (r.memory && counted != bytes) {
+        return {{cat("rank ", r.rank, " holds ", counted, " bytes of optimizer state (counted on "
+                     "the tensor storage); its shard's momentum buffers are ", bytes, " bytes"),
+                 "a rank's only optimizer state is its local SGD's buffers for its own shard; "
+                 "state kept anywhere else (a second optimizer, buffers for the whole model) "
+                 "is the copy ZeRO removes"}};
+      }
+      continue;
+    }
     std::vector<int64_t> foreign;
     for (int64_t p : r.params_with_state) {
       if (!std::binary_search(partition[static_cast<size_t>(r.rank)].begin(),
