@@ -666,6 +666,12 @@ def report_zero(results, report):
                           f"{ms(run):.2f}",
                           f"{round_[label + '_ms']:.2f}" if label + "_ms" in round_ else "-",
                           f"{over:.2f}x" if over is not None else "-"])
+        torch_runs = results.get(("torch_ddp", w), {}).get("runs", {})
+        for label, name in (("sgd", "PyTorch: DDP, torch.optim.SGD"),
+                            ("zero", "PyTorch: DDP, ZeroRedundancyOptimizer")):
+            run = torch_runs.get(f"BM_TorchStepZero/opt:{label}")
+            if run:
+                table.append([name] + ["-"] * 6 + [f"{ms(run):.2f}", "-", "-"])
         report.add(f"### {w} ranks", "")
         report.table(["optimizer", "state kB", "kB all-reduced", "kB reduce-scattered",
                       "kB all-gathered", "kB broadcast", "collectives per step", "step p50 ms",
@@ -673,7 +679,9 @@ def report_zero(results, report):
     if found:
         report.add("- the deep model of bench_hooks (130 tensors, 4.2 MB), momentum 0.9; the "
                    "bytes are what each collective was handed per step and rank (an all-gather "
-                   "or reduce-scatter: the whole flat tensor), not what crosses the wire", "")
+                   "or reduce-scatter: the whole flat tensor), not what crosses the wire; "
+                   "PyTorch's rows (torch_ddp.py, where python3-torch is installed) are its own "
+                   "program's medians, run at another moment than the kit's", "")
     else:
         report.add("Not measured (bench_zero.w*.json missing).", "")
 

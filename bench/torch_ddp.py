@@ -19,6 +19,13 @@ step, and that one-off is not what the comparison is about.
                                 first bucket stays 1 MiB: PyTorch has no
                                 option for it).
 
+  BM_TorchStepZero/opt:O        DDP at its default caps with momentum 0.9 and
+                                optimizer O: sgd (torch.optim.SGD, every
+                                rank steps everything) or zero
+                                (ZeroRedundancyOptimizer over SGD, shards
+                                broadcast from their owners): beside
+                                bench_zero.cc's BM_StepStage09.
+
   BM_TorchAllreduce/n           torch.distributed.all_reduce of n bytes of
                                 float32 (4 B to 64 MiB, as bench_allreduce.cc),
                                 waited for: PyTorch's own hand-off (a work
@@ -69,10 +76,12 @@ def deep_mlp(torch):
     return torch.nn.Sequential(*layers)
 
 
-def run(torch, name, module, batch, iterations, warmup):
-    """Times `iterations` steps of `module` after `warmup` untimed ones."""
+def run(torch, name, module, batch, iterations, warmup, make_optimizer=None):
+    """Times `iterations` steps of `module` after `warmup` untimed ones; SGD
+    (lr 1e-3) unless make_optimizer(module) makes another optimizer."""
     dist = torch.distributed
-    optimizer = torch.optim.SGD(module.parameters(), lr=1e-3)
+    optimizer = (make_optimizer(module) if make_optimizer
+                 else torch.optim.SGD(module.parameters(), lr=1e-3))
     x, y = batch
 
     def step(phases):
@@ -155,6 +164,20 @@ def rank_main(rank, args, init_file):
         ddp = torch.nn.parallel.DistributedDataParallel(deep_mlp(torch), **options)
         report(run(torch, f"BM_TorchStepDDP/cap_kib:{cap}", ddp, batch, iterations, warmup))
         del ddp
+    if not args.only_default_caps:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        makers = {
+            "sgd": lambda m: torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9),
+            "zero": lambda m: ZeroRedundancyOptimizer(m.parameters(),
+                                                      optimizer_class=torch.optim.SGD,
+                                                      lr=1e-3, momentum=0.9),
+        }
+        for label, make in makers.items():
+            torch.manual_seed(0)
+            ddp = torch.nn.parallel.DistributedDataParallel(deep_mlp(torch))
+            report(run(torch, f"BM_TorchStepZero/opt:{label}", ddp, batch, iterations, warmup,
+                       make))
+            del ddp
     nbytes = 4
     while nbytes <= 64 << 20 and not args.only_default_caps:
         result = time_allreduce(torch, nbytes, 1 if args.smoke else allreduce_iterations(nbytes),

@@ -35,7 +35,10 @@ using tp::distributed::ReduceOp;
 // all it takes, and it must be the first thing the iteration does: the DDP's
 // synced forward. Listed first, the optimizer would count at the end of the
 // iteration on the ranks still training, while a joined rank counts at the
-// start of its loop: the count would pair with a bucket's all-reduce.
+// start of its loop: the count would pair with a bucket's all-reduce. That
+// order is caught before any collective: every joinable's notify must find
+// a count taken since its previous one, and the DDP's first forward, with
+// the optimizer listed first, finds none.
 //
 // Why no hook runs after an exception: the body did not finish, so there is
 // nothing to shadow; the other ranks find out from their next collective
@@ -71,11 +74,13 @@ void Join::run(const std::function<void()>& body) {
   struct Enter {
     Join& join;
     explicit Enter(Join& j) : join(j) {
-      for (Joinable* x : join.joinables_) x->join_ = &join;
+      for (Joinable* x : join.joinables_) {
+        x->join_ = &join;
+        x->counts_seen_ = join.counts_;
+      }
     }
     ~Enter() {
       for (Joinable* x : join.joinables_) x->join_ = nullptr;
-      join.shadowing_ = false;
     }
   } enter(*this);
   std::vector<std::unique_ptr<JoinHook>> hooks;
@@ -93,6 +98,7 @@ void Join::count_active_ranks(float mine) {
   Tensor count = tp::full({1}, mine, tp::kFloat32);
   group_->allreduce(count, ReduceOp::SUM)->wait();
   active_ranks_ = static_cast<int>(count.item());
+  ++counts_;
   if (options_.throw_on_early_termination && active_ranks_ > 0 &&
       active_ranks_ < group_->size()) {
     TP_THROW(tp::DistributedError, "stage09 Join: rank ", group_->rank(), ": a rank ran out of "

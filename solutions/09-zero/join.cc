@@ -33,7 +33,10 @@ using tp::distributed::ReduceOp;
 // all it takes, and it must be the first thing the iteration does: the DDP's
 // synced forward. Listed first, the optimizer would count at the end of the
 // iteration on the ranks still training, while a joined rank counts at the
-// start of its loop: the count would pair with a bucket's all-reduce.
+// start of its loop: the count would pair with a bucket's all-reduce. That
+// order is caught before any collective: every joinable's notify must find
+// a count taken since its previous one, and the DDP's first forward, with
+// the optimizer listed first, finds none.
 //
 // Why no hook runs after an exception: the body did not finish, so there is
 // nothing to shadow; the other ranks find out from their next collective
@@ -69,11 +72,13 @@ void Join::run(const std::function<void()>& body) {
   struct Enter {
     Join& join;
     explicit Enter(Join& j) : join(j) {
-      for (Joinable* x : join.joinables_) x->join_ = &join;
+      for (Joinable* x : join.joinables_) {
+        x->join_ = &join;
+        x->counts_seen_ = join.counts_;
+      }
     }
     ~Enter() {
       for (Joinable* x : join.joinables_) x->join_ = nullptr;
-      join.shadowing_ = false;
     }
   } enter(*this);
   std::vector<std::unique_ptr<JoinHook>> hooks;
@@ -85,7 +90,6 @@ void Join::run(const std::function<void()>& body) {
   // own, shadow their iteration through every main hook while any is,
   // then run every post hook, telling each whether this rank joined last.
   // BEGIN SOLUTION
-  shadowing_ = true;
   bool is_last_joiner = true;  // until a count shows others still training
   for (;;) {
     count_active_ranks(0.0f);
@@ -101,6 +105,7 @@ void Join::count_active_ranks(float mine) {
   Tensor count = tp::full({1}, mine, tp::kFloat32);
   group_->allreduce(count, ReduceOp::SUM)->wait();
   active_ranks_ = static_cast<int>(count.item());
+  ++counts_;
   if (options_.throw_on_early_termination && active_ranks_ > 0 &&
       active_ranks_ < group_->size()) {
     TP_THROW(tp::DistributedError, "stage09 Join: rank ", group_->rank(), ": a rank ran out of "
@@ -118,13 +123,12 @@ int notify_join_context(Joinable& joinable) {
   // notifies while this rank shadows (from its main hook) is listed in the
   // wrong place: say so (join.h's contract).
   // BEGIN SOLUTION
-  if (&joinable == join->joinables_[0]) {
-    TP_CHECK(!join->shadowing_, "stage09 Join: the first joinable notified from its join hook, "
-             "after this rank joined: it would count this rank as still training. List the "
-             "object whose iteration starts first (the DDP, whose synced forward notifies) "
-             "first: Join({&ddp, &optimizer})");
-    join->count_active_ranks(1.0f);
-  }
+  if (&joinable == join->joinables_[0]) join->count_active_ranks(1.0f);
+  TP_CHECK(join->counts_ != joinable.counts_seen_, "stage09 Join: a joinable notified twice "
+           "with no count of the ranks in between: the first joinable must be the one whose "
+           "iteration starts first and counts (the DDP, whose synced forward notifies); list it "
+           "first: Join({&ddp, &optimizer})");
+  joinable.counts_seen_ = join->counts_;
   return join->active_ranks();
   // END SOLUTION
 }

@@ -25,10 +25,11 @@
 //     0 to the same all-reduce from Join's loop. The others' notify
 //     communicates nothing and returns the count the first one took. So the
 //     first joinable must be the one whose iteration starts first: the DDP,
-//     before the optimizer (PyTorch's rule too). A first joinable that
-//     notifies from its own main_hook (the optimizer listed first) would
-//     count a joined rank as training: notify_join_context throws tp::Error
-//     saying to list the DDP first.
+//     before the optimizer (PyTorch's rule too). A joinable that notifies
+//     twice with no count in between (listed before the DDP, the optimizer
+//     would count at the end of each iteration, and the DDP's forward would
+//     notify before any count) throws tp::Error on every rank, before any
+//     collective, saying to list the DDP first.
 //   - main hooks run in list order, once per iteration of the ranks still
 //     training; post hooks in list order, once, with is_last_joiner true on
 //     the ranks that ran out last.
@@ -45,6 +46,7 @@
 //     trains. Joins do not nest (tp::Error).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -84,7 +86,9 @@ class Joinable {
 
  private:
   friend class Join;
+  friend int notify_join_context(Joinable& joinable);
   Join* join_ = nullptr;
+  uint64_t counts_seen_ = 0;  // Join::counts_ at this object's last notify
 };
 
 class Join {
@@ -113,7 +117,9 @@ class Join {
   JoinOptions options_;
   tp::distributed::ProcessGroup* group_ = nullptr;
   int active_ranks_ = 0;
-  bool shadowing_ = false;  // this rank has joined: in the loop of run()
+  // Counts taken so far (the first joinable's notifies and the loop's
+  // rounds): a joinable's notify must find a new one each time.
+  uint64_t counts_ = 0;
 };
 
 // Called by a joinable at the start of each of its iterations. Outside a

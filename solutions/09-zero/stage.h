@@ -12,6 +12,7 @@
 #include "ddp.h"
 #include "default_hooks.h"
 #include "join.h"
+#include "tensorplay/error.h"
 #include "tensorplay/optim/sgd.h"
 #include "tensorplay/train/stage_spec.h"
 #include "zero.h"
@@ -22,6 +23,13 @@ namespace stage09 {
 inline std::unique_ptr<ZeroRedundancyOptimizer> make_optimizer(DistributedDataParallel& ddp,
                                                                tp::optim::SGDOptions sgd,
                                                                const Options& options) {
+  // An ignored parameter's gradient is this rank's own (Note [Ignored
+  // parameters and buffers] in ddp.cc): sharding its step would spread one
+  // rank's update to all.
+  TP_CHECK(options.params_and_buffers_to_ignore.empty(),
+           "stage09: make_optimizer: the DDP ignores ", options.params_and_buffers_to_ignore.size(),
+           " tensor(s), whose gradients stay local; ZeRO shards the step of every parameter it "
+           "is given, so give it only the DDP's own (this stage does not take ignored tensors)");
   return std::make_unique<ZeroRedundancyOptimizer>(
       ddp.parameters(), ddp.process_group(), sgd,
       ZeroOptions{.reduce_scatter = options.reduce_scatter, .param_sync = options.param_sync});

@@ -114,6 +114,10 @@ void ZeroRedundancyOptimizer::check_partition_agrees() {
     for (int64_t p : partition_[static_cast<size_t>(r)]) {
       TP_CHECK(p >= 0 && p < n, "stage09 ZeroRedundancyOptimizer: the partition names "
                "parameter ", p, "; there are ", n);
+      const double before = owners.data_ptr<double>()[p];
+      TP_CHECK(before < 0, "stage09 ZeroRedundancyOptimizer: parameter ", p, " is in the "
+               "shards of rank ", before, " and rank ", r, "; every parameter belongs to exactly "
+               "one rank (Note [Partition])");
       owners.data_ptr<double>()[p] = r;
     }
   }

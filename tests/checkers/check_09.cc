@@ -120,6 +120,30 @@ std::vector<Case> cases() {
   unused_composed.find_unused_parameters = true;
   out.push_back(uneven_case(branchy, {3, 5}, unused_composed, false,
                             "branchy, find_unused_parameters, uneven"));
+  Options hooked = zero_form(false);
+  hooked.comm_hook = "allreduce";
+  out.push_back(uneven_case(momentum, {5, 2, 4}, hooked, false,
+                            "uneven inputs, allreduce_hook: the hook's average, divided once"));
+  train::RunConfig uneven_accumulate = momentum;
+  uneven_accumulate.micro_batches = 2;
+  Options view_uneven = zero_form(false);
+  view_uneven.gradient_as_bucket_view = true;
+  out.push_back(uneven_case(uneven_accumulate, {3, 1, 2}, view_uneven, false,
+                            "uneven inputs, K = 2, gradient_as_bucket_view"));
+  train::RunConfig reordered = momentum;
+  reordered.model_kind = train::ModelKind::Reordered;
+  Options fixed = zero_form(true);
+  fixed.static_graph = true;
+  out.push_back(uneven_case(reordered, {2, 5, 3}, fixed, false,
+                            "reordered model, static_graph, uneven, reduce-scatter form"));
+  // 34 tensors, 15 weights and 16 biases of equal sizes: ties decide the
+  // partition.
+  train::RunConfig deep = momentum;
+  deep.model_kind = train::ModelKind::Deep;
+  deep.world_size = 4;
+  deep.steps = 3;
+  out.push_back({deep, zero_form(false, "broadcast"),
+                 "deep model, W = 4: ties between equal sizes, broadcast"});
   for (Case& c : out) c.config.trace = true;
   return out;
 }
@@ -236,13 +260,29 @@ std::vector<train::Finding> check_state(const train::CaseRun& run) {
                    list(foreign), ", which are not in its shard ",
                    list(partition[static_cast<size_t>(r.rank)])),
                "a rank keeps state for its own shard only: its local SGD is built over its "
-               "shard's parameters and steps nothing else; stepping every parameter gives the "
-               "same numbers (the all-gather overwrites them) and keeps W copies of the state, "
-               "the very thing ZeRO removes"}};
+               "shard's parameters and steps nothing else; stepping every parameter may give "
+               "the same numbers (the all-gather overwrites the others' shards) but keeps W "
+               "copies of the state, the very thing ZeRO removes"}};
     }
-    return {{cat("rank ", r.rank, " holds optimizer state for ", list(r.params_with_state),
-                 "; with momentum ", run.config.momentum, " its shard's parameters that got a "
-                 "gradient, ", list(expected), ", should have it"),
+    std::vector<int64_t> missing, never_reached;
+    for (int64_t p : expected) {
+      if (!std::binary_search(r.params_with_state.begin(), r.params_with_state.end(), p)) {
+        missing.push_back(p);
+      }
+    }
+    for (int64_t p : r.params_with_state) {
+      if (!reached.count(p)) never_reached.push_back(p);
+    }
+    if (!never_reached.empty()) {
+      return {{cat("rank ", r.rank, " holds optimizer state for parameters ",
+                   list(never_reached), ", which no rank gave a gradient in any step"),
+               "a parameter no rank used has no gradient (not a zero one), so SGD skips it and "
+               "creates no state: on a joined rank too, whose shadow step must leave such a "
+               "gradient undefined (Note [A joined rank's gradients])"}};
+    }
+    return {{cat("rank ", r.rank, " holds no optimizer state for ", list(missing),
+                 " of its shard; with momentum ", run.config.momentum, " every parameter of "
+                 "its shard that got a gradient, ", list(expected), ", should have it"),
              "each rank steps its whole shard in every step, a joined rank too (its join hook "
              "steps the shard: Note [A joined rank's shard])"}};
   }
@@ -315,6 +355,17 @@ std::vector<train::Finding> check_flat_collectives(const Case& c, const train::C
                        "syncs"
                      : "with param_sync broadcast, each shard is broadcast from its owner and "
                        "nothing is all-gathered"}};
+      }
+      // After step 0 (whose rebuild broadcasts an order too), a broadcast
+      // step sends each shard once: the model's bytes.
+      const uint64_t shard_bytes = last && o.param_sync == "broadcast" ? bytes : 0;
+      if (static_cast<int64_t>(i) >= k && r.broadcast_bytes_per_micro[i] != shard_bytes) {
+        return {{cat("rank ", r.rank, ", micro-batch ", i, ": ", r.broadcast_bytes_per_micro[i],
+                     " bytes broadcast; expected ", shard_bytes,
+                     shard_bytes ? " (each shard once, from its owner)" : ""),
+                 "with param_sync broadcast, each rank broadcasts its own block of the flat "
+                 "parameters, nothing more; empty shards send nothing (Note [Shards back to "
+                 "every rank])"}};
       }
       if (r.reduce_scatters_per_micro[i] != scatters ||
           (scatters && r.reduce_scatter_bytes_per_micro[i] != bytes)) {
@@ -525,23 +576,26 @@ train::Scenario join_alone() {
             DDP ddp(train::make_model({}), group, kSeveral);
             tp::optim::SGD sgd(ddp.parameters(), {.lr = 0.05, .momentum = 0.9});
             const tp::data::Batch batch = scenario_models::rows_of(rank);
+            std::vector<tp::Tensor> trained;  // rank 0's model when its body ends
             ddp.join([&] {
               for (int s = 0; s < (rank == 0 ? 3 : 1); ++s) {
                 sgd.zero_grad();
                 tp::mse_loss(ddp(batch.x), batch.y).backward();
                 sgd.step();
               }
+              for (const tp::Tensor& p : ddp.parameters()) trained.push_back(p.detach().clone());
             });
             // Every broadcast first, so that the ranks' collectives pair
             // up whatever this rank finds.
             std::string found;
-            for (const auto& [name, p] : ddp.named_parameters()) {
-              tp::Tensor root = p.detach().clone();
+            const auto named = ddp.named_parameters();
+            for (size_t i = 0; i < named.size(); ++i) {
+              tp::Tensor root = trained[i];
               group->broadcast(root, 0)->wait();
-              const double d = tp::max_abs_diff(p, root);
+              const double d = tp::max_abs_diff(named[i].second, root);
               if (d != 0.0 && found.empty()) {
-                found = cat("rank ", rank, ": after join(), ", name, " differs from rank 0's by ",
-                            d, "; rank 0 joined last");
+                found = cat("rank ", rank, ": after join(), ", named[i].first, " differs by ", d,
+                            " from rank 0's when rank 0, the last to join, finished training");
               }
             }
             return found;
@@ -549,6 +603,36 @@ train::Scenario join_alone() {
           "a plain SGD's joined rank stops stepping and falls behind: the DDP's post hook "
           "broadcasts the last joiner's parameters when every rank has joined, so Join must run "
           "every post hook after its loop (Note [Join over joinables])"};
+}
+
+// The optimizer listed before the DDP: refused on every rank before any
+// collective pairs wrongly.
+train::Scenario optimizer_listed_first() {
+  return {"Join({zero, ddp}): the DDP must be first; every rank says so at its first forward", 2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            DDP ddp(train::make_model({}), group, kSeveral);
+            ZeroRedundancyOptimizer zero(ddp.parameters(), group, {.lr = 0.05});
+            try {
+              Join({&zero, &ddp}).run([&] {
+                for (int s = 0; s < (rank == 0 ? 3 : 1); ++s) train_step(ddp, zero, rank);
+              });
+            } catch (const tp::DistributedError& e) {
+              return cat("rank ", rank, ": a collective failed instead of a clear refusal: ",
+                         e.what());
+            } catch (const tp::Error& e) {
+              if (std::string(e.what()).find("first") == std::string::npos) {
+                return cat("rank ", rank, ": the error does not say which joinable comes "
+                           "first: ", e.what());
+              }
+              return "";
+            }
+            return cat("rank ", rank, ": Join({zero, ddp}) ran without an error; the counts "
+                                      "pair with the buckets' all-reduces");
+          },
+          "the first joinable counts the ranks at the start of each iteration; a joinable "
+          "whose notify finds no count since its previous one (the DDP's forward, with the "
+          "optimizer listed first) throws tp::Error before any collective (join.h)"};
 }
 
 }  // namespace
@@ -559,7 +643,8 @@ int main(int argc, char** argv) {
   spec.cases = cases();
   spec.stage_checks = stage_checks;
   for (train::Scenario scenario :
-       {early_termination(), disabled_join(), empty_shards(), join_alone()}) {
+       {early_termination(), disabled_join(), empty_shards(), join_alone(),
+        optimizer_listed_first()}) {
     spec.scenarios.push_back(std::move(scenario));
   }
   return train::run_checker<DDP>(argc, argv, spec);
