@@ -153,7 +153,6 @@ void ZeroRedundancyOptimizer::step() {
 // before the wait may be half old, half new. The bench measures both.
 void ZeroRedundancyOptimizer::sync_params() {
   tp::NoGradGuard no_grad;
-  const int rank = process_group_->rank();
   // EXERCISE: every rank ends with every shard as its owner updated it,
   // through flat_params_ (block(), flat_slot()): by one all-gather, or by
   // param_sync "broadcast", one broadcast per non-empty shard from its
@@ -179,7 +178,6 @@ void ZeroRedundancyOptimizer::sync_params() {
 // skip it after an all-reduce; its zeros in the flat copy change no sum.
 void ZeroRedundancyOptimizer::reduce_scatter_gradients(int active_ranks) {
   tp::NoGradGuard no_grad;
-  const int rank = process_group_->rank();
   // EXERCISE: give this rank's shard the average of the ranks' gradients
   // with one reduce-scatter (Note [The reduce-scatter form]). Divide as the
   // DDP would: by the world size, or inside a Join with

@@ -174,12 +174,12 @@ void ZeroRedundancyOptimizer::step() {
 // before the wait may be half old, half new. The bench measures both.
 void ZeroRedundancyOptimizer::sync_params() {
   tp::NoGradGuard no_grad;
-  const int rank = process_group_->rank();
   // EXERCISE: every rank ends with every shard as its owner updated it,
   // through flat_params_ (block(), flat_slot()): by one all-gather, or by
   // param_sync "broadcast", one broadcast per non-empty shard from its
   // owner (Note [Shards back to every rank]).
   // BEGIN SOLUTION
+  const int rank = process_group_->rank();
   const std::vector<int64_t>& mine = partition_[static_cast<size_t>(rank)];
   for (int64_t p : mine) flat_slot(flat_params_, p).copy_(params_[static_cast<size_t>(p)]);
   if (options_.param_sync == "allgather") {
@@ -220,12 +220,12 @@ void ZeroRedundancyOptimizer::sync_params() {
 // skip it after an all-reduce; its zeros in the flat copy change no sum.
 void ZeroRedundancyOptimizer::reduce_scatter_gradients(int active_ranks) {
   tp::NoGradGuard no_grad;
-  const int rank = process_group_->rank();
   // EXERCISE: give this rank's shard the average of the ranks' gradients
   // with one reduce-scatter (Note [The reduce-scatter form]). Divide as the
   // DDP would: by the world size, or inside a Join with
   // divide_by_initial_world_size false, by the ranks still training.
   // BEGIN SOLUTION
+  const int rank = process_group_->rank();
   for (size_t p = 0; p < params_.size(); ++p) {
     Tensor slot = flat_slot(flat_grads_, static_cast<int64_t>(p));
     const Tensor grad = params_[p].grad();

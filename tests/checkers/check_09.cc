@@ -42,7 +42,12 @@ using tp::detail::cat;
 
 // MiniMLP float32, reverse registration order: 16, 512 | 128, 4096 | 128,
 // 2048 bytes.
-const Options kSeveral{.bucket_cap_mb = 2000.0 / (1 << 20), .first_bucket_cap_mb = 500.0 / (1 << 20)};
+const Options kSeveral = [] {
+  Options o;
+  o.bucket_cap_mb = 2000.0 / (1 << 20);
+  o.first_bucket_cap_mb = 500.0 / (1 << 20);
+  return o;
+}();
 
 Options zero_form(bool reduce_scatter, const std::string& param_sync = "allgather") {
   Options options = kSeveral;
@@ -128,7 +133,7 @@ std::vector<Case> cases() {
   uneven_accumulate.micro_batches = 2;
   Options view_uneven = zero_form(false);
   view_uneven.gradient_as_bucket_view = true;
-  out.push_back(uneven_case(uneven_accumulate, {3, 1, 2}, view_uneven, false,
+  out.push_back(uneven_case(uneven_accumulate, {6, 2, 4}, view_uneven, false,
                             "uneven inputs, K = 2, gradient_as_bucket_view"));
   train::RunConfig reordered = momentum;
   reordered.model_kind = train::ModelKind::Reordered;
