@@ -11,7 +11,8 @@ on the micro-batch that syncs. The header names the seed mode of each run.
 A demo that offers --worker (lesson 01: the lesson's own rank worker) must
 give, through the worker, the same losses as through the kit's trainer.
 Every rank's memory (tp::memory) is in the JSON and in the printed table,
-and with momentum the optimizer state is exactly the parameters' bytes.
+and with momentum the optimizer state is exactly the parameters' bytes (a
+sharded optimizer's ranks: their states add up to it).
 --device cuda on a stage without the cuda capability is a usage error
 (exit 2) that says which stage runs on CUDA, on any machine; a stage with it
 (--runs-on-cuda: stage 03) is not refused for that reason.
@@ -178,6 +179,16 @@ def check_memory(demo, world=4):
     mems = [r["memory"] for r in data["ranks"]]
     if len(mems) != world or any(m is None for m in mems):
         fail(f"with momentum, not every rank has a memory record: {mems}")
+    if any(r.get("shard_partition") for r in data["ranks"]):
+        # A sharded optimizer (stage 09): each parameter's state on exactly
+        # one rank, so the ranks' states add up to the model.
+        total = sum(m["optimizer_state_bytes"] for m in mems)
+        if total != mems[0]["parameter_bytes"]:
+            fail(f"a sharded optimizer's ranks hold {total} B of optimizer state in all for "
+                 f"{mems[0]['parameter_bytes']} B of parameters; expected the same: {mems}")
+        print(f"ok: with momentum the ranks' shards of optimizer state add up to the parameters: "
+              f"{[m['optimizer_state_bytes'] for m in mems]}")
+        return
     for rank, m in enumerate(mems):
         if m["optimizer_state_bytes"] != m["parameter_bytes"]:
             fail(f"rank {rank}: momentum 0.9 holds {m['optimizer_state_bytes']} B of optimizer "
