@@ -259,7 +259,7 @@ std::vector<StepRow> step_rows(const RunConfig& config, const ReferenceResult& r
   return rows;
 }
 
-enum class Verdict { Matches, Differs, ReferenceDiverged, Approximate };
+enum class Verdict { Matches, Differs, ReferenceDiverged, Approximate, Float32Rounding };
 
 // Everything the demo says about one run; print_report() and report_json()
 // render it, and compute nothing of their own.
@@ -278,12 +278,20 @@ struct DemoReport {
   std::string approximation;                 // why the run is approximate; "" if exact
   std::vector<Finding> findings;
   Verdict verdict = Verdict::Matches;
+  Float64Rerun rerun;  // Note [Rounding or a bug] (demo.h)
 };
+
+bool reference_diverged(const ReferenceResult& reference) {
+  return std::any_of(
+      reference.losses.begin(), reference.losses.end(), [](const std::vector<double>& losses) {
+        return std::any_of(losses.begin(), losses.end(), [](double v) { return !std::isfinite(v); });
+      });
+}
 
 DemoReport build_report(const std::string& stage, const std::string& title,
                         const DemoArgs& args, const ReferenceResult& reference,
                         const std::vector<RankResult>& ranks, const Advice& advice,
-                        const std::string& approximation) {
+                        const std::string& approximation, const Float64Rerun& rerun) {
   const RunConfig& config = args.config;
   DemoReport report;
   report.stage = stage;
@@ -315,18 +323,17 @@ DemoReport build_report(const std::string& stage, const std::string& title,
       report.findings = diagnose(config, reference, ranks, report.tolerance, advice);
     }
   }
-  const bool reference_diverged = std::any_of(
-      reference.losses.begin(), reference.losses.end(), [](const std::vector<double>& losses) {
-        return std::any_of(losses.begin(), losses.end(), [](double v) { return !std::isfinite(v); });
-      });
   // Nothing to compare DDP with when the single-process run itself overflowed.
   // An approximate run gets no verdict either way: within the tolerance
-  // or not, it was not trying to match.
+  // or not, it was not trying to match. A float32 difference that float64
+  // does not repeat is rounding (Note [Rounding or a bug] in demo.h).
   const bool differs = !report.findings.empty();
-  report.verdict = differs && reference_diverged ? Verdict::ReferenceDiverged
-                   : !approximation.empty()      ? Verdict::Approximate
-                   : differs                     ? Verdict::Differs
-                                                 : Verdict::Matches;
+  report.rerun = rerun;
+  report.verdict = differs && reference_diverged(reference) ? Verdict::ReferenceDiverged
+                   : !approximation.empty()                 ? Verdict::Approximate
+                   : differs && rerun.ran && rerun.matches  ? Verdict::Float32Rounding
+                   : differs                                ? Verdict::Differs
+                                                            : Verdict::Matches;
   return report;
 }
 
@@ -589,6 +596,24 @@ void print_verdict(const DemoReport& report) {
     case Verdict::Differs:
       std::printf("verdict: DIFFERS from the reference\n%s",
                   format_findings(report.findings).c_str());
+      if (report.rerun.ran) {
+        std::printf("  re-run in float64, the same plan differs too (parameters %.2e, losses "
+                    "%.2e from its reference): not float32 rounding\n",
+                    report.rerun.max_param_diff, report.rerun.max_loss_diff);
+      }
+      break;
+    case Verdict::Float32Rounding:
+      std::printf("verdict: matches the reference in float64; in float32 it drifts by rounding\n"
+                  "  the float32 run ends %.2e from the reference (largest parameter difference,\n"
+                  "  above), beyond %.0e; the same plan re-run in float64 ends %.2e from its\n"
+                  "  reference (losses %.2e), within %.0e. A wrong DDP differs in float64 too.\n"
+                  "  DDP sums the ranks' gradients in another order than the reference, so their\n"
+                  "  last bits differ from the first step on, and training amplifies that over\n"
+                  "  the steps (Note [Rounding or a bug] in tensorplay/train/demo.h). A race can\n"
+                  "  also come and go between runs: ./kit check runs every case in checker mode.\n",
+                  report.comparison.final_params.max_abs, report.tolerance,
+                  report.rerun.max_param_diff, report.rerun.max_loss_diff,
+                  default_tolerance(kFloat64));
       break;
     case Verdict::Approximate:
       std::printf("verdict: approximate by design (%s): no verdict against the exact reference; "
@@ -729,6 +754,11 @@ Json report_json(const DemoReport& report) {
                 {"num_parameters", ranks.front().final_params.size()},
                 {"allreduces_per_step", report.allreduces_in_step0},
                 {"matches_reference", report.findings.empty()},
+                {"float64_rerun", report.rerun.ran ? Json{{"matches", report.rerun.matches},
+                                                         {"max_param_diff", report.rerun.max_param_diff},
+                                                         {"max_loss_diff", report.rerun.max_loss_diff}}
+                                                   : Json(nullptr)},
+                {"float32_rounding", report.verdict == Verdict::Float32Rounding},
                 {"approximation", report.approximation},
                 {"allreduce_bytes_first_step", report.bytes_in_first_step},
                 {"allreduce_bytes_last_step", report.bytes_in_last_step}};
@@ -737,10 +767,36 @@ Json report_json(const DemoReport& report) {
 
 }  // namespace
 
+bool wants_float64_rerun(const DemoArgs& args, const ReferenceResult& reference,
+                         const std::vector<RankResult>& ranks, const std::string& approximation) {
+  const RunConfig& config = args.config;
+  if (config.dtype != kFloat32 || args.worker || !args.init_method.empty() ||
+      !approximation.empty() || reference_diverged(reference)) {
+    return false;
+  }
+  if (!check_results_complete(config, reference, ranks).empty()) return false;
+  return !diagnose(config, reference, ranks, default_tolerance(config.dtype)).empty();
+}
+
+Float64Rerun judge_float64_rerun(const RunConfig& config, const ReferenceResult& reference,
+                                 const std::vector<RankResult>& ranks) {
+  Float64Rerun rerun;
+  rerun.ran = true;
+  const double tolerance = default_tolerance(config.dtype);
+  rerun.matches = check_results_complete(config, reference, ranks).empty() &&
+                  diagnose(config, reference, ranks, tolerance).empty();
+  const Comparison c = compare(reference, ranks, tolerance);
+  rerun.max_param_diff = c.final_params.max_abs;
+  rerun.max_loss_diff = c.max_loss_diff;
+  return rerun;
+}
+
 void report_demo(const std::string& stage, const std::string& title, const DemoArgs& args,
                  const ReferenceResult& reference, const std::vector<RankResult>& ranks,
-                 const Advice& advice, const std::string& approximation) {
-  const DemoReport report = build_report(stage, title, args, reference, ranks, advice, approximation);
+                 const Advice& advice, const std::string& approximation,
+                 const Float64Rerun& rerun) {
+  const DemoReport report =
+      build_report(stage, title, args, reference, ranks, advice, approximation, rerun);
   print_report(report);
   if (!args.trace_path.empty()) report_trace(args, ranks);
   if (!args.json_path.empty()) {

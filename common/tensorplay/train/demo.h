@@ -67,15 +67,42 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
                          const std::string& title, const std::vector<BoundFlag>& stage_flags,
                          bool offers_worker,
                          const std::function<void(const RunConfig&)>& fits_stage = {});
+// Note [Rounding or a bug]: a float32 run that differs from the reference
+// may be a correct DDP whose rounding grew. DDP averages W gradients where
+// the reference averages the same numbers in another order, so the last
+// bits differ from step 0 on; training amplifies such differences, and over
+// a long run, or a fast one (a high learning rate with momentum), they can
+// pass any fixed tolerance, the losses' too. No tolerance separates that
+// from a bug for every plan, so the demo asks the numbers instead: the same
+// plan, seeds and data re-run in float64, where rounding is 2^29 times
+// smaller. A correct DDP then matches; a wrong one differs in float64 too.
+struct Float64Rerun {
+  bool ran = false;
+  bool matches = false;         // within float64's tolerance
+  double max_param_diff = 0.0;  // the float64 run's, against its reference
+  double max_loss_diff = 0.0;
+};
+// Whether a run deserves the float64 re-run: float32, the kit's trainer
+// with ranks forked here (not a lesson's worker, not a launched job),
+// exact by design (`approximation` empty), a reference that stayed finite,
+// and a difference from it.
+bool wants_float64_rerun(const DemoArgs& args, const ReferenceResult& reference,
+                         const std::vector<RankResult>& ranks, const std::string& approximation);
+// The float64 run's verdict, from its reference and ranks.
+Float64Rerun judge_float64_rerun(const RunConfig& config, const ReferenceResult& reference,
+                                 const std::vector<RankResult>& ranks);
+
 // Prints the table and summary to stdout; writes JSON when asked. With
 // args.worker, `ranks` came from a worker (as_rank_result): no collective
-// counts are shown, and the verdict is check_workers'.
+// counts are shown, and the verdict is check_workers'. A float64 re-run
+// that matches turns a float32 "differs" into a verdict of rounding.
 // `approximation` (StageSpec::approximation's answer), when not empty,
 // says why the run only approximates the reference: a difference is then
 // reported as a distance, not as a wrong DDP.
 void report_demo(const std::string& stage, const std::string& title, const DemoArgs& args,
                  const ReferenceResult& reference, const std::vector<RankResult>& ranks,
-                 const Advice& advice = {}, const std::string& approximation = "");
+                 const Advice& advice = {}, const std::string& approximation = "",
+                 const Float64Rerun& rerun = {});
 
 // The whole main() of a lesson's demo: the stage's spec says what it is
 // and which flags it takes; `worker` is the lesson's own rank worker, if it
@@ -126,8 +153,20 @@ int demo_main(int argc, char** argv, const StageSpec<typename D::Options>& spec,
       ranks = std::move(run.ranks);
     }
     ReferenceResult reference = train_reference(args.config);
-    report_demo(spec.number, spec.title, args, reference, ranks, spec.advice,
-                spec.approximation ? spec.approximation(options) : std::string());
+    const std::string approximation = spec.approximation ? spec.approximation(options) : "";
+    // Note [Rounding or a bug]: the same plan in float64.
+    Float64Rerun rerun;
+    if (wants_float64_rerun(args, reference, ranks, approximation)) {
+      RunConfig f64 = args.config;
+      f64.dtype = kFloat64;
+      f64.trace = false;
+      std::printf("demo %s: the float32 run differs from the reference; re-running it in "
+                  "float64 to tell rounding from a bug (Note [Rounding or a bug], demo.h)\n",
+                  spec.number.c_str());
+      rerun = judge_float64_rerun(f64, train_reference(f64), run_ddp<D>(f64, options));
+    }
+    report_demo(spec.number, spec.title, args, reference, ranks, spec.advice, approximation,
+                rerun);
   } catch (const std::exception& error) {
     multiprocessing::record_error(error);  // for tprun, when it started this rank
     std::fprintf(stderr, "demo %s: %s\n", spec.number.c_str(), error.what());
