@@ -51,13 +51,6 @@ std::shared_ptr<Future> bf16_compress_hook(ProcessGroup& process_group, GradBuck
   return compress_hook(process_group, bucket, tp::kBFloat16);
 }
 
-std::shared_ptr<Future> noop_hook(ProcessGroup& process_group, GradBucket& bucket) {
-  (void)process_group;
-  auto future = std::make_shared<Future>();
-  future->set_value({bucket.buffer()});
-  return future;
-}
-
 void register_builtin_hook(DistributedDataParallel& ddp, const Options& options) {
   const std::string& name = options.comm_hook;
   if (options.reduce_scatter) {

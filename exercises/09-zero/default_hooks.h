@@ -21,10 +21,8 @@
 //   - bf16_compress_hook: the same with bfloat16 (float32's range, 8 bits of
 //     precision). The Gloo backend has no bfloat16 reduction: on it the
 //     hook's all-reduce throws tp::DistributedError saying so.
-//   - noop_hook: no communication; the future is already complete and its
-//     value is the bucket as this rank filled it (PyTorch's
-//     debugging_hooks.noop_hook). The reduce-scatter form of ZeRO (zero.h)
-//     registers it: there the optimizer reduces the gradients.
+//   - noop_hook, the hook that sends nothing, is grad_bucket.h's: the DDP
+//     itself registers it for the reduce-scatter form of ZeRO.
 //   - The hooks hold no state but the process group: they are safe to use
 //     from several DDPs, one thread each.
 #pragma once
@@ -44,7 +42,6 @@ using tp::distributed::ProcessGroup;
 std::shared_ptr<Future> allreduce_hook(ProcessGroup& process_group, GradBucket& bucket);
 std::shared_ptr<Future> fp16_compress_hook(ProcessGroup& process_group, GradBucket& bucket);
 std::shared_ptr<Future> bf16_compress_hook(ProcessGroup& process_group, GradBucket& bucket);
-std::shared_ptr<Future> noop_hook(ProcessGroup& process_group, GradBucket& bucket);
 
 // What the kit's trainer calls right after constructing the DDP (the
 // capability comm_hooks): registers the built-in hook options.comm_hook

@@ -9,7 +9,6 @@
 #include <set>
 #include <utility>
 
-#include "default_hooks.h"
 #include "tensorplay/autograd/engine.h"
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/autograd/node.h"
@@ -454,6 +453,14 @@ void DistributedDataParallel::register_comm_hook(CommHook hook) {
            "register the hook before the first backward, right after constructing the DDP "
            "(Note [Comm hooks])");
   comm_hook_ = std::move(hook);
+}
+
+std::shared_ptr<tp::distributed::Future> noop_hook(tp::distributed::ProcessGroup& process_group,
+                                                   GradBucket& bucket) {
+  (void)process_group;
+  auto future = std::make_shared<tp::distributed::Future>();
+  future->set_value({bucket.buffer()});
+  return future;
 }
 
 GradBucket DistributedDataParallel::grad_bucket(size_t b) const {

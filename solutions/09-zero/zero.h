@@ -14,7 +14,7 @@
 //   - composed with the DDP (ZeroOptions::reduce_scatter = false): the DDP
 //     all-reduces every gradient as before; step() uses only its shard's.
 //   - the reduce-scatter form (reduce_scatter = true): the DDP sends nothing
-//     (noop_hook, default_hooks.h); step() reduce-scatters the gradients so
+//     (noop_hook, grad_bucket.h); step() reduce-scatters the gradients so
 //     that each rank receives only its shard's sum (Note [The reduce-scatter
 //     form] in zero.cc), then divides it.
 //
@@ -67,7 +67,7 @@ namespace stage09 {
 
 struct ZeroOptions {
   // The reduce-scatter form: step() reduces the gradients itself (the DDP
-  // must then send none: register noop_hook).
+  // then sends none: Options::reduce_scatter registers noop_hook).
   bool reduce_scatter = false;
   // How the updated shards reach every rank: "allgather" (one all-gather of
   // a flat copy of the parameters) or "broadcast" (each rank broadcasts its
