@@ -69,6 +69,16 @@ if r.returncode != 0 or lines != expected:
     fail(f"environment: exit {r.returncode}, lines {lines}, expected {expected}\n{r.stderr}")
 print("environment: ranks 2 and 3 of 6 on node 1 get RANK, LOCAL_RANK, WORLD_SIZE, ... right")
 
+# 1b. Without --job-id, each one-node job gets an id of its own (env:// then
+# refuses a rank of another job on the same port).
+ids = []
+for _ in range(2):
+    r, _ = run(["--nproc-per-node", "2", "--", *rank_script('echo "$TP_JOB_ID"')])
+    ids.append(sorted(set(r.stdout.split())))
+if any(len(i) != 1 or not i[0].startswith("tprun-") for i in ids) or ids[0] == ids[1]:
+    fail(f"default job ids: {ids}; expected one fresh tprun-... id per job")
+print(f"default job ids: one per job ({ids[0][0]}, {ids[1][0]})")
+
 # 2. A failing rank is named with its message; the others are ended at once.
 r, seconds = run(["--nproc-per-node", "3", "--",
                   *rank_script('if [ "$RANK" = 1 ]; then echo "boom from rank 1" >&2; exit 3; '
@@ -129,6 +139,7 @@ for args, words in [
         (["--nnodes", "2", "--node-rank", "2", "--", "true"], "--node-rank 2 is out of range"),
         (["--master-port", "70000", "--", "true"], "--master-port 70000 is not a port"),
         (["--nproc-per-node", "2"], "no program to run"),
+        (["--nnodes", "2", "--", "true"], "--nnodes 2 needs --job-id ID"),
         (["--", "/nonexistent/program"], "cannot start /nonexistent/program")]:
     r, _ = run(args)
     if r.returncode != 2 or words not in r.stderr:

@@ -700,6 +700,34 @@ TEST_CASE("a rank that skips a collective makes the waiting rank time out naming
   CHECK(seconds_since(start) < 30.0);
 }
 
+TEST_CASE("a barrier against an allreduce names both sides, whichever rank times out first") {
+  // Both ranks time out, each in its own collective #2; the report must show
+  // both calls, not only the blamed rank's.
+  for (int barrier_rank : {0, 1}) {
+    const std::string message = test_util::spawn_error_of([&] {
+      run_world(
+          2,
+          [&](int rank, int) {
+            tp::Tensor t = tp::ones({4});
+            dist::all_reduce(t);  // #1 on both
+            if (rank == barrier_rank) {
+              dist::barrier();
+            } else {
+              dist::all_reduce(t);
+            }
+          },
+          kShortTimeout);
+    }).what();
+    const std::string both =
+        barrier_rank == 0 ? "the ranks issued different collectives as #2: barrier on rank 0, "
+                            "allreduce on rank 1"
+                          : "the ranks issued different collectives as #2: allreduce on rank 0, "
+                            "barrier on rank 1";
+    CHECK_MESSAGE(message.find(both) != std::string::npos, message);
+    CHECK_MESSAGE(message.find("failed too (last collective: ") != std::string::npos, message);
+  }
+}
+
 TEST_CASE("allreduce of different sizes on two ranks fails in that allreduce, not later") {
   // Without the size in Gloo's tag, one rank would return a wrong sum here.
   CHECK_THROWS_WITH_AS(run_world(

@@ -1,10 +1,12 @@
 // redis:// rendezvous against a real redis-server, which
 // tests/multinode/with_redis.py starts and names in TP_TEST_REDIS
 // ("127.0.0.1:PORT"): world sizes 1 to 4, jobs side by side on one server,
-// job ids reused, keys cleaned up, and a server that is not there.
+// job ids reused, keys cleaned up (at the end, by a signal, by the lease),
+// and a server that is not there.
 #include <doctest/doctest.h>
 
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "tensorplay/distributed/init.h"
 #include "tensorplay/distributed/redis_store.h"
@@ -106,6 +109,86 @@ TEST_CASE("two processes of one job id claiming the same rank fail at once, nami
   });
   CHECK(std::string(e.what()).find("rank 0 was already claimed in the redis-server at ") !=
         std::string::npos);
+  // How old the claim is, so a user can tell a running job from a dead one.
+  CHECK_MESSAGE(std::string(e.what()).find("(its keys there were renewed ") != std::string::npos,
+                e.what());
+}
+
+namespace {
+
+// host and port of the server with_redis.py started.
+std::pair<std::string, int> host_port() {
+  const std::string where = std::getenv("TP_TEST_REDIS");
+  return {where.substr(0, where.rfind(':')), std::stoi(where.substr(where.rfind(':') + 1))};
+}
+
+// Whether job `id` has key `key` on the server now, asked from a process of
+// its own (a store starts a thread, and this test process forks).
+bool has_key(const std::string& id, const std::string& key) {
+  mp::SpawnOptions options;
+  options.timeout = std::chrono::seconds(30);
+  return mp::spawn(options, [&](int) {
+    const auto [host, port] = host_port();
+    return dist::RedisStore(host, port, id, kTimeout).check({key});
+  }, 1)[0];
+}
+
+// Polls has_key until it is false, at most `limit`; returns the time it took.
+double seconds_until_gone(const std::string& id, const std::string& key,
+                          std::chrono::seconds limit) {
+  const auto start = std::chrono::steady_clock::now();
+  while (has_key(id, key) && std::chrono::steady_clock::now() - start < limit) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+TEST_CASE("keys are renewed while their process lives, and expire within the lease once it is "
+          "killed outright") {
+  const std::string id = job("leased");
+  mp::SpawnOptions options;
+  options.timeout = std::chrono::seconds(60);
+  const mp::SpawnError e = spawn_error_of([&] {
+    mp::spawn(options, [&](int) {
+      const auto [host, port] = host_port();
+      dist::RedisStore store(host, port, id, kTimeout, std::chrono::seconds(2));
+      store.set("k", "v");
+      std::this_thread::sleep_for(std::chrono::seconds(4));  // two leases
+      if (!store.check({"k"})) throw tp::Error("the key expired while its process lived");
+      ::raise(SIGKILL);  // no handler, no destructor: only the lease ends it
+    }, 1);
+  });
+  REQUIRE_MESSAGE(std::string(e.what()).find("killed by signal 9") != std::string::npos, e.what());
+  CHECK(has_key(id, "k"));  // SIGKILL deletes nothing...
+  const double gone = seconds_until_gone(id, "k", std::chrono::seconds(10));
+  CHECK_MESSAGE(gone < 4.0, "the key outlived its 2 s lease by ", gone, " s");  // ...the lease does
+}
+
+TEST_CASE("SIGINT, SIGTERM and SIGHUP delete a process's keys at once, and still end it by the "
+          "signal") {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    CAPTURE(sig);
+    const std::string id = job("signal-" + std::to_string(sig));
+    mp::SpawnOptions options;
+    options.timeout = std::chrono::seconds(60);
+    const mp::SpawnError e = spawn_error_of([&] {
+      mp::spawn(options, [&](int) {
+        const auto [host, port] = host_port();
+        dist::RedisStore store(host, port, id, kTimeout, std::chrono::seconds(600));
+        store.set("k", "v");
+        store.add("tp/claim/0", 1);
+        ::raise(sig);
+      }, 1);
+    });
+    REQUIRE_MESSAGE(std::string(e.what()).find("killed by signal " + std::to_string(sig)) !=
+                        std::string::npos,
+                    e.what());
+    // A 600 s lease: only the handler's DEL can have removed them.
+    CHECK(seconds_until_gone(id, "k", std::chrono::seconds(5)) < 2.0);
+    CHECK_FALSE(has_key(id, "tp/claim/0"));
+  }
 }
 
 TEST_CASE("a redis-server that is not there is an error naming its address") {

@@ -22,6 +22,7 @@
 #include "nccl_backend.h"
 #include "network.h"
 #include "rendezvous_dir.h"
+#include "store_rendezvous.h"
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/distributed/redis_store.h"
 #include "tensorplay/distributed/tcp_store.h"
@@ -51,7 +52,7 @@ struct InitMethod {
   std::string dir;      // File: the rendezvous directory
   std::string host;     // Env: the master (rank 0 hosts the store); Redis: the server
   int port = 0;
-  std::string job_id;   // Redis: the prefix of every key
+  std::string job_id;   // Redis: the prefix of every key; Env: TP_JOB_ID, checked by the store
   std::string origin;   // for messages: "MASTER_ADDR=a, MASTER_PORT=p" or "tcp://a:p"
   std::string host_what = "MASTER_ADDR";  // how messages name `host`
 };
@@ -117,6 +118,7 @@ InitMethod parse_init_method(const char* who, const std::string& init_method, in
     const std::string port = env_value(who, "MASTER_PORT", rank, "env://");
     m.port = parse_int(who, port, 1, 65535, "MASTER_PORT", rank);
     m.origin = cat("env:// with MASTER_ADDR=", m.host, ", MASTER_PORT=", port);
+    if (const char* job = std::getenv("TP_JOB_ID")) m.job_id = job;  // Note [One job per store]
     return m;
   }
   if (starts_with(init_method, "tcp://")) {  // env:// with the address inline
@@ -124,6 +126,7 @@ InitMethod parse_init_method(const char* who, const std::string& init_method, in
     split_host_port(who, init_method.substr(6), init_method, rank, m.host, m.port);
     m.origin = init_method;
     m.host_what = "the host of " + init_method;
+    if (const char* job = std::getenv("TP_JOB_ID")) m.job_id = job;  // Note [One job per store]
     return m;
   }
   if (starts_with(init_method, "redis://")) {
@@ -263,6 +266,7 @@ std::shared_ptr<ProcessGroup> build_group(const char* who, const std::string& ba
     store = with_context(context, fix, [&] {
       return std::make_shared<TCPStore>(method.host, method.port, rank == 0, timeout);
     });
+    with_context(context, "", [&] { detail::check_same_job(*store, rank, method.job_id, timeout); });
   } else {
     store = with_context(context, "", [&] {
       return std::make_shared<RedisStore>(method.host, method.port, method.job_id, timeout);

@@ -1,12 +1,22 @@
 // tp::distributed::RedisStore over gloo::rendezvous::RedisStore (Debian's
-// Gloo is built with it), plus the two commands Gloo's store lacks: INCRBY
-// for add() and DEL for cleaning up.
+// Gloo is built with it), plus the commands Gloo's store lacks: INCRBY for
+// add(), EXPIRE and TTL for the lease, DEL for cleaning up (Note [Leased
+// keys] in redis_store.h).
 #include "tensorplay/distributed/redis_store.h"
 
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/redis_store.h>
 
+#include <signal.h>
 #include <sys/time.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "tensorplay/error.h"
 
@@ -18,8 +28,6 @@ using tp::detail::cat;
 namespace {
 
 constexpr const char* kWho = "tp::distributed::RedisStore";
-// A crashed job's keys disappear after this long (see redis_store.h).
-constexpr int kKeyLifetimeSeconds = 3600;
 
 // Gloo's store with its connection in reach (redis_ is protected).
 class GlooRedis : public gloo::rendezvous::RedisStore {
@@ -34,14 +42,128 @@ struct FreeReply {
 };
 using Reply = std::unique_ptr<redisReply, FreeReply>;
 
+// One plain connection (the lease keeper's, the signal handler's), freed
+// when it goes out of scope.
+struct FreeContext {
+  void operator()(redisContext* c) const { redisFree(c); }
+};
+using Context = std::unique_ptr<redisContext, FreeContext>;
+
+Context connect(const std::string& host, int port, milliseconds timeout) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+  Context c(redisConnectWithTimeout(host.c_str(), port, tv));
+  if (c == nullptr || c->err != 0) {
+    TP_THROW(DistributedError, kWho, ": cannot open a second connection to the redis-server at ",
+             host, ":", port, " (", c ? c->errstr : "out of memory", ")");
+  }
+  redisSetTimeout(c.get(), tv);
+  return c;
+}
+
+// "DEL key ..." in Redis's wire protocol (RESP), ready for write(2).
+std::string encode_del(const std::vector<std::string>& keys) {
+  std::string out = cat("*", keys.size() + 1, "\r\n$3\r\nDEL\r\n");
+  for (const std::string& key : keys) out += cat("$", key.size(), "\r\n", key, "\r\n");
+  return out;
+}
+
+// ---- the signal handler of Note [Leased keys] -------------------------------
+// Each live store's slot: the descriptor kept for the handler and its latest
+// DEL command. A store fills its slot's command before its descriptor and
+// empties the descriptor first, so the handler never writes a freed command.
+struct CleanupSlot {
+  std::atomic<int> fd{-1};
+  std::atomic<const std::string*> command{nullptr};
+};
+constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
+const std::string kNoCommand;         // a taken slot's command before its first key
+std::array<CleanupSlot, 16> g_slots;  // more live stores than this: the rest only lease
+std::mutex g_slots_mutex;             // guards taking and giving back slots, and installing
+int g_stores_with_slots = 0;          // guarded by g_slots_mutex
+std::array<bool, 3> g_installed{};    // guarded by g_slots_mutex
+
+extern "C" void delete_keys_and_reraise(int sig) {
+  const int saved_errno = errno;
+  for (CleanupSlot& slot : g_slots) {
+    const int fd = slot.fd.load(std::memory_order_acquire);
+    const std::string* command = slot.command.load(std::memory_order_acquire);
+    if (fd < 0 || command == nullptr) continue;
+    const char* data = command->data();
+    std::size_t left = command->size();
+    while (left > 0) {
+      const ssize_t n = ::write(fd, data, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      data += n;
+      left -= static_cast<std::size_t>(n);
+    }
+  }
+  ::signal(sig, SIG_DFL);  // async-signal-safe, like write and raise
+  errno = saved_errno;
+  ::raise(sig);
+}
+
+// Installs the handler where the disposition is the default; returns the
+// slot taken, or nullptr when all are in use.
+CleanupSlot* take_slot() {
+  std::lock_guard<std::mutex> lock(g_slots_mutex);
+  for (CleanupSlot& slot : g_slots) {
+    if (slot.fd.load() >= 0 || slot.command.load() != nullptr) continue;
+    if (g_stores_with_slots++ == 0) {
+      for (std::size_t i = 0; i < kSignals.size(); ++i) {
+        struct sigaction current {};
+        ::sigaction(kSignals[i], nullptr, &current);
+        if (current.sa_handler != SIG_DFL || (current.sa_flags & SA_SIGINFO) != 0) continue;
+        struct sigaction handler {};
+        handler.sa_handler = delete_keys_and_reraise;
+        sigemptyset(&handler.sa_mask);
+        g_installed[i] = ::sigaction(kSignals[i], &handler, nullptr) == 0;
+      }
+    }
+    slot.command.store(&kNoCommand, std::memory_order_release);  // taken
+    return &slot;
+  }
+  return nullptr;
+}
+
+void give_back(CleanupSlot* slot) {
+  if (slot == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_slots_mutex);
+  slot->fd.store(-1, std::memory_order_release);
+  slot->command.store(nullptr, std::memory_order_release);
+  if (--g_stores_with_slots == 0) {
+    for (std::size_t i = 0; i < kSignals.size(); ++i) {
+      if (!g_installed[i]) continue;
+      struct sigaction current {};
+      ::sigaction(kSignals[i], nullptr, &current);
+      if (current.sa_handler == delete_keys_and_reraise) ::signal(kSignals[i], SIG_DFL);
+      g_installed[i] = false;
+    }
+  }
+}
+
 }  // namespace
 
 struct RedisStore::Impl {
   std::string host;
   int port = 0;
   std::string prefix;  // "<job_id>/"
+  std::chrono::seconds lease{RedisStore::kDefaultLease};
   std::unique_ptr<GlooRedis> redis;
-  std::vector<std::string> written;  // full keys this process set, deleted at the end
+
+  std::mutex mutex;                  // guards written, commands and stopping
+  std::vector<std::string> written;  // full keys this process created: renewed, deleted at the end
+  // Every DEL command handed to the signal handler: kept until the end, as
+  // the handler may be reading an older one.
+  std::vector<std::unique_ptr<std::string>> commands;
+  bool stopping = false;
+  std::condition_variable wake;      // ends the keeper's wait when stopping
+  std::thread keeper;                // renews `written` every lease / 3
+  Context keeper_connection;
+  Context signal_connection;         // only ever written by the signal handler
+  CleanupSlot* slot = nullptr;
 
   std::string where() const { return cat("the redis-server at ", host, ":", port); }
 
@@ -65,15 +187,50 @@ struct RedisStore::Impl {
     }
     return r;
   }
+
+  // A key this process created: leased now, renewed by the keeper, deleted
+  // at the end or by a signal.
+  void own(const std::string& full) {
+    command({"EXPIRE", full, std::to_string(lease.count())});
+    std::lock_guard<std::mutex> lock(mutex);
+    written.push_back(full);
+    if (slot != nullptr) {
+      commands.push_back(std::make_unique<std::string>(encode_del(written)));
+      slot->command.store(commands.back().get(), std::memory_order_release);
+    }
+  }
+
+  // The keeper thread: renews every key this process created, each lease / 3,
+  // until stopping. A failure is left for the main connection to report.
+  void keep() {
+    std::unique_lock<std::mutex> lock(mutex);
+    const auto period = std::chrono::duration_cast<milliseconds>(lease) / 3;
+    while (!wake.wait_for(lock, period, [this] { return stopping; })) {
+      const std::vector<std::string> keys = written;
+      lock.unlock();
+      for (const std::string& key : keys) {
+        void* reply = redisCommand(keeper_connection.get(), "EXPIRE %b %lld", key.data(),
+                                   key.size(), static_cast<long long>(lease.count()));
+        if (reply == nullptr) break;
+        freeReplyObject(reply);
+      }
+      lock.lock();
+    }
+  }
 };
 
 RedisStore::RedisStore(const std::string& host, int port, const std::string& job_id,
-                       milliseconds timeout)
+                       milliseconds timeout, std::chrono::seconds lease)
     : impl_(std::make_unique<Impl>()) {
   if (job_id.empty()) {
     TP_THROW(DistributedError, kWho, ": the job id is empty; every job on a shared "
              "redis-server needs its own (redis://host:port/JOB, or TP_JOB_ID)");
   }
+  if (lease.count() < 1) {
+    TP_THROW(DistributedError, kWho, ": the lease must be at least 1 s (got ", lease.count(),
+             " s)");
+  }
+  impl_->lease = lease;
   impl_->host = host;
   impl_->port = port;
   impl_->prefix = job_id + "/";
@@ -101,14 +258,44 @@ RedisStore::RedisStore(const std::string& host, int port, const std::string& job
     TP_THROW(DistributedError, kWho, ": ", impl_->where(), " answered PING with an error: ",
              std::string(pong->str, pong->len));
   }
+  // Note [Leased keys]: the keeper's connection and thread, and the signal
+  // handler's connection.
+  impl_->keeper_connection = connect(host, port, timeout);
+  impl_->signal_connection = connect(host, port, timeout);
+  impl_->slot = take_slot();
+  if (impl_->slot != nullptr) {
+    impl_->slot->fd.store(impl_->signal_connection->fd, std::memory_order_release);
+  }
+  impl_->keeper = std::thread([impl = impl_.get()] { impl->keep(); });
 }
 
 RedisStore::~RedisStore() {
   // Never throws: the server may be gone already.
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stopping = true;
+  }
+  impl_->wake.notify_all();
+  if (impl_->keeper.joinable()) impl_->keeper.join();
+  give_back(impl_->slot);
   for (const std::string& key : impl_->written) {
     void* p = redisCommand(impl_->redis->raw(), "DEL %b", key.data(), key.size());
     if (p == nullptr) break;
     freeReplyObject(p);
+  }
+}
+
+std::string RedisStore::describe_key(const std::string& key) {
+  try {
+    Reply r = impl_->command({"TTL", impl_->prefix + key});
+    if (r->type != REDIS_REPLY_INTEGER || r->integer < 0) return "";
+    const long long lease = impl_->lease.count();
+    return cat(" (its keys there were renewed ", lease - r->integer, " s ago: a job renews its "
+               "keys every ", lease / 3, " s while it runs, and they expire ", lease,
+               " s after the last renewal, so a job that died frees its id within ", lease,
+               " s)");
+  } catch (const DistributedError&) {
+    return "";
   }
 }
 
@@ -123,14 +310,13 @@ void RedisStore::set(const std::string& key, const std::string& value) {
     impl_->redis->set(full, std::vector<char>(value.begin(), value.end()));
   } catch (const gloo::EnforceNotMet& e) {
     TP_THROW(DistributedError, kWho, ": key '", full, "' already exists on ", impl_->where(),
-             ": another job runs with the same job id, or an earlier one crashed less "
-             "than an hour ago; pick another job id (gloo: ", e.what(), ")");
+             describe_key(key), ": another job runs with the same job id, or one ended "
+             "less than a lease ago; pick another job id (gloo: ", e.what(), ")");
   } catch (const std::exception& e) {
     TP_THROW(DistributedError, kWho, ": set '", full, "' failed on ", impl_->where(), ": ",
              e.what());
   }
-  impl_->written.push_back(full);
-  impl_->command({"EXPIRE", full, std::to_string(kKeyLifetimeSeconds)});
+  impl_->own(full);
 }
 
 std::string RedisStore::get(const std::string& key, milliseconds timeout) {
@@ -146,8 +332,9 @@ std::string RedisStore::get(const std::string& key, milliseconds timeout) {
 int64_t RedisStore::add(const std::string& key, int64_t delta) {
   const std::string full = impl_->prefix + key;
   Reply r = impl_->command({"INCRBY", full, std::to_string(delta)});
-  impl_->written.push_back(full);
-  impl_->command({"EXPIRE", full, std::to_string(kKeyLifetimeSeconds)});
+  // Created by this add: this process's to lease. A key that was there is
+  // its creator's, which renews it while it runs (describe_key tells when).
+  if (r->integer == delta) impl_->own(full);
   return r->integer;
 }
 

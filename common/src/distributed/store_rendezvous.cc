@@ -18,11 +18,30 @@ std::string size_key(int rank) { return "tp/size/" + std::to_string(rank); }
 
 }  // namespace
 
+void check_same_job(Store& store, int rank, const std::string& job_id, milliseconds timeout) {
+  if (rank == 0) {
+    store.set("tp/job", job_id);
+    return;
+  }
+  const std::string theirs = store.get("tp/job", timeout);
+  if (theirs != job_id) {
+    const auto name = [](const std::string& id) {
+      return id.empty() ? std::string("no TP_JOB_ID") : "TP_JOB_ID '" + id + "'";
+    };
+    TP_THROW(DistributedError, "this rank belongs to another job: the store there is rank 0's "
+             "of a job with ", name(theirs), ", and this rank was started with ", name(job_id),
+             ". Two jobs use one master address and port; this rank left without joining it. "
+             "Give each job its own MASTER_PORT (or start it with its own tprun, which gives "
+             "every job an id of its own)");
+  }
+}
+
 void meet_in_store(Store& store, int rank, int size, milliseconds timeout, const char* caller) {
-  const int64_t claims = store.add("tp/claim/" + std::to_string(rank), 1);
+  const std::string claim = "tp/claim/" + std::to_string(rank);
+  const int64_t claims = store.add(claim, 1);
   if (claims > 1) {
     TP_THROW(DistributedError, caller, ": rank ", rank, " of ", size, ": rank ", rank,
-             " was already claimed in ", store.describe(),
+             " was already claimed in ", store.describe(), store.describe_key(claim),
              ": two processes were given the same RANK, or an earlier job with the same "
              "address (or job id) is still running; give each process its own rank and "
              "each job its own MASTER_PORT or job id");

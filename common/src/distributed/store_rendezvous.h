@@ -28,6 +28,19 @@ namespace tp::distributed::detail {
 void meet_in_store(Store& store, int rank, int size, std::chrono::milliseconds timeout,
                    const char* caller);
 
+// Note [One job per store]
+// env:// ranks meet wherever MASTER_ADDR:MASTER_PORT points; a rank of
+// another job started on the same port (a second launch, a stray process)
+// would find rank 0's store, claim a rank there and train in the wrong job.
+// So a job has an identity, TP_JOB_ID (tprun sets a fresh one per job; a
+// bare env:// launch can set its own): rank 0 writes it under "tp/job" as
+// soon as its store listens, and every other rank reads it before it claims
+// anything, and leaves with an error naming both ids when they differ. A
+// rank without TP_JOB_ID has the empty id, so jobs launched without one are
+// told apart only by their rank claims. Call before meet_in_store.
+void check_same_job(Store& store, int rank, const std::string& job_id,
+                    std::chrono::milliseconds timeout);
+
 // Gloo's Store interface over a tp Store; Gloo's keys get the prefix
 // "gloo/". get() waits at most `timeout`, as Gloo's own stores do.
 class GlooStoreAdapter : public gloo::rendezvous::Store {

@@ -62,6 +62,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "rank_status.h"
 #include "tensorplay/distributed/work.h"
 #include "tensorplay/util/temp_dir.h"
 
@@ -72,16 +73,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// One rank's slot on the status board. The strings' last bytes always stay
-// '\0', so a reader never runs off the end, even while the rank writes; a
-// torn read shows a mangled name at worst, in an error message.
-struct StatusSlot {
-  std::atomic<uint64_t> progress;  // bumped at every change below
-  char waiting[120];               // the collective it waits in now, "" if none
-  char last[120];                  // the last collective it finished waiting in
-};
-static_assert(std::atomic<uint64_t>::is_always_lock_free,
-              "the status board is shared between processes: its counter must be lock-free");
+using rank_status::RankStatus;
 // How often the parent looks at the children when no pipe has data.
 constexpr milliseconds kTick{10};
 // The longest wait for a failure's cause when only consequences have come
@@ -89,28 +81,8 @@ constexpr milliseconds kTick{10};
 constexpr milliseconds kCauseWait{5000};
 
 // Set in a child right after fork; stay null / -1 in the parent.
-StatusSlot* g_status_board = nullptr;
+RankStatus* g_status_board = nullptr;
 int g_current_rank = -1;
-
-void copy_into(char (&field)[120], std::string_view text) {
-  const std::size_t n = std::min(text.size(), sizeof field - 1);
-  std::memcpy(field, text.data(), n);
-  field[n] = '\0';
-}
-
-// The state letter of /proc/<pid>/stat: 'T' stopped (SIGSTOP, SIGTSTP), 't'
-// stopped by a debugger, 'R' running, 'S' sleeping...; '?' if unreadable.
-char process_state(pid_t pid) {
-  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
-  if (f == nullptr) return '?';
-  char buffer[512];
-  const std::size_t n = std::fread(buffer, 1, sizeof buffer - 1, f);
-  std::fclose(f);
-  buffer[n] = '\0';
-  // "pid (comm) S ...": comm may contain spaces and parentheses.
-  const char* close = std::strrchr(buffer, ')');
-  return (close != nullptr && close[1] == ' ' && close[2] != '\0') ? close[2] : '?';
-}
 
 // The signal that interrupted the job, 0 if none (Note [Interrupted jobs]).
 volatile std::sig_atomic_t g_interrupt = 0;
@@ -375,7 +347,7 @@ class Job {
  public:
   Job(int nprocs, const SpawnOptions& options, InterruptGuard& interrupts)
       : options_(options), interrupts_(interrupts), children_(static_cast<std::size_t>(nprocs)) {
-    const std::size_t bytes = sizeof(StatusSlot) * static_cast<std::size_t>(nprocs);
+    const std::size_t bytes = sizeof(RankStatus) * static_cast<std::size_t>(nprocs);
     void* board = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (board == MAP_FAILED) {
@@ -384,7 +356,7 @@ class Job {
                                        std::strerror(err), ")"));
     }
     std::memset(board, 0, bytes);  // every status starts empty, every counter at 0
-    board_ = static_cast<StatusSlot*>(board);
+    board_ = static_cast<RankStatus*>(board);
     board_bytes_ = bytes;
   }
 
@@ -426,7 +398,7 @@ class Job {
   const SpawnOptions options_;
   InterruptGuard& interrupts_;
   std::vector<Child> children_;
-  StatusSlot* board_ = nullptr;
+  RankStatus* board_ = nullptr;
   std::size_t board_bytes_ = 0;
 };
 
@@ -482,24 +454,8 @@ void Job::start(const RankFn& fn) {
 // allreduce #3", "not in a collective (last: allreduce #2)", "stopped
 // (SIGSTOP or a debugger) while waiting in broadcast #1"...
 std::string Job::status_of(int rank) const {
-  const StatusSlot& slot = board_[rank];
-  const std::string waiting(slot.waiting, ::strnlen(slot.waiting, sizeof slot.waiting - 1));
-  const std::string last(slot.last, ::strnlen(slot.last, sizeof slot.last - 1));
-  std::string status;
-  if (!waiting.empty()) {
-    status = "waiting in " + waiting;
-  } else {
-    status = "not in a collective";
-    status += last.empty() ? " (none finished yet)" : " (last: " + last + ")";
-  }
   const Child& c = children_[rank];
-  if (!c.reaped) {
-    const char state = process_state(c.pid);
-    if (state == 'T' || state == 't') {
-      status = std::string("stopped (") + (state == 'T' ? "SIGSTOP" : "a debugger") + "), " + status;
-    }
-  }
-  return status;
+  return rank_status::describe(board_[rank], c.reaped ? -1 : c.pid);
 }
 
 // The sum of every rank's progress counter and of the ranks that ended.
@@ -724,7 +680,10 @@ void Job::throw_failure() {
       const std::size_t at = last.find(" (");
       statuses.push_back("had returned" + (at == std::string::npos ? "" : last.substr(at)));
     } else {
-      statuses.emplace_back();  // failed: weighed below, not described
+      // Failed: weighed below; described by the collective it was last in,
+      // which for a collective that timed out is that one.
+      const std::string last = rank_status::last_collective(board_[rank]);
+      statuses.push_back("failed too" + (last.empty() ? "" : " (last collective: " + last + ")"));
     }
   }
   end_all();
@@ -751,9 +710,11 @@ void Job::throw_failure() {
     std::string others;
     bool returned = false;
     for (int rank = 0; rank < nprocs(); ++rank) {
-      if (rank == blamed || statuses[rank].empty()) continue;
+      if (rank == blamed) continue;
+      const bool verb_included = statuses[rank].rfind("had returned", 0) == 0 ||
+                                 statuses[rank].rfind("failed too", 0) == 0;
       others += (others.empty() ? "" : "; ") + ("rank " + std::to_string(rank) + " ") +
-                (statuses[rank].rfind("had returned", 0) == 0 ? "" : "was ") + statuses[rank];
+                (verb_included ? "" : "was ") + statuses[rank];
       returned = returned || statuses[rank].rfind("had returned", 0) == 0;
     }
     if (!others.empty()) {
@@ -764,6 +725,11 @@ void Job::throw_failure() {
             "collectives than it: did it skip some (or did the waiting rank issue extra)?";
       }
     }
+    std::vector<std::string> lasts;
+    for (int rank = 0; rank < nprocs(); ++rank) {
+      lasts.push_back(rank_status::last_collective(board_[rank]));
+    }
+    message += rank_status::different_collectives(lasts);
   }
   throw SpawnError(blamed, message, blamed_outcome.kind);
 }
@@ -850,12 +816,7 @@ std::vector<std::string> spawn_processes(const RankFn& fn, int nprocs,
 
 void set_rank_waiting(std::string_view collective) {
   if (g_status_board == nullptr || g_current_rank < 0) return;
-  StatusSlot& slot = g_status_board[g_current_rank];
-  if (collective.empty()) {
-    copy_into(slot.last, std::string_view(slot.waiting, ::strnlen(slot.waiting, sizeof slot.waiting - 1)));
-  }
-  copy_into(slot.waiting, collective);
-  slot.progress.fetch_add(1, std::memory_order_relaxed);
+  rank_status::set_waiting(g_status_board[g_current_rank], collective);
 }
 
 int current_rank() { return g_current_rank; }

@@ -7,10 +7,14 @@
 //     the same job id do meet; the rendezvous then fails at once, naming
 //     the rank claimed twice (see ProcessGroupGloo).
 //   - set() refuses a key that already exists (Gloo's RedisStore writes with
-//     SETNX). Keys this process wrote are deleted when it is destroyed (the
-//     group keeps it until destroy_process_group, when every rank has long
-//     read them), and each expires an hour after it was written, so a job
-//     that crashed does not block its job id forever.
+//     SETNX). The keys this process created are its own: they are deleted
+//     when it is destroyed (the group keeps it until destroy_process_group,
+//     when every rank has long read them), and they are leased (Note
+//     [Leased keys]), so a job that ends any other way frees its job id
+//     within seconds, not never.
+//   - describe_key(key) says how long ago the key was last renewed, and when
+//     it expires unless renewed: what a rank refused as "already claimed"
+//     needs to know whether the earlier job is still there.
 //   - The constructor connects at once: a server that does not answer is a
 //     tp::DistributedError naming host:port. A server that goes away later,
 //     or stops answering for `timeout`, is a tp::DistributedError on the
@@ -27,12 +31,30 @@
 
 namespace tp::distributed {
 
+// Note [Leased keys]
+// A job's keys must outlive its rendezvous (a rank that claimed rank 0 holds
+// it while the job runs, so a second job with the same id is refused) but not
+// the job: a crashed or interrupted job would otherwise block its job id.
+//   - Each key this process creates expires `lease` after it was written, and
+//     a thread of the store renews every one each lease / 3, on a connection
+//     of its own, while the store lives. A process that dies (SIGKILL, a
+//     crash, a lost machine) stops renewing: its keys are gone within the
+//     lease.
+//   - SIGINT, SIGTERM and SIGHUP (Ctrl-C, kill, tprun passing either on)
+//     delete them at once: while a RedisStore lives, a signal whose
+//     disposition was the default gets a handler that writes one DEL of the
+//     process's keys, encoded ahead of time, to a third connection kept for
+//     it (write(2) is async-signal-safe; hiredis is not), then restores the
+//     default and raises the signal again, so the process still ends by it.
+//     A signal the program handles itself is left to it.
 class RedisStore : public Store {
  public:
-  // REQUIRES: job_id not empty. Connecting, and every command after it, is
-  // bounded by `timeout`.
+  static constexpr std::chrono::seconds kDefaultLease{20};
+
+  // REQUIRES: job_id not empty, lease >= 1 s. Connecting, and every command
+  // after it, is bounded by `timeout`.
   RedisStore(const std::string& host, int port, const std::string& job_id,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout, std::chrono::seconds lease = kDefaultLease);
   ~RedisStore() override;
 
   void set(const std::string& key, const std::string& value) override;
@@ -40,6 +62,7 @@ class RedisStore : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::vector<std::string>& keys) override;
   std::string describe() const override;
+  std::string describe_key(const std::string& key) override;
 
  private:
   struct Impl;

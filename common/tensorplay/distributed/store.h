@@ -41,6 +41,9 @@ class Store {
 
   // Where the store is, for messages: "the TCP store at 10.0.0.1:29500".
   virtual std::string describe() const = 0;
+  // What the store knows of when `key` was last written or renewed, for
+  // messages (", renewed 4 s ago ..."); "" when it keeps no such record.
+  virtual std::string describe_key(const std::string& /*key*/) { return ""; }
 };
 
 }  // namespace tp::distributed

@@ -68,7 +68,7 @@
 #include "tensorplay/cuda/runtime.h"
 #include "tensorplay/distributed/init.h"
 #include "tensorplay/distributed/process_group.h"
-#include "tensorplay/multiprocessing/error_file.h"
+#include "tensorplay/multiprocessing/launched_rank.h"
 #include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/ddp_trainer.h"
@@ -358,6 +358,7 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
   }
   std::shared_ptr<distributed::ProcessGroup> launched;  // --init-method: this job's group
   if (!run.init_method.empty()) {
+    multiprocessing::report_to_launcher();  // where it waits, for tprun
     try {
       distributed::init_process_group("gloo", run.init_method, RunConfig{}.collective_timeout);
     } catch (const std::exception& error) {

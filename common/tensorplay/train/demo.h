@@ -42,7 +42,7 @@
 #include <string>
 #include <vector>
 
-#include "tensorplay/multiprocessing/error_file.h"
+#include "tensorplay/multiprocessing/launched_rank.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/ddp_trainer.h"
 #include "tensorplay/train/reference.h"
@@ -144,6 +144,7 @@ int demo_main(int argc, char** argv, const StageSpec<typename D::Options>& spec,
     } else if (args.init_method.empty()) {
       ranks = run_ddp<D>(args.config, options);
     } else {
+      multiprocessing::report_to_launcher();  // where it waits, for tprun
       LaunchedRun run = run_launched_rank<D>(args.config, options, args.init_method);
       if (run.rank != 0) {
         std::printf("demo %s: rank %d of %d trained; rank 0 prints the table\n",

@@ -1,0 +1,84 @@
+// A rank's status (rank_status.h): written by the rank, read by its parent.
+#include "rank_status.h"
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <utility>
+
+namespace tp::multiprocessing::rank_status {
+
+namespace {
+
+std::string read_field(const char* field, std::size_t size) {
+  return std::string(field, ::strnlen(field, size - 1));
+}
+
+}  // namespace
+
+void set_waiting(RankStatus& status, std::string_view collective) {
+  if (collective.empty()) copy_into(status.last, read_field(status.waiting, sizeof status.waiting));
+  copy_into(status.waiting, collective);
+  status.progress.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::string last_collective(const RankStatus& status) {
+  return read_field(status.last, sizeof status.last);
+}
+
+std::string describe(const RankStatus& status, pid_t pid) {
+  const std::string waiting = read_field(status.waiting, sizeof status.waiting);
+  const std::string last = last_collective(status);
+  std::string text;
+  if (!waiting.empty()) {
+    text = "waiting in " + waiting;
+  } else {
+    text = "not in a collective";
+    text += last.empty() ? " (none finished yet)" : " (last: " + last + ")";
+  }
+  if (pid > 0) {
+    const char state = process_state(pid);
+    if (state == 'T' || state == 't') {
+      text = std::string("stopped (") + (state == 'T' ? "SIGSTOP" : "a debugger") + "), " + text;
+    }
+  }
+  return text;
+}
+
+std::string different_collectives(const std::vector<std::string>& lasts) {
+  // number -> (name, rank) of each rank whose last collective had that number
+  std::map<std::string, std::vector<std::pair<std::string, int>>> by_number;
+  for (int rank = 0; rank < static_cast<int>(lasts.size()); ++rank) {
+    const std::string& last = lasts[rank];
+    const std::size_t hash = last.find(" #");
+    // A subgroup's collective ("... (group rank 1)") counts in its own group.
+    if (hash == std::string::npos || last.find('(') != std::string::npos) continue;
+    by_number[last.substr(hash + 1)].emplace_back(last.substr(0, hash), rank);
+  }
+  for (const auto& [number, calls] : by_number) {
+    bool differ = false;
+    for (const auto& call : calls) differ = differ || call.first != calls.front().first;
+    if (!differ) continue;
+    std::string list;
+    for (const auto& [name, rank] : calls) {
+      list += (list.empty() ? "" : ", ") + name + " on rank " + std::to_string(rank);
+    }
+    return "\n  the ranks issued different collectives as " + number + ": " + list +
+           "; every rank must issue the same collectives in the same order";
+  }
+  return "";
+}
+
+char process_state(pid_t pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return '?';
+  char buffer[512];
+  const std::size_t n = std::fread(buffer, 1, sizeof buffer - 1, f);
+  std::fclose(f);
+  buffer[n] = '\0';
+  // "pid (comm) S ...": comm may contain spaces and parentheses.
+  const char* close = std::strrchr(buffer, ')');
+  return (close != nullptr && close[1] == ' ' && close[2] != '\0') ? close[2] : '?';
+}
+
+}  // namespace tp::multiprocessing::rank_status

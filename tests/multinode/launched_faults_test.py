@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Launched ranks that fail, hang or stray, and what tprun and env:// say.
+
+    launched_faults_test.py TPRUN FAULT_RANK
+
+FAULT_RANK is tests/multinode/fault_rank.cc: a rank that all-reduces and, on
+one rank, throws, spins, stops or calls a barrier where its third all-reduce
+is due. Each case checks tprun's report names the rank at fault and says
+where the others were (from the ranks' status files), as spawn's report does
+for forked ranks. The stray-rank case starts ranks by hand, as a bare env://
+launch would.
+"""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+TPRUN, FAULT_RANK = sys.argv[1], sys.argv[2]
+TIMEOUT_MS = 3000  # the ranks' collective timeout
+
+
+def fail(message):
+    print(f"FAIL: {message}")
+    sys.exit(1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tprun(fault, world=2, faulty=1):
+    start = time.monotonic()
+    r = subprocess.run([TPRUN, "--nproc-per-node", str(world), "--master-port", str(free_port()),
+                        "--grace", "1", "--", FAULT_RANK, fault, str(faulty), str(TIMEOUT_MS)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    report = [line for line in r.stderr.splitlines() if line.startswith("tprun:")]
+    return r, "\n".join(report), time.monotonic() - start
+
+
+def expect(case, r, report, code, *words):
+    if r.returncode != code or any(w not in report for w in words):
+        missing = [w for w in words if w not in report]
+        fail(f"{case}: exit {r.returncode} (expected {code}); missing {missing} in tprun's "
+             f"report:\n{report}\nstderr:\n{r.stderr}")
+
+
+# 1. A healthy job: exit 0, nothing reported.
+r, report, seconds = tprun("none", world=3)
+expect("healthy job", r, report, 0)
+print(f"a healthy 3-rank job: exit 0; {seconds:.2f} s")
+
+# 2. A rank stopped outside any collective (SIGSTOP): rank 0 times out in the
+# collective rank 1 never joins, and the report says rank 1 was stopped.
+r, report, seconds = tprun("stop")
+expect("stopped rank", r, report, 1, "rank 0 (local rank 0 on node 0) failed",
+       "allreduce #3 on rank 0 timed out",
+       "meanwhile: rank 1 was stopped (SIGSTOP), not in a collective (last: allreduce #2)")
+print(f"a stopped rank: {report.splitlines()[1]}; {seconds:.2f} s")
+
+# 3. A rank computing forever outside any collective.
+r, report, seconds = tprun("spin")
+expect("spinning rank", r, report, 1, "allreduce #3 on rank 0 timed out",
+       "meanwhile: rank 1 was not in a collective (last: allreduce #2)")
+print(f"a spinning rank: {report.splitlines()[1]}; {seconds:.2f} s")
+
+# 4. A barrier where the others all-reduce: both sides are named.
+r, report, seconds = tprun("barrier")
+expect("barrier vs allreduce", r, report, 1, "timed out",
+       "the ranks issued different collectives as #3: allreduce on rank 0, barrier on rank 1")
+print(f"a barrier against an all-reduce: {report.splitlines()[2]}; {seconds:.2f} s")
+
+# 5. A rank that throws is blamed, not its peers, which only lost their
+# connection, also when no rank can write its error file; the report then
+# says the file could not be written. Three ranks, so two consequences race
+# the cause. Before the status files, tprun blamed whichever rank exited
+# first there.
+for fault in ("throw", "unwritable", "unwritable", "unwritable"):
+    r, report, seconds = tprun(fault, world=3)
+    # Without its error file, the message is its last stderr line.
+    words = ["rank 1 (local rank 1 on node 0) failed: exit code 1: ", "planted fault: rank 1 threw"]
+    if fault == "unwritable":
+        words.append("rank 1 could not write its error file (Is a directory); its kind and "
+                     "time came from its status file")
+    expect(f"rank that throws ({fault})", r, report, 1, *words)
+    print(f"a rank that throws ({fault} error file): blamed; {seconds:.2f} s")
+
+# 6. A rank of another job on the same port is refused; the real job runs.
+port = free_port()
+env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="3")
+env.pop("TP_STATUS_FILE", None)
+env.pop("TP_ERROR_FILE", None)
+argv = [FAULT_RANK, "none", "-1", "20000"]
+job = [subprocess.Popen(argv, env=dict(env, RANK=str(rank), TP_JOB_ID="job-a"),
+                        stderr=subprocess.PIPE, text=True) for rank in (0, 2)]
+time.sleep(0.5)
+stray = subprocess.run(argv, env=dict(env, RANK="1", TP_JOB_ID="job-b"), stderr=subprocess.PIPE,
+                       text=True, timeout=30)
+if stray.returncode != 1 or "this rank belongs to another job" not in stray.stderr or \
+        "TP_JOB_ID 'job-a'" not in stray.stderr or "TP_JOB_ID 'job-b'" not in stray.stderr:
+    for p in job:
+        p.kill()
+    fail(f"stray rank: exit {stray.returncode}, stderr:\n{stray.stderr}")
+real = subprocess.run(argv, env=dict(env, RANK="1", TP_JOB_ID="job-a"), stderr=subprocess.PIPE,
+                      text=True, timeout=30)
+codes = [p.wait(timeout=30) for p in job]
+if real.returncode != 0 or codes != [0, 0]:
+    fail(f"the real job after the stray: rank 1 exit {real.returncode}, ranks 0 and 2 {codes}\n"
+         f"{real.stderr}\n{job[0].stderr.read()}\n{job[1].stderr.read()}")
+print(f"a stray rank of another job: refused ({stray.stderr.strip().splitlines()[-1][:120]}...); "
+      "the real job then ran, exit 0 on every rank")
