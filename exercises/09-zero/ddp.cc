@@ -550,6 +550,8 @@ void DistributedDataParallel::finish_backward() {
   }
   // Wait, divide, give each parameter its average; none where no rank used
   // it (stage 05). With a comm hook, its future's value is the average.
+  // Bucket by bucket, so each bucket's copies run while later buckets are
+  // still in flight.
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
     if (bucket.future) {
@@ -559,8 +561,8 @@ void DistributedDataParallel::finish_backward() {
       bucket.work.reset();
       bucket.flat.div_(divisor());
     }
+    take_averages(bucket, used, /*shadow=*/false);
   }
-  take_averages(used, /*shadow=*/false);
   for (Bucket& bucket : buckets_) {
     for (Slot& slot : bucket.slots) slot.arrived = false;
     bucket.pending = bucket.slots.size();
@@ -743,23 +745,21 @@ void DistributedDataParallel::shadow_synced_step() {
   ++synced_iterations_;
 }
 
-void DistributedDataParallel::take_averages(const float* used, bool shadow) {
-  for (Bucket& bucket : buckets_) {
-    for (Slot& slot : bucket.slots) {
-      const Tensor& param = params_[static_cast<size_t>(slot.param)].second;
-      if (used != nullptr && used[slot.param] == 0.0f) {
-        // No rank used it. A synced step leaves such a gradient as
-        // zero_grad() did; a joined rank's is still its last step's: drop it.
-        if (shadow) param.set_grad(Tensor());
-        continue;
-      }
-      if (options_.gradient_as_bucket_view) {
-        if (!param.grad().is_alias_of(bucket.flat)) param.set_grad(slot.view);
-      } else if (param.grad().defined()) {
-        param.grad().copy_(slot.view);
-      } else {
-        param.set_grad(slot.view.clone());
-      }
+void DistributedDataParallel::take_averages(Bucket& bucket, const float* used, bool shadow) {
+  for (Slot& slot : bucket.slots) {
+    const Tensor& param = params_[static_cast<size_t>(slot.param)].second;
+    if (used != nullptr && used[slot.param] == 0.0f) {
+      // No rank used it. A synced step leaves such a gradient as
+      // zero_grad() did; a joined rank's is still its last step's: drop it.
+      if (shadow) param.set_grad(Tensor());
+      continue;
+    }
+    if (options_.gradient_as_bucket_view) {
+      if (!param.grad().is_alias_of(bucket.flat)) param.set_grad(slot.view);
+    } else if (param.grad().defined()) {
+      param.grad().copy_(slot.view);
+    } else {
+      param.set_grad(slot.view.clone());
     }
   }
 }

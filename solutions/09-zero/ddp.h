@@ -288,11 +288,11 @@ class DistributedDataParallel : public Joinable {
   double divisor() const;
   void shadow_synced_step();
   void sync_final_model(bool last_to_join);
-  // Gives each parameter its bucket slot's value (the average), except
+  // Gives each parameter of `bucket` its slot's value (the average), except
   // where `used` (ranks that used it; null: all did) says no rank used it:
   // there a synced step keeps what zero_grad() left, a shadowed one
   // (`shadow`) drops the joined rank's stale gradient.
-  void take_averages(const float* used, bool shadow);
+  void take_averages(Bucket& bucket, const float* used, bool shadow);
   // Rank 0's once-only note when no rank left any parameter unused.
   void warn_if_nothing_unused(const float* used) const;
   // Throws naming the parameters whose gradient never arrived; resets.
