@@ -54,6 +54,10 @@ if r.returncode != 0 or "is read-only: running lessons/demo_01 as it was built t
         r.stdout or "verdict: matches the reference" not in r.stdout:
     fail(f"built read-only checkout: exit {r.returncode}:\n{r.stdout}")
 print("a built read-only checkout: ./kit demo 01 runs the demo as built, saying so")
+r = read_only([ROOT, BUILD], f"{env_build}{KIT} build")
+if r.returncode != 2 or "it is read-only" not in r.stdout or "TP_BUILD_DIR" not in r.stdout:
+    fail(f"./kit build in a built read-only checkout: exit {r.returncode}:\n{r.stdout}")
+print(f"a built read-only checkout: ./kit build says {r.stdout.strip().splitlines()[-1][:100]}...")
 
 # 2. A fresh checkout (no build folder; only the kit, which is all ./kit
 # build reads before it makes one), read-only: a clear error naming

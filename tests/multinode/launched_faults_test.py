@@ -87,6 +87,28 @@ for fault in ("throw", "unwritable", "unwritable", "unwritable"):
     expect(f"rank that throws ({fault})", r, report, 1, *words)
     print(f"a rank that throws ({fault} error file): blamed; {seconds:.2f} s")
 
+# 5b. A temporary folder that fills up (an 8 KiB tmpfs as TMPDIR, in a mount
+# namespace of the test's own: room for two status files of three): tprun
+# still runs the job, saying so, instead of a traceback that left its ranks
+# behind. Needs root (unshare -m).
+probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+if probe.returncode != 0:
+    print("a full temporary folder: SKIPPED (needs unshare -m, root)")
+else:
+    full = f"/tmp/tp-full-{os.getpid()}"
+    os.makedirs(full, exist_ok=True)
+    script = (f"mount -t tmpfs -o size=8k tmpfs {full} && "
+              f"TMPDIR={full} {TPRUN} --nproc-per-node 3 --master-port {free_port()} -- "
+              f"{FAULT_RANK} none -1 {TIMEOUT_MS}")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    os.rmdir(full)
+    if r.returncode != 0 or "Traceback" in r.stderr or \
+            "tprun: cannot write status files" not in r.stderr:
+        fail(f"full temporary folder: exit {r.returncode}, stderr:\n{r.stderr}")
+    print(f"a full temporary folder: exit {r.returncode}, "
+          f"{[l for l in r.stderr.splitlines() if l.startswith('tprun:')][0][:110]}...")
+
 # 6. A rank of another job on the same port is refused; the real job runs.
 port = free_port()
 env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="3")

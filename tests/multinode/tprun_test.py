@@ -69,6 +69,21 @@ if r.returncode != 0 or lines != expected:
     fail(f"environment: exit {r.returncode}, lines {lines}, expected {expected}\n{r.stderr}")
 print("environment: ranks 2 and 3 of 6 on node 1 get RANK, LOCAL_RANK, WORLD_SIZE, ... right")
 
+# 1a. Under Slurm (one tprun per node, started by srun), the node, the nodes,
+# the master and the job id come from Slurm's variables.
+slurm = dict(os.environ, SLURM_NNODES="3", SLURM_NODEID="1", SLURM_JOB_ID="77",
+             SLURM_JOB_NODELIST="10.1.2.[3-5],gpu[07-08]")
+r = subprocess.run([TPRUN, "--nproc-per-node", "2", "--master-port", "29555", "--",
+                    *rank_script('echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE '
+                                 '$GROUP_RANK $MASTER_ADDR $MASTER_PORT $TP_JOB_ID"')],
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30,
+                   env=slurm)
+lines = sorted(r.stdout.split("\n")[:-1])
+expected = ["2 0 6 2 1 10.1.2.3 29555 slurm-77", "3 1 6 2 1 10.1.2.3 29555 slurm-77"]
+if r.returncode != 0 or lines != expected:
+    fail(f"under Slurm: exit {r.returncode}, lines {lines}, expected {expected}\n{r.stderr}")
+print("under Slurm: node 1 of 3, master 10.1.2.3 and job id slurm-77 from Slurm's variables")
+
 # 1b. Without --job-id, each one-node job gets an id of its own (env:// then
 # refuses a rank of another job on the same port).
 ids = []
@@ -78,6 +93,13 @@ for _ in range(2):
 if any(len(i) != 1 or not i[0].startswith("tprun-") for i in ids) or ids[0] == ids[1]:
     fail(f"default job ids: {ids}; expected one fresh tprun-... id per job")
 print(f"default job ids: one per job ({ids[0][0]}, {ids[1][0]})")
+r = subprocess.run([TPRUN, "--nnodes", "2", "--nproc-per-node", "1", "--",
+                    *rank_script('echo "$TP_JOB_ID"')], stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE, text=True, timeout=30,
+                   env=dict(os.environ, TP_JOB_ID="mine"))
+if r.returncode != 0 or r.stdout.split() != ["mine"]:
+    fail(f"TP_JOB_ID as the default --job-id: exit {r.returncode}, {r.stdout!r}\n{r.stderr}")
+print("TP_JOB_ID in the environment is the default --job-id, also across nodes")
 
 # 2. A failing rank is named with its message; the others are ended at once.
 r, seconds = run(["--nproc-per-node", "3", "--",

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "tensorplay/error.h"
 #include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/tensor.h"
+#include "tensorplay/util/temp_dir.h"
 #include "test_util.h"
 
 namespace dist = tp::distributed;
@@ -110,8 +112,7 @@ TEST_CASE("two processes of one job id claiming the same rank fail at once, nami
   CHECK(std::string(e.what()).find("rank 0 was already claimed in the redis-server at ") !=
         std::string::npos);
   // How old the claim is, so a user can tell a running job from a dead one.
-  CHECK_MESSAGE(std::string(e.what()).find("(its keys there were renewed ") != std::string::npos,
-                e.what());
+  CHECK_MESSAGE(std::string(e.what()).find("(it expires in ") != std::string::npos, e.what());
 }
 
 namespace {
@@ -164,6 +165,101 @@ TEST_CASE("keys are renewed while their process lives, and expire within the lea
   CHECK(has_key(id, "k"));  // SIGKILL deletes nothing...
   const double gone = seconds_until_gone(id, "k", std::chrono::seconds(10));
   CHECK_MESSAGE(gone < 4.0, "the key outlived its 2 s lease by ", gone, " s");  // ...the lease does
+}
+
+namespace {
+
+// Sends one inline command to the server on a connection of its own, and
+// reads the reply line: how a test plays redis-cli.
+std::string raw_command(const std::string& command) {
+  const auto [host, port] = host_port();
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    throw tp::Error("cannot connect to the test's redis-server");
+  }
+  const std::string line = command + "\r\n";
+  if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+    ::close(fd);
+    throw tp::Error("cannot send to the test's redis-server");
+  }
+  char reply[256] = {};
+  const ssize_t n = ::read(fd, reply, sizeof reply - 1);
+  ::close(fd);
+  return n > 0 ? std::string(reply, static_cast<std::size_t>(n)) : std::string();
+}
+
+}  // namespace
+
+TEST_CASE("a store whose connections are killed reconnects: its keys are still renewed, and a "
+          "signal still deletes them") {
+  const std::string id = job("reconnect");
+  tp::TempDir flags("tp-redis-reconnect");
+  const std::string ready = flags.path() + "/ready";
+  mp::SpawnOptions options;
+  options.timeout = std::chrono::seconds(60);
+  const mp::SpawnError e = spawn_error_of([&] {
+    mp::spawn(options, [&](int rank) {
+      if (rank == 0) {  // the job's process: a 6 s lease, renewed each 2 s
+        const auto [host, port] = host_port();
+        dist::RedisStore store(host, port, id, kTimeout, std::chrono::seconds(6));
+        store.set("k", "v");
+        std::FILE* f = std::fopen(ready.c_str(), "w");
+        std::fclose(f);
+        std::this_thread::sleep_for(std::chrono::seconds(11));
+        ::raise(SIGTERM);  // through the handler's connection, killed at the start
+        return;
+      }
+      while (::access(ready.c_str(), F_OK) != 0) {
+        std::this_thread::sleep_for(milliseconds(20));
+      }
+      // Every connection of the job's process goes, as with `redis-cli client kill`.
+      const std::string killed = raw_command("CLIENT KILL TYPE normal SKIPME yes");
+      if (killed.rfind(":", 0) != 0 || killed == ":0\r\n") {
+        throw tp::Error("CLIENT KILL killed nothing: " + killed);
+      }
+      // Past the 6 s lease: the key is there only if the keeper reconnected.
+      std::this_thread::sleep_for(std::chrono::seconds(8));
+      const auto [host, port] = host_port();
+      if (!dist::RedisStore(host, port, id, kTimeout).check({"k"})) {
+        throw tp::Error("the key expired: the keeper did not reconnect after its connection "
+                        "was killed");
+      }
+    }, 2);
+  });
+  REQUIRE_MESSAGE(std::string(e.what()).find("rank 0 failed: killed by signal 15") !=
+                      std::string::npos,
+                  e.what());
+  // Its TTL was at least 4 s when the signal came: only the handler's DEL,
+  // on the connection the keeper reconnected, removes it this soon.
+  CHECK_FALSE(has_key(id, "k"));
+}
+
+TEST_CASE("describe_key says when a key expires, whatever lease wrote it, and names one that "
+          "never does") {
+  const std::string id = job("describe");
+  mp::SpawnOptions options;
+  options.timeout = std::chrono::seconds(60);
+  const std::vector<std::string> said = mp::spawn(options, [&](int) {
+    const auto [host, port] = host_port();
+    dist::RedisStore writer(host, port, id, kTimeout, std::chrono::seconds(600));
+    writer.set("long", "v");
+    raw_command("SET " + id + "/forever v");
+    dist::RedisStore reader(host, port, id, kTimeout);  // a 20 s lease of its own
+    const std::string both = reader.describe_key("long") + "|" + reader.describe_key("forever");
+    raw_command("DEL " + id + "/forever");
+    return both;
+  }, 1);
+  const std::string& both = said[0];
+  // The writer's 600 s lease, read from the key, not the reader's 20 s.
+  CHECK_MESSAGE((both.find("(it expires in 600 s") != std::string::npos ||
+                 both.find("(it expires in 59") != std::string::npos),
+                both);
+  CHECK_MESSAGE(both.find("it never expires: written without a lease") != std::string::npos, both);
 }
 
 TEST_CASE("SIGINT, SIGTERM and SIGHUP delete a process's keys at once, and still end it by the "

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tensorplay/distributed/init.h"
+#include "tensorplay/distributed/launcher_env.h"
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/distributed/tcp_store.h"
 #include "tensorplay/error.h"
@@ -172,6 +173,61 @@ TEST_CASE("env:// meets and all-reduces at world sizes 1 to 4, reading the four 
   }
 }
 
+TEST_CASE("env:// under srun reads SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the first host "
+          "of SLURM_JOB_NODELIST and SLURM_JOB_ID") {
+  const int port = free_port();
+  spawn_ranks(3, [&](int rank) {
+    // What srun gives task `rank` of 3 (and no RANK, WORLD_SIZE, MASTER_ADDR).
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "TP_JOB_ID"}) {
+      ::unsetenv(name);
+    }
+    ::setenv("SLURM_PROCID", std::to_string(rank).c_str(), 1);
+    ::setenv("SLURM_NTASKS", "3", 1);
+    ::setenv("SLURM_LOCALID", std::to_string(2 - rank).c_str(), 1);
+    ::setenv("SLURM_JOB_NODELIST", "127.0.0.[1-4],gpu[07-08]", 1);
+    ::setenv("SLURM_JOB_ID", "4242", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    dist::init_process_group("gloo", "env://", kTimeout);
+    TP_CHECK_EQ(dist::get_rank(), rank, "rank from SLURM_PROCID");
+    TP_CHECK_EQ(dist::get_world_size(), 3, "world size from SLURM_NTASKS");
+    TP_CHECK_EQ(dist::local_rank_from_environment(), 2 - rank, "local rank from SLURM_LOCALID");
+    check_sum(rank, 3);
+    dist::destroy_process_group();
+  });
+}
+
+TEST_CASE("a rank of another Slurm job on the same master port is refused, naming both ids") {
+  const int port = free_port();
+  const mp::SpawnError e = spawn_error_of([&] {
+    spawn_ranks(2, [&](int rank) {
+      for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "TP_JOB_ID"}) {
+        ::unsetenv(name);
+      }
+      ::setenv("SLURM_PROCID", std::to_string(rank).c_str(), 1);
+      ::setenv("SLURM_NTASKS", "2", 1);
+      ::setenv("SLURM_NODELIST", "localhost", 1);
+      ::setenv("SLURM_JOB_ID", rank == 0 ? "100" : "200", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      dist::init_process_group("gloo", "env://", kShortTimeout);
+    });
+  });
+  const std::string message = e.what();
+  CHECK_MESSAGE(message.find("rank 1 failed") != std::string::npos, message);
+  CHECK_MESSAGE(message.find("this rank belongs to another job: the store there is rank 0's of a "
+                             "job with TP_JOB_ID 'slurm-100', and this rank was started with "
+                             "TP_JOB_ID 'slurm-200'") != std::string::npos,
+                message);
+}
+
+TEST_CASE("the first host of a Slurm host list") {
+  using tp::distributed::first_slurm_host;
+  CHECK(first_slurm_host("node[01-04,07],gpu5") == "node01");
+  CHECK(first_slurm_host("gpu5,node[01-04]") == "gpu5");
+  CHECK(first_slurm_host("rack[1-2]-n[3,5-6]") == "rack1-n3");
+  CHECK(first_slurm_host("node[7]") == "node7");
+  CHECK(first_slurm_host("localhost") == "localhost");
+}
+
 TEST_CASE("tcp://HOST:PORT is env:// with the address inline, at world sizes 1 to 4") {
   for (int world = 1; world <= 4; ++world) {
     CAPTURE(world);
@@ -245,8 +301,9 @@ TEST_CASE("env:// names each missing or malformed variable before waiting for an
   ::setenv("MASTER_PORT", "29500", 1);
   CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", 0, 2, "env://"),
                        contains("env:// reads MASTER_ADDR from the environment, but it is not "
-                                "set; set MASTER_ADDR on every rank, or start the job with "
-                                "tprun"),
+                                "set (nor is Slurm's SLURM_JOB_NODELIST, SLURM_NODELIST or "
+                                "SLURM_LAUNCH_NODE_IPADDR); set MASTER_ADDR on every rank, or "
+                                "start the job with tprun"),
                        tp::DistributedError);
   ::setenv("MASTER_ADDR", "127.0.0.1", 1);
   ::setenv("MASTER_PORT", "http", 1);

@@ -23,6 +23,7 @@
 #include "network.h"
 #include "rendezvous_dir.h"
 #include "store_rendezvous.h"
+#include "tensorplay/distributed/launcher_env.h"
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/distributed/redis_store.h"
 #include "tensorplay/distributed/tcp_store.h"
@@ -57,17 +58,17 @@ struct InitMethod {
   std::string host_what = "MASTER_ADDR";  // how messages name `host`
 };
 
-// The value of environment variable `name`; an error naming it when unset.
-std::string env_value(const char* who, const char* name, int rank, const std::string& why) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') {
-    TP_THROW(DistributedError, who, rank >= 0 ? cat(": rank ", rank) : std::string(), ": ",
-             why, " reads ", name,
-             " from the environment, but it is not set; set ", name,
-             " on every rank, or start the job with tprun, which sets MASTER_ADDR, "
-             "MASTER_PORT, RANK and WORLD_SIZE");
-  }
-  return value;
+// What a launcher gave `name` (launcher_env.h: torchrun's variable, else
+// Slurm's); an error naming both when neither is set.
+LauncherValue env_value(const char* who, const char* name, int rank,
+                                const std::string& why) {
+  if (auto value = from_launcher(name)) return *value;
+  const std::string slurm = slurm_counterparts(name);
+  TP_THROW(DistributedError, who, rank >= 0 ? cat(": rank ", rank) : std::string(), ": ",
+           why, " reads ", name, " from the environment, but it is not set",
+           slurm.empty() ? std::string() : cat(" (nor is Slurm's ", slurm, ")"), "; set ", name,
+           " on every rank, or start the job with tprun, which sets MASTER_ADDR, "
+           "MASTER_PORT, RANK and WORLD_SIZE");
 }
 
 // `text` as a whole number in [low, high]; an error naming `what` otherwise.
@@ -114,11 +115,16 @@ InitMethod parse_init_method(const char* who, const std::string& init_method, in
   }
   if (init_method == "env://") {
     m.scheme = InitMethod::Scheme::Env;
-    m.host = env_value(who, "MASTER_ADDR", rank, "env://");
-    const std::string port = env_value(who, "MASTER_PORT", rank, "env://");
+    const LauncherValue host = env_value(who, "MASTER_ADDR", rank, "env://");
+    m.host = host.value;
+    const std::string port = env_value(who, "MASTER_PORT", rank, "env://").value;
     m.port = parse_int(who, port, 1, 65535, "MASTER_PORT", rank);
-    m.origin = cat("env:// with MASTER_ADDR=", m.host, ", MASTER_PORT=", port);
-    if (const char* job = std::getenv("TP_JOB_ID")) m.job_id = job;  // Note [One job per store]
+    m.origin = cat("env:// with MASTER_ADDR=", m.host,
+                   host.variable == "MASTER_ADDR" ? "" : " (from " + host.variable + ")",
+                   ", MASTER_PORT=", port);
+    if (host.variable != "MASTER_ADDR") m.host_what = "the master (from " + host.variable + ")";
+    // Note [One job per store]
+    if (auto job = from_launcher("TP_JOB_ID")) m.job_id = job->value;
     return m;
   }
   if (starts_with(init_method, "tcp://")) {  // env:// with the address inline
@@ -126,7 +132,8 @@ InitMethod parse_init_method(const char* who, const std::string& init_method, in
     split_host_port(who, init_method.substr(6), init_method, rank, m.host, m.port);
     m.origin = init_method;
     m.host_what = "the host of " + init_method;
-    if (const char* job = std::getenv("TP_JOB_ID")) m.job_id = job;  // Note [One job per store]
+    // Note [One job per store]
+    if (auto job = from_launcher("TP_JOB_ID")) m.job_id = job->value;
     return m;
   }
   if (starts_with(init_method, "redis://")) {
@@ -181,12 +188,12 @@ std::shared_ptr<ProcessGroup> build_group(const char* who, const std::string& ba
   // file://, whose ranks are forked by spawn and told their rank).
   const bool from_env = !starts_with(init_method, "file://");
   if (world_size == kFromEnvironment && from_env) {
-    world_size = parse_int(who, env_value(who, "WORLD_SIZE", rank, init_method), 1, 1 << 20,
-                           "WORLD_SIZE", rank);
+    const LauncherValue size = env_value(who, "WORLD_SIZE", rank, init_method);
+    world_size = parse_int(who, size.value, 1, 1 << 20, size.variable, rank);
   }
   if (rank == kFromEnvironment && from_env) {
-    rank = parse_int(who, env_value(who, "RANK", rank, init_method), 0, world_size - 1, "RANK",
-                     rank);
+    const LauncherValue given = env_value(who, "RANK", rank, init_method);
+    rank = parse_int(who, given.value, 0, world_size - 1, given.variable, rank);
   }
   if (world_size < 1) {
     TP_THROW(DistributedError, who, ": world_size must be >= 1 (got ", world_size,

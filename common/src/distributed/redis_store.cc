@@ -4,7 +4,6 @@
 // keys] in redis_store.h).
 #include "tensorplay/distributed/redis_store.h"
 
-#include <gloo/common/error.h>
 #include <gloo/rendezvous/redis_store.h>
 
 #include <signal.h>
@@ -15,6 +14,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <mutex>
 #include <thread>
 
@@ -79,7 +79,9 @@ struct CleanupSlot {
 };
 constexpr std::array<int, 3> kSignals{SIGINT, SIGTERM, SIGHUP};
 const std::string kNoCommand;         // a taken slot's command before its first key
-std::array<CleanupSlot, 16> g_slots;  // more live stores than this: the rest only lease
+// More live stores than slots is unusual (one per process group made by
+// redis://); the rest only lease their keys, and say so.
+std::array<CleanupSlot, 16> g_slots;
 std::mutex g_slots_mutex;             // guards taking and giving back slots, and installing
 int g_stores_with_slots = 0;          // guarded by g_slots_mutex
 std::array<bool, 3> g_installed{};    // guarded by g_slots_mutex
@@ -118,7 +120,8 @@ CleanupSlot* take_slot() {
         if (current.sa_handler != SIG_DFL || (current.sa_flags & SA_SIGINFO) != 0) continue;
         struct sigaction handler {};
         handler.sa_handler = delete_keys_and_reraise;
-        sigemptyset(&handler.sa_mask);
+        sigemptyset(&handler.sa_mask);  // one handler at a time: block the others meanwhile
+        for (int other : kSignals) sigaddset(&handler.sa_mask, other);
         g_installed[i] = ::sigaction(kSignals[i], &handler, nullptr) == 0;
       }
     }
@@ -188,34 +191,64 @@ struct RedisStore::Impl {
     return r;
   }
 
-  // A key this process created: leased now, renewed by the keeper, deleted
-  // at the end or by a signal.
-  void own(const std::string& full) {
-    command({"EXPIRE", full, std::to_string(lease.count())});
+  // Creates `full` with `value` and the lease in one command, unless it
+  // exists; returns whether it did. A key created here is this process's:
+  // renewed by the keeper, deleted at the end or by a signal.
+  bool create(const std::string& full, const std::string& value) {
+    Reply r = command({"SET", full, value, "NX", "EX", std::to_string(lease.count())});
+    if (r->type == REDIS_REPLY_NIL) return false;  // it exists
     std::lock_guard<std::mutex> lock(mutex);
     written.push_back(full);
     if (slot != nullptr) {
       commands.push_back(std::make_unique<std::string>(encode_del(written)));
       slot->command.store(commands.back().get(), std::memory_order_release);
     }
+    return true;
   }
 
   // The keeper thread: renews every key this process created, each lease / 3,
-  // until stopping. A failure is left for the main connection to report.
+  // until stopping, and keeps the signal handler's connection alive (a
+  // server with an idle `timeout` would close it). A connection that broke
+  // (the server restarted, a client kill) is opened again at the next round;
+  // the first failure is said once on stderr, as the keys then expire.
   void keep() {
     std::unique_lock<std::mutex> lock(mutex);
     const auto period = std::chrono::duration_cast<milliseconds>(lease) / 3;
+    bool warned = false;
     while (!wake.wait_for(lock, period, [this] { return stopping; })) {
       const std::vector<std::string> keys = written;
       lock.unlock();
-      for (const std::string& key : keys) {
-        void* reply = redisCommand(keeper_connection.get(), "EXPIRE %b %lld", key.data(),
-                                   key.size(), static_cast<long long>(lease.count()));
-        if (reply == nullptr) break;
-        freeReplyObject(reply);
+      bool ok = renew(keys);
+      if (!ok && redisReconnect(keeper_connection.get()) == REDIS_OK) ok = renew(keys);
+      ok = keep_signal_connection() && ok;
+      if (!ok && !warned) {
+        warned = true;
+        std::fprintf(stderr, "%s: cannot renew this process's keys on %s (%s); they expire "
+                     "%lld s after their last renewal\n", kWho, where().c_str(),
+                     keeper_connection->errstr, static_cast<long long>(lease.count()));
       }
       lock.lock();
     }
+  }
+
+  bool renew(const std::vector<std::string>& keys) {
+    for (const std::string& key : keys) {
+      Reply r(static_cast<redisReply*>(redisCommand(keeper_connection.get(), "EXPIRE %b %lld",
+                                                    key.data(), key.size(),
+                                                    static_cast<long long>(lease.count()))));
+      if (r == nullptr) return false;
+    }
+    return true;
+  }
+
+  // PINGs the handler's connection (its replies are read and dropped) and,
+  // when it broke, reconnects it and hands the handler the new descriptor.
+  bool keep_signal_connection() {
+    Reply r(static_cast<redisReply*>(redisCommand(signal_connection.get(), "PING")));
+    if (r != nullptr) return true;
+    if (redisReconnect(signal_connection.get()) != REDIS_OK) return false;
+    if (slot != nullptr) slot->fd.store(signal_connection->fd, std::memory_order_release);
+    return true;
   }
 };
 
@@ -265,6 +298,10 @@ RedisStore::RedisStore(const std::string& host, int port, const std::string& job
   impl_->slot = take_slot();
   if (impl_->slot != nullptr) {
     impl_->slot->fd.store(impl_->signal_connection->fd, std::memory_order_release);
+  } else {
+    std::fprintf(stderr, "%s: more than %zu stores live in this process; the keys of this one "
+                 "are not deleted on SIGINT, SIGTERM or SIGHUP, only leased\n", kWho,
+                 g_slots.size());
   }
   impl_->keeper = std::thread([impl = impl_.get()] { impl->keep(); });
 }
@@ -286,14 +323,21 @@ RedisStore::~RedisStore() {
 }
 
 std::string RedisStore::describe_key(const std::string& key) {
+  // What the key's TTL says, and nothing it does not: a key written by
+  // another process may have another lease, or none.
   try {
-    Reply r = impl_->command({"TTL", impl_->prefix + key});
-    if (r->type != REDIS_REPLY_INTEGER || r->integer < 0) return "";
-    const long long lease = impl_->lease.count();
-    return cat(" (its keys there were renewed ", lease - r->integer, " s ago: a job renews its "
-               "keys every ", lease / 3, " s while it runs, and they expire ", lease,
-               " s after the last renewal, so a job that died frees its id within ", lease,
-               " s)");
+    const std::string full = impl_->prefix + key;
+    Reply r = impl_->command({"TTL", full});
+    if (r->type != REDIS_REPLY_INTEGER || r->integer == -2) return "";  // gone meanwhile
+    if (r->integer == -1) {
+      return cat(" (it never expires: written without a lease, by hand or by an older kit; "
+                 "delete it with redis-cli -h ", impl_->host, " -p ", impl_->port, " del '",
+                 full, "', or pick another job id)");
+    }
+    return cat(" (it expires in ", r->integer, " s unless the job that wrote it renews it; a "
+               "running job renews its keys every ", impl_->lease.count() / 3,
+               " s or so, so a job that died frees its id within its lease, ",
+               impl_->lease.count(), " s by default)");
   } catch (const DistributedError&) {
     return "";
   }
@@ -306,17 +350,14 @@ std::string RedisStore::describe() const {
 
 void RedisStore::set(const std::string& key, const std::string& value) {
   const std::string full = impl_->prefix + key;
-  try {
-    impl_->redis->set(full, std::vector<char>(value.begin(), value.end()));
-  } catch (const gloo::EnforceNotMet& e) {
+  // One command creates the key with its lease, so no key ever exists
+  // without one (Note [Leased keys]); NX: refused if it exists, as Gloo's
+  // own SETNX does.
+  if (!impl_->create(full, value)) {
     TP_THROW(DistributedError, kWho, ": key '", full, "' already exists on ", impl_->where(),
              describe_key(key), ": another job runs with the same job id, or one ended "
-             "less than a lease ago; pick another job id (gloo: ", e.what(), ")");
-  } catch (const std::exception& e) {
-    TP_THROW(DistributedError, kWho, ": set '", full, "' failed on ", impl_->where(), ": ",
-             e.what());
+             "less than a lease ago; pick another job id");
   }
-  impl_->own(full);
 }
 
 std::string RedisStore::get(const std::string& key, milliseconds timeout) {
@@ -331,10 +372,11 @@ std::string RedisStore::get(const std::string& key, milliseconds timeout) {
 
 int64_t RedisStore::add(const std::string& key, int64_t delta) {
   const std::string full = impl_->prefix + key;
+  // Created here (at 0, with its lease), the key is this process's to renew
+  // and delete; a key that was there is its creator's, which renews it
+  // while it runs (describe_key tells when it expires).
+  impl_->create(full, "0");
   Reply r = impl_->command({"INCRBY", full, std::to_string(delta)});
-  // Created by this add: this process's to lease. A key that was there is
-  // its creator's, which renews it while it runs (describe_key tells when).
-  if (r->integer == delta) impl_->own(full);
   return r->integer;
 }
 

@@ -79,6 +79,9 @@ void report_to_launcher() {
     return;
   }
   g_status = static_cast<RankStatus*>(mapped);
+  // Progress 1 before any wait: the launcher tells "reports, has not waited
+  // yet" from "never reported" (a program that does not call this).
+  g_status->progress.fetch_add(1, std::memory_order_relaxed);
   const char* rank = std::getenv("RANK");
   g_rank = rank != nullptr ? std::atoi(rank) : -1;
   distributed::set_wait_listener(&report_wait);

@@ -10,14 +10,19 @@ namespace tp::multiprocessing::rank_status {
 
 namespace {
 
+std::string_view field_view(const char* field, std::size_t size) {
+  return std::string_view(field, ::strnlen(field, size - 1));
+}
+
 std::string read_field(const char* field, std::size_t size) {
-  return std::string(field, ::strnlen(field, size - 1));
+  return std::string(field_view(field, size));
 }
 
 }  // namespace
 
 void set_waiting(RankStatus& status, std::string_view collective) {
-  if (collective.empty()) copy_into(status.last, read_field(status.waiting, sizeof status.waiting));
+  // No allocation: the wait listener calls this on any waiting thread.
+  if (collective.empty()) copy_into(status.last, field_view(status.waiting, sizeof status.waiting));
   copy_into(status.waiting, collective);
   status.progress.fetch_add(1, std::memory_order_relaxed);
 }

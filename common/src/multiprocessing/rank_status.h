@@ -29,7 +29,8 @@
 namespace tp::multiprocessing::rank_status {
 
 struct RankStatus {
-  std::atomic<uint64_t> progress;  // bumped at every change of `waiting`
+  std::atomic<uint64_t> progress;  // bumped at every change of `waiting`, and once when a
+                                   // launched rank maps its file (launched_rank.cc)
   char waiting[120];               // the collective it waits in now, "" if none
   char last[120];                  // the last collective it finished waiting in
   // The failure a launched rank recorded (record_error), for a launcher that

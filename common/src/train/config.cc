@@ -5,6 +5,7 @@
 
 #include "tensorplay/cuda/runtime.h"
 #include "tensorplay/distributed/init.h"
+#include "tensorplay/distributed/launcher_env.h"
 #include "tensorplay/error.h"
 
 namespace tp::train {
@@ -40,7 +41,10 @@ Backend resolved_backend(const RunConfig& config) {
 
 Device device_for_rank(const RunConfig& config, int rank) {
   if (config.device.type != DeviceType::CUDA) return config.device;
-  return Device{DeviceType::CUDA, rank % cuda::device_count()};
+  // A launched rank counts its GPUs by its local rank, as torchrun's
+  // LOCAL_RANK says; a forked rank has none and counts by its rank.
+  const int local = distributed::local_rank_from_environment();
+  return Device{DeviceType::CUDA, (local >= 0 ? local : rank) % cuda::device_count()};
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "command_line.h"
+#include "tensorplay/distributed/launcher_env.h"
 #include "tensorplay/trace.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/util/file.h"
@@ -40,19 +41,21 @@ void apply_launcher_environment(const std::string& stage, DemoArgs& args, bool w
     usage_error(stage, mistake);
   }
   if (args.init_method.empty()) return;
-  const char* world = std::getenv("WORLD_SIZE");
-  if (world == nullptr) {
+  // WORLD_SIZE, or under srun SLURM_NTASKS (launcher_env.h).
+  const auto world = distributed::from_launcher("WORLD_SIZE");
+  if (!world) {
     usage_error(stage, "--init-method " + args.init_method + " runs one rank of a launched job "
-                       "and reads WORLD_SIZE and RANK, which are not set; start it with tprun");
+                       "and reads WORLD_SIZE and RANK (under srun, SLURM_NTASKS and "
+                       "SLURM_PROCID), which are not set; start it with tprun");
   }
-  std::string text = world;  // made plain by the check
+  std::string text = world->value;  // made plain by the check
   if (const std::string problem = whole_number(1, 64)(text); !problem.empty()) {
-    usage_error(stage, "WORLD_SIZE " + problem);
+    usage_error(stage, world->variable + " " + problem);
   }
   const int w = std::stoi(text);
   if (world_size_given && w != args.config.world_size) {
-    usage_error(stage, detail::cat("--world-size ", args.config.world_size,
-                                   " disagrees with WORLD_SIZE=", w, " from the launcher"));
+    usage_error(stage, detail::cat("--world-size ", args.config.world_size, " disagrees with ",
+                                   world->variable, "=", w, " from the launcher"));
   }
   args.config.world_size = w;
 }
@@ -74,9 +77,9 @@ void check_plan(const std::string& stage, const DemoArgs& args,
   try {
     if (fits_stage) fits_stage(config);  // first: a stage's limit holds on every machine
     validate(config);
-    const char* launched_rank = std::getenv("RANK");
-    const bool writes = args.init_method.empty() || launched_rank == nullptr ||
-                        std::string(launched_rank) == "0";
+    const auto launched_rank = distributed::from_launcher("RANK");
+    const bool writes = args.init_method.empty() || !launched_rank ||
+                        launched_rank->value == "0";
     if (writes && !args.json_path.empty()) check_writable(args.json_path, "the --json file");
     if (writes && !args.trace_path.empty()) check_writable(args.trace_path, "the --trace file");
   } catch (const Error& e) {

@@ -29,7 +29,12 @@
 //                           key is prefixed by JOB, or by TP_JOB_ID.
 //     rank and world_size = kFromEnvironment (-1) read RANK and WORLD_SIZE
 //     (all but file://), as torch.distributed does; the two-argument form
-//     reads both. Across machines, each rank's Gloo pairs listen on the
+//     reads both. Under Slurm, where srun starts one task per rank, Slurm's
+//     own variables stand in for those a launcher did not set: SLURM_PROCID
+//     for RANK, SLURM_NTASKS for WORLD_SIZE, the first host of
+//     SLURM_JOB_NODELIST for MASTER_ADDR, SLURM_LOCALID for LOCAL_RANK and
+//     "slurm-" + SLURM_JOB_ID for TP_JOB_ID (the job's identity: Note [One
+//     job per store]); MASTER_PORT must be set (launcher_env.h). Across machines, each rank's Gloo pairs listen on the
 //     interface named by GLOO_SOCKET_IFNAME, or else on the address that
 //     reaches the master (Note [Choosing the interface] in network.h).
 //   - Bad input (world_size < 1, rank outside [0, world_size), a second init,

@@ -169,7 +169,8 @@ int divisor_at(const RunConfig& config, int64_t step);
 // The backend the ranks use: `backend` with Auto resolved (see Backend).
 Backend resolved_backend(const RunConfig& config);
 // The device rank `rank` trains on: config.device, with a CUDA index
-// rank % device count.
+// rank % device count, or, in a rank a launcher started, its local rank %
+// device count (distributed::local_rank_from_environment).
 Device device_for_rank(const RunConfig& config, int rank);
 // The seed rank `rank` uses before building its model.
 uint64_t model_seed_for_rank(const RunConfig& config, int rank);
