@@ -4,6 +4,9 @@
     exercise_share.py ROOT            print the share per stage; exit 1 if a
                                       stage is below a third
     exercise_share.py --min F ROOT    the same with another floor (0 to 1)
+    exercise_share.py --tracks ROOT   what each track asks of the student, per
+                                      stage: functions and lines of code to write
+                                      (the lessons' "Two tracks" numbers)
 
 A stage's guided exercise (exercises/NN-topic/, tools/gen_exercise.py) hands
 the student everything but its EXERCISE regions. If those regions hold only
@@ -114,7 +117,52 @@ def share(root, previous, topic):
     return written, added, rows
 
 
+def tracks(root):
+    """Per stage, what the guided track (its EXERCISE regions) and the
+    from-scratch track (every function the stage adds or changes, emptied by
+    gen_exercise.py --from-scratch) leave to write: functions and lines of
+    code (neither blank nor only a comment)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gen_exercise  # noqa: E402  (the generator decides what a stub is)
+    for topic in stage_dirs(root):
+        folder = os.path.join(root, "solutions", topic)
+        stage = topic[:2]
+        guided = [0, 0]  # regions, lines
+        scratch = [0, 0]  # functions, lines
+        prev = gen_exercise.previous_stage_dir(folder)
+        known = gen_exercise.previous_functions(prev)
+        for name in sources(folder):
+            if not name.endswith(".cc"):
+                continue
+            with open(os.path.join(folder, name)) as f:
+                lines = f.read().splitlines()
+            in_region = False
+            for line in lines:
+                s = line.strip()
+                if s == BEGIN:
+                    in_region = True
+                    guided[0] += 1
+                elif s == END:
+                    in_region = False
+                elif in_region and is_code(line):
+                    guided[1] += 1
+            for fname, first, open_line, last in gen_exercise.functions(lines):
+                whole = lines[first:last + 1]
+                signature = " ".join(l.strip() for l in lines[first:open_line + 1])
+                if (gen_exercise.code_of(whole, stage) in known or "~" in fname
+                        or re.search(r"\bnoexcept\b", signature)):
+                    continue
+                scratch[0] += 1
+                scratch[1] += sum(1 for l in lines[open_line + 1:last]
+                                  if is_code(l) and l.strip() not in (BEGIN, END))
+        print(f"stage {stage}: guided: {guided[0]} regions, {guided[1]} lines of code; "
+              f"from scratch: {scratch[0]} functions, {scratch[1]} lines of code")
+    return 0
+
+
 def main(argv):
+    if argv[:1] == ["--tracks"] and len(argv) == 2:
+        return tracks(argv[1])
     floor = FLOOR
     if argv[:1] == ["--min"] and len(argv) == 3:
         floor = float(argv[1])
