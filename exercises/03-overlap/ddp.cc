@@ -39,14 +39,12 @@ DistributedDataParallel::DistributedDataParallel(
   broadcast_from_rank0();
   assign_buckets();
   // SAME FROM STAGE 03: register the hooks
-  // [snippet:register-hooks]
-  // One hook per parameter. It captures `this`, which is why this class can
-  // be neither copied nor moved, and why hooks_ is its last member.
-  for (size_t i = 0; i < params_.size(); ++i) {
-    hooks_.push_back(params_[i].second.register_post_accumulate_grad_hook(
-        [this, i](const Tensor& param) { on_gradient_ready(static_cast<int64_t>(i), param); }));
-  }
-  // [/snippet:register-hooks]
+  // EXERCISE: the hooks are what makes this stage overlap. Register one
+  // post-accumulate-grad hook per parameter that calls on_gradient_ready()
+  // with the parameter's index, and keep each handle in hooks_ (removing the
+  // handles removes the hooks when the DDP goes). A hook runs long after
+  // this constructor: think about what it may capture.
+  throw tp::NotImplemented("stage 03: DistributedDataParallel::DistributedDataParallel is not implemented yet (exercises/03-overlap/ddp.cc)");
   // END SAME FROM STAGE 03: register the hooks
 }
 
@@ -166,13 +164,12 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] 
 }
 
 void DistributedDataParallel::finish_backward() {
-  // The hooks launch in bucket order, so every bucket has been launched
-  // exactly when next_bucket_ has passed them all.
-  if (next_bucket_ < buckets_.size()) throw_unfinished();
-  // EXERCISE: every bucket has been launched. Wait for each, divide it by
-  // the world size, copy each slot back into its parameter's gradient
-  // (unless .grad already is that slot), and reset the per-iteration state
-  // for the next backward.
+  // EXERCISE: backward is over. If a bucket was never launched (a parameter
+  // got no gradient), hand over to throw_unfinished(), which says so on
+  // every rank. Otherwise every bucket has been launched: wait for each,
+  // divide it by the world size, copy each slot back into its parameter's
+  // gradient (unless .grad already is that slot), and reset the
+  // per-iteration state for the next backward.
   throw tp::NotImplemented("stage 03: DistributedDataParallel::finish_backward is not implemented yet (exercises/03-overlap/ddp.cc)");
 }
 

@@ -209,13 +209,11 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] 
 }
 
 void DistributedDataParallel::finish_backward() {
-  if (!sync_this_backward_) {
-    TP_THROW(tp::DistributedError, "stage04 DDP: rank ", process_group_->rank(),
-             ": the end-of-backward callback ran in a backward whose forward ran under "
-             "no_sync; the hooks of such a backward must return before queueing or filing "
-             "anything (do they read what forward() recorded, not whether a guard is alive "
-             "now?)");
-  }
+  // EXERCISE: this callback belongs to synced backwards only. If it runs in
+  // a backward whose forward ran under no_sync, the hooks filed what they
+  // should have left alone: throw tp::DistributedError naming this rank and
+  // saying so (which record the hooks must read), instead of reducing.
+  throw tp::NotImplemented("stage 04: DistributedDataParallel::finish_backward is not implemented yet (exercises/04-no-sync/ddp.cc)");
   // The hooks launch in bucket order, so every bucket has been launched
   // exactly when next_bucket_ has passed them all.
   if (next_bucket_ < buckets_.size()) throw_unfinished();

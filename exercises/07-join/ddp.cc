@@ -546,40 +546,26 @@ void DistributedDataParallel::join(const std::function<void()>& body) {
 }
 
 void DistributedDataParallel::shadow_synced_step() {
-  tp::NoGradGuard no_grad;
-  std::vector<std::shared_ptr<tp::distributed::Work>> works;
-  for (Bucket& bucket : buckets_) {
-    bucket.flat.zero_();  // nothing to add: the active ranks' sum is theirs
-    works.push_back(process_group_->allreduce(bucket.flat, ReduceOp::SUM));
-  }
-  const bool wants_used_map = options_.static_graph ? synced_iterations_ == 0
-                                                    : options_.find_unused_parameters;
-  if (wants_used_map) {
-    used_map_.zero_();
-    works.push_back(process_group_->allreduce(used_map_, ReduceOp::SUM));
-  }
-  for (auto& work : works) work->wait();
-  if (synced_iterations_ == 0) {
-    if (options_.static_graph) {
-      // What the active ranks used: a later join() epoch in which this rank
-      // trains again reuses it (Note [Static graph]).
-      static_used_.assign(used_map_.data_ptr<float>(),
-                          used_map_.data_ptr<float>() + params_.size());
-      static_unused_here_.assign(params_.size(), 0);
-    }
-    if (options_.static_graph || !options_.find_unused_parameters) rebuild_buckets();
-  }
-  used_map_.zero_();
-  ++synced_iterations_;
+  // EXERCISE: this rank has joined; the others are running a synced step
+  // and have just counted themselves (notify_join). Issue exactly the
+  // collectives that step issues after its notify, in the same order,
+  // contributing nothing (Note [Join]): every bucket's all-reduce, filled
+  // with zeros; the used-map's all-reduce (zeros) wherever the step
+  // all-reduces one (find_unused_parameters, or static_graph's first synced
+  // step); and, where the step is the first synced one, what its end of
+  // backward does after that: with static_graph keep what the active ranks
+  // used, and rebuild the buckets wherever the step rebuilds (the rebuild
+  // broadcasts rank 0's order). Then count the step as a synced iteration.
+  throw tp::NotImplemented("stage 07: DistributedDataParallel::shadow_synced_step is not implemented yet (exercises/07-join/ddp.cc)");
 }
 
 // SAME FROM STAGE 07: the final model and the early-termination error
 void DistributedDataParallel::sync_final_model(bool last_to_join) {
-  tp::NoGradGuard no_grad;
-  Tensor claim = tp::full({1}, last_to_join ? process_group_->rank() : -1, tp::kFloat32);
-  process_group_->allreduce(claim, ReduceOp::MAX)->wait();
-  const int root = static_cast<int>(claim.item());
-  for (auto& [name, param] : params_) process_group_->broadcast(param, root)->wait();
+  // EXERCISE: every rank has joined. Agree, with one collective, on which
+  // rank joined last (if several, the highest; last_to_join says whether
+  // this rank is one of them), then broadcast its parameters to every rank
+  // (Note [Join]; buffers stay each rank's own).
+  throw tp::NotImplemented("stage 07: DistributedDataParallel::sync_final_model is not implemented yet (exercises/07-join/ddp.cc)");
 }
 
 void DistributedDataParallel::throw_early_termination() {

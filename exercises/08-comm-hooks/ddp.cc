@@ -439,26 +439,18 @@ void DistributedDataParallel::file_gradient(int64_t index, const Tensor& grad) {
 // the hook's collectives, however many a hook issues, pair with the active
 // ranks'. This is what PyTorch's join hook does.
 void DistributedDataParallel::register_comm_hook(CommHook hook) {
-  TP_CHECK(hook != nullptr, "stage08 DDP: register_comm_hook: the hook is empty; pass a "
-           "callable that takes a GradBucket& and returns a future");
-  TP_CHECK(!comm_hook_, "stage08 DDP: register_comm_hook: a comm hook is already registered; "
-           "a DDP takes one hook, registered once (as PyTorch's register_comm_hook)");
-  TP_CHECK(!backward_seen_, "stage08 DDP: register_comm_hook: a backward has already run; "
-           "register the hook before the first backward, right after constructing the DDP "
-           "(Note [Comm hooks])");
-  comm_hook_ = std::move(hook);
+  // EXERCISE: keep the hook for launch_bucket(). Refuse, with a message
+  // that says what to do instead, an empty hook, a second hook, and a hook
+  // registered after a backward has run (the rules above).
+  throw tp::NotImplemented("stage 08: DistributedDataParallel::register_comm_hook is not implemented yet (exercises/08-comm-hooks/ddp.cc)");
 }
 
 GradBucket DistributedDataParallel::grad_bucket(size_t b) const {
-  const Bucket& bucket = buckets_[b];
-  std::vector<Tensor> gradients;
-  std::vector<Tensor> parameters;
-  for (const Slot& slot : bucket.slots) {
-    gradients.push_back(slot.view);
-    parameters.push_back(params_[static_cast<size_t>(slot.param)].second);
-  }
-  return GradBucket(b, b + 1 == buckets_.size(), bucket.flat, std::move(gradients),
-                    std::move(parameters));
+  // EXERCISE: what a comm hook sees of bucket b (grad_bucket.h): its index,
+  // whether it is the last bucket, the flat buffer itself (not a copy: the
+  // hook's result lands there), and, slot by slot, each gradient's view of
+  // the buffer beside its parameter.
+  throw tp::NotImplemented("stage 08: DistributedDataParallel::grad_bucket is not implemented yet (exercises/08-comm-hooks/ddp.cc)");
 }
 
 void DistributedDataParallel::launch_bucket(size_t b) {
@@ -691,43 +683,13 @@ void DistributedDataParallel::join(const std::function<void()>& body) {
 }
 
 void DistributedDataParallel::shadow_synced_step() {
-  tp::NoGradGuard no_grad;
-  // Nothing to add: the active ranks' sum is theirs. Each bucket is
-  // launched as a synced step launches it, through the comm hook if there
-  // is one, so that every collective the hook issues pairs up (Note [Comm
-  // hooks]); its result is the active ranks' business.
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    buckets_[b].flat.zero_();
-    launch_bucket(b);
-  }
-  std::shared_ptr<tp::distributed::Work> used_map_work;
-  const bool wants_used_map = options_.static_graph ? synced_iterations_ == 0
-                                                    : options_.find_unused_parameters;
-  if (wants_used_map) {
-    used_map_.zero_();
-    used_map_work = process_group_->allreduce(used_map_, ReduceOp::SUM);
-  }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (buckets_[b].future) {
-      take_hook_result(b);
-    } else {
-      buckets_[b].work->wait();
-      buckets_[b].work.reset();
-    }
-  }
-  if (used_map_work) used_map_work->wait();
-  if (synced_iterations_ == 0) {
-    if (options_.static_graph) {
-      // What the active ranks used: a later join() epoch in which this rank
-      // trains again reuses it (Note [Static graph]).
-      static_used_.assign(used_map_.data_ptr<float>(),
-                          used_map_.data_ptr<float>() + params_.size());
-      static_unused_here_.assign(params_.size(), 0);
-    }
-    if (options_.static_graph || !options_.find_unused_parameters) rebuild_buckets();
-  }
-  used_map_.zero_();
-  ++synced_iterations_;
+  // EXERCISE: stage 07's shadow step, where a comm hook may issue any
+  // collectives, in any number: launch every zero-filled bucket exactly as
+  // a synced step launches it (through the hook when there is one) and take
+  // each result as finish_backward does, so that whatever the hook issues
+  // pairs with the active ranks' (Note [Comm hooks]); then the used-map,
+  // the first step's bookkeeping and the rebuild, as stage 07.
+  throw tp::NotImplemented("stage 08: DistributedDataParallel::shadow_synced_step is not implemented yet (exercises/08-comm-hooks/ddp.cc)");
 }
 
 // SAME FROM STAGE 07: the final model and the early-termination error

@@ -697,15 +697,11 @@ std::unique_ptr<JoinHook> DistributedDataParallel::join_hook(const JoinOptions& 
            "hook decides what to divide by (the built-in hooks divide by the world size), so "
            "the option would be silently ignored; keep the default, true, or divide inside "
            "your hook");
-  struct DDPJoinHook : JoinHook {
-    DistributedDataParallel& ddp;
-    explicit DDPJoinHook(DistributedDataParallel& d) : ddp(d) {}
-    void main_hook() override { ddp.shadow_synced_step(); }
-    void post_hook(bool is_last_joiner) override { ddp.sync_final_model(is_last_joiner); }
-  };
-  divide_by_initial_world_size_ = options.divide_by_initial_world_size;
-  active_ranks_ = process_group_->size();
-  return std::make_unique<DDPJoinHook>(*this);
+  // EXERCISE: the DDP's part of a Join (Note [Join over joinables]): a hook
+  // whose main hook shadows one synced step and whose post hook makes every
+  // replica the last joiner's. Keep how the Join divides, and start with
+  // every rank training.
+  throw tp::NotImplemented("stage 09: DistributedDataParallel::join_hook is not implemented yet (exercises/09-zero/ddp.cc)");
 }
 
 void DistributedDataParallel::shadow_synced_step() {

@@ -45,20 +45,11 @@ using tp::distributed::ReduceOp;
 // (which names this rank), as they would without a Join.
 Join::Join(std::vector<Joinable*> joinables, JoinOptions options)
     : joinables_(std::move(joinables)), options_(options) {
-  TP_CHECK(!joinables_.empty(), "stage09 Join: no joinables; pass the DDP (and the optimizer)");
-  for (size_t i = 0; i < joinables_.size(); ++i) {
-    TP_CHECK(joinables_[i] != nullptr, "stage09 Join: joinable ", i, " is null");
-    for (size_t j = 0; j < i; ++j) {
-      TP_CHECK(joinables_[j] != joinables_[i], "stage09 Join: joinable ", i,
-               " is joinable ", j, " again; pass each object once");
-    }
-  }
-  group_ = &joinables_[0]->join_process_group();
-  for (size_t i = 1; i < joinables_.size(); ++i) {
-    TP_CHECK(&joinables_[i]->join_process_group() == group_, "stage09 Join: joinable ", i,
-             " uses another process group than joinable 0; a Join counts the ranks of one group");
-  }
-  active_ranks_ = group_->size();
+  // EXERCISE: refuse, naming the joinable, what a Join cannot count: no
+  // joinables, a null one, one listed twice, and joinables of different
+  // process groups (a Join counts the ranks of one group). Then remember
+  // the group and start with every rank training.
+  throw tp::NotImplemented("stage 09: Join::Join is not implemented yet (exercises/09-zero/join.cc)");
 }
 
 void Join::run(const std::function<void()>& body) {
@@ -96,16 +87,13 @@ void Join::run(const std::function<void()>& body) {
 
 void Join::count_active_ranks(float mine) {
   Tensor count = tp::full({1}, mine, tp::kFloat32);
-  group_->allreduce(count, ReduceOp::SUM)->wait();
-  active_ranks_ = static_cast<int>(count.item());
-  ++counts_;
-  if (options_.throw_on_early_termination && active_ranks_ > 0 &&
-      active_ranks_ < group_->size()) {
-    TP_THROW(tp::DistributedError, "stage09 Join: rank ", group_->rank(), ": a rank ran out of "
-             "inputs (", group_->size() - active_ranks_, " of ", group_->size(),
-             " have joined) and throw_on_early_termination is set: every rank stops here "
-             "instead of shadowing the others (Note [Join over joinables])");
-  }
+  // EXERCISE: sum every rank's `mine` (1: still training, 0: joined) into
+  // active_ranks_, and count the counts (counts_: how a joinable tells that
+  // a count came between two of its notifies). With
+  // throw_on_early_termination, once some but not all ranks have joined,
+  // throw tp::DistributedError on every rank, naming this one and how many
+  // have joined.
+  throw tp::NotImplemented("stage 09: Join::count_active_ranks is not implemented yet (exercises/09-zero/join.cc)");
 }
 
 int notify_join_context(Joinable& joinable) {

@@ -35,18 +35,12 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
   check_partition_agrees();
   // EXERCISE: local_, the SGD that steps this rank's shard and keeps its
   // state (zero.h); null for an empty shard (SGD refuses an empty list).
+  // Then the flat buffers the collectives move (zero.h): one for the
+  // parameters, and one for the gradients in the reduce-scatter form, each
+  // as long as all the shards together, on the parameters' dtype and device
+  // (refuse parameters that do not share them: one buffer carries them all),
+  // counted as communication memory (tp::memory's kinds).
   throw tp::NotImplemented("stage 09: ZeroRedundancyOptimizer::ZeroRedundancyOptimizer is not implemented yet (exercises/09-zero/zero.cc)");
-  const int64_t total = std::accumulate(split_sizes_.begin(), split_sizes_.end(), int64_t{0});
-  const tp::Dtype dtype = params_[0].dtype();
-  for (const Tensor& p : params_) {
-    TP_CHECK(p.dtype() == dtype && p.device() == params_[0].device(),
-             "stage09 ZeroRedundancyOptimizer: the parameters must share one dtype and device "
-             "(one flat buffer carries them all)");
-  }
-  // What the collectives move, not model state (tp::memory's kinds).
-  tp::memory::KindScope communication(tp::memory::Kind::Communication);
-  flat_params_ = tp::zeros({total}, dtype, params_[0].device());
-  if (options_.reduce_scatter) flat_grads_ = tp::zeros({total}, dtype, params_[0].device());
 }
 
 // Note [Partition]
@@ -69,56 +63,23 @@ void ZeroRedundancyOptimizer::partition_parameters() {
   const size_t world = static_cast<size_t>(process_group_->size());
   partition_.assign(world, {});
   // EXERCISE: fill partition_ by the rule of Note [Partition]: each rank's
-  // parameter indices, in increasing order.
+  // parameter indices, in increasing order. Then lay the shards out in the
+  // flat buffers, rank 0's block first, each in its shard's order: every
+  // parameter's offset (offsets_), and every rank's block, where it starts
+  // (block_start_) and how long it is (split_sizes_).
   throw tp::NotImplemented("stage 09: ZeroRedundancyOptimizer::partition_parameters is not implemented yet (exercises/09-zero/zero.cc)");
-  offsets_.assign(params_.size(), 0);
-  split_sizes_.assign(world, 0);
-  block_start_.assign(world, 0);
-  int64_t offset = 0;
-  for (size_t r = 0; r < world; ++r) {
-    block_start_[r] = offset;
-    for (int64_t p : partition_[r]) {
-      offsets_[static_cast<size_t>(p)] = offset;
-      offset += params_[static_cast<size_t>(p)].numel();
-    }
-    split_sizes_[r] = offset - block_start_[r];
-  }
 }
 
 // A partition that differs between ranks would pair blocks of different
 // sizes in every all-gather: the job would hang in the first step with
 // nothing said. One all-gather of each parameter's owner says it here.
 void ZeroRedundancyOptimizer::check_partition_agrees() {
-  const int world = process_group_->size();
-  const int64_t n = static_cast<int64_t>(params_.size());
-  Tensor owners = tp::full({n}, -1, tp::kFloat64);
-  for (int r = 0; r < world; ++r) {
-    for (int64_t p : partition_[static_cast<size_t>(r)]) {
-      TP_CHECK(p >= 0 && p < n, "stage09 ZeroRedundancyOptimizer: the partition names "
-               "parameter ", p, "; there are ", n);
-      const double before = owners.data_ptr<double>()[p];
-      TP_CHECK(before < 0, "stage09 ZeroRedundancyOptimizer: parameter ", p, " is in the "
-               "shards of rank ", before, " and rank ", r, "; every parameter belongs to exactly "
-               "one rank (Note [Partition])");
-      owners.data_ptr<double>()[p] = r;
-    }
-  }
-  std::vector<Tensor> all;
-  for (int r = 0; r < world; ++r) all.push_back(tp::zeros({n}, tp::kFloat64));
-  process_group_->allgather(all, owners)->wait();
-  for (int r = 0; r < world; ++r) {
-    for (int64_t p = 0; p < n; ++p) {
-      const double mine = owners.data_ptr<double>()[p];
-      const double theirs = all[static_cast<size_t>(r)].data_ptr<double>()[p];
-      TP_CHECK(mine >= 0, "stage09 ZeroRedundancyOptimizer: no shard holds parameter ", p,
-               "; every parameter belongs to exactly one rank (Note [Partition])");
-      if (mine == theirs) continue;
-      TP_THROW(tp::DistributedError, "stage09 ZeroRedundancyOptimizer: rank ",
-               process_group_->rank(), " gives parameter ", p, " to rank ", mine,
-               " but rank ", r, " gives it to rank ", theirs, " (-1: to nobody); every rank "
-               "must compute the same partition, from the shapes alone (Note [Partition])");
-    }
-  }
+  // EXERCISE: make a partition that is not one a clear error, before any
+  // step can hang on it: on this rank, every parameter must be in exactly
+  // one shard (name the parameter otherwise); across ranks, the owners must
+  // agree: gather every rank's list of owners with one all-gather and name
+  // the first parameter two ranks give to different owners.
+  throw tp::NotImplemented("stage 09: ZeroRedundancyOptimizer::check_partition_agrees is not implemented yet (exercises/09-zero/zero.cc)");
 }
 
 Tensor ZeroRedundancyOptimizer::flat_slot(const Tensor& flat, int64_t p) const {

@@ -37,6 +37,12 @@ DistributedDataParallel::DistributedDataParallel(
   broadcast_from_rank0();
   assign_buckets();
   // SAME FROM STAGE 03: register the hooks
+  // EXERCISE: the hooks are what makes this stage overlap. Register one
+  // post-accumulate-grad hook per parameter that calls on_gradient_ready()
+  // with the parameter's index, and keep each handle in hooks_ (removing the
+  // handles removes the hooks when the DDP goes). A hook runs long after
+  // this constructor: think about what it may capture.
+  // BEGIN SOLUTION
   // [snippet:register-hooks]
   // One hook per parameter. It captures `this`, which is why this class can
   // be neither copied nor moved, and why hooks_ is its last member.
@@ -45,6 +51,7 @@ DistributedDataParallel::DistributedDataParallel(
         [this, i](const Tensor& param) { on_gradient_ready(static_cast<int64_t>(i), param); }));
   }
   // [/snippet:register-hooks]
+  // END SOLUTION
   // END SAME FROM STAGE 03: register the hooks
 }
 
@@ -185,14 +192,16 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] 
 }
 
 void DistributedDataParallel::finish_backward() {
+  // EXERCISE: backward is over. If a bucket was never launched (a parameter
+  // got no gradient), hand over to throw_unfinished(), which says so on
+  // every rank. Otherwise every bucket has been launched: wait for each,
+  // divide it by the world size, copy each slot back into its parameter's
+  // gradient (unless .grad already is that slot), and reset the
+  // per-iteration state for the next backward.
+  // BEGIN SOLUTION
   // The hooks launch in bucket order, so every bucket has been launched
   // exactly when next_bucket_ has passed them all.
   if (next_bucket_ < buckets_.size()) throw_unfinished();
-  // EXERCISE: every bucket has been launched. Wait for each, divide it by
-  // the world size, copy each slot back into its parameter's gradient
-  // (unless .grad already is that slot), and reset the per-iteration state
-  // for the next backward.
-  // BEGIN SOLUTION
   const int world_size = process_group_->size();
   for (Bucket& bucket : buckets_) {
     bucket.work->wait();

@@ -239,6 +239,11 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] 
 }
 
 void DistributedDataParallel::finish_backward() {
+  // EXERCISE: this callback belongs to synced backwards only. If it runs in
+  // a backward whose forward ran under no_sync, the hooks filed what they
+  // should have left alone: throw tp::DistributedError naming this rank and
+  // saying so (which record the hooks must read), instead of reducing.
+  // BEGIN SOLUTION
   if (!sync_this_backward_) {
     TP_THROW(tp::DistributedError, "stage04 DDP: rank ", process_group_->rank(),
              ": the end-of-backward callback ran in a backward whose forward ran under "
@@ -246,6 +251,7 @@ void DistributedDataParallel::finish_backward() {
              "anything (do they read what forward() recorded, not whether a guard is alive "
              "now?)");
   }
+  // END SOLUTION
   // The hooks launch in bucket order, so every bucket has been launched
   // exactly when next_bucket_ has passed them all.
   if (next_bucket_ < buckets_.size()) throw_unfinished();

@@ -567,6 +567,17 @@ void DistributedDataParallel::join(const std::function<void()>& body) {
 }
 
 void DistributedDataParallel::shadow_synced_step() {
+  // EXERCISE: this rank has joined; the others are running a synced step
+  // and have just counted themselves (notify_join). Issue exactly the
+  // collectives that step issues after its notify, in the same order,
+  // contributing nothing (Note [Join]): every bucket's all-reduce, filled
+  // with zeros; the used-map's all-reduce (zeros) wherever the step
+  // all-reduces one (find_unused_parameters, or static_graph's first synced
+  // step); and, where the step is the first synced one, what its end of
+  // backward does after that: with static_graph keep what the active ranks
+  // used, and rebuild the buckets wherever the step rebuilds (the rebuild
+  // broadcasts rank 0's order). Then count the step as a synced iteration.
+  // BEGIN SOLUTION
   tp::NoGradGuard no_grad;
   std::vector<std::shared_ptr<tp::distributed::Work>> works;
   for (Bucket& bucket : buckets_) {
@@ -592,15 +603,22 @@ void DistributedDataParallel::shadow_synced_step() {
   }
   used_map_.zero_();
   ++synced_iterations_;
+  // END SOLUTION
 }
 
 // SAME FROM STAGE 07: the final model and the early-termination error
 void DistributedDataParallel::sync_final_model(bool last_to_join) {
+  // EXERCISE: every rank has joined. Agree, with one collective, on which
+  // rank joined last (if several, the highest; last_to_join says whether
+  // this rank is one of them), then broadcast its parameters to every rank
+  // (Note [Join]; buffers stay each rank's own).
+  // BEGIN SOLUTION
   tp::NoGradGuard no_grad;
   Tensor claim = tp::full({1}, last_to_join ? process_group_->rank() : -1, tp::kFloat32);
   process_group_->allreduce(claim, ReduceOp::MAX)->wait();
   const int root = static_cast<int>(claim.item());
   for (auto& [name, param] : params_) process_group_->broadcast(param, root)->wait();
+  // END SOLUTION
 }
 
 void DistributedDataParallel::throw_early_termination() {

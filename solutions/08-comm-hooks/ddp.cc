@@ -437,6 +437,10 @@ void DistributedDataParallel::file_gradient(int64_t index, const Tensor& grad) {
 // the hook's collectives, however many a hook issues, pair with the active
 // ranks'. This is what PyTorch's join hook does.
 void DistributedDataParallel::register_comm_hook(CommHook hook) {
+  // EXERCISE: keep the hook for launch_bucket(). Refuse, with a message
+  // that says what to do instead, an empty hook, a second hook, and a hook
+  // registered after a backward has run (the rules above).
+  // BEGIN SOLUTION
   TP_CHECK(hook != nullptr, "stage08 DDP: register_comm_hook: the hook is empty; pass a "
            "callable that takes a GradBucket& and returns a future");
   TP_CHECK(!comm_hook_, "stage08 DDP: register_comm_hook: a comm hook is already registered; "
@@ -445,9 +449,15 @@ void DistributedDataParallel::register_comm_hook(CommHook hook) {
            "register the hook before the first backward, right after constructing the DDP "
            "(Note [Comm hooks])");
   comm_hook_ = std::move(hook);
+  // END SOLUTION
 }
 
 GradBucket DistributedDataParallel::grad_bucket(size_t b) const {
+  // EXERCISE: what a comm hook sees of bucket b (grad_bucket.h): its index,
+  // whether it is the last bucket, the flat buffer itself (not a copy: the
+  // hook's result lands there), and, slot by slot, each gradient's view of
+  // the buffer beside its parameter.
+  // BEGIN SOLUTION
   const Bucket& bucket = buckets_[b];
   std::vector<Tensor> gradients;
   std::vector<Tensor> parameters;
@@ -457,6 +467,7 @@ GradBucket DistributedDataParallel::grad_bucket(size_t b) const {
   }
   return GradBucket(b, b + 1 == buckets_.size(), bucket.flat, std::move(gradients),
                     std::move(parameters));
+  // END SOLUTION
 }
 
 void DistributedDataParallel::launch_bucket(size_t b) {
@@ -726,6 +737,13 @@ void DistributedDataParallel::join(const std::function<void()>& body) {
 }
 
 void DistributedDataParallel::shadow_synced_step() {
+  // EXERCISE: stage 07's shadow step, where a comm hook may issue any
+  // collectives, in any number: launch every zero-filled bucket exactly as
+  // a synced step launches it (through the hook when there is one) and take
+  // each result as finish_backward does, so that whatever the hook issues
+  // pairs with the active ranks' (Note [Comm hooks]); then the used-map,
+  // the first step's bookkeeping and the rebuild, as stage 07.
+  // BEGIN SOLUTION
   tp::NoGradGuard no_grad;
   // Nothing to add: the active ranks' sum is theirs. Each bucket is
   // launched as a synced step launches it, through the comm hook if there
@@ -763,6 +781,7 @@ void DistributedDataParallel::shadow_synced_step() {
   }
   used_map_.zero_();
   ++synced_iterations_;
+  // END SOLUTION
 }
 
 // SAME FROM STAGE 07: the final model and the early-termination error

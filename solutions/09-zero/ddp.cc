@@ -695,6 +695,11 @@ std::unique_ptr<JoinHook> DistributedDataParallel::join_hook(const JoinOptions& 
            "hook decides what to divide by (the built-in hooks divide by the world size), so "
            "the option would be silently ignored; keep the default, true, or divide inside "
            "your hook");
+  // EXERCISE: the DDP's part of a Join (Note [Join over joinables]): a hook
+  // whose main hook shadows one synced step and whose post hook makes every
+  // replica the last joiner's. Keep how the Join divides, and start with
+  // every rank training.
+  // BEGIN SOLUTION
   struct DDPJoinHook : JoinHook {
     DistributedDataParallel& ddp;
     explicit DDPJoinHook(DistributedDataParallel& d) : ddp(d) {}
@@ -704,6 +709,7 @@ std::unique_ptr<JoinHook> DistributedDataParallel::join_hook(const JoinOptions& 
   divide_by_initial_world_size_ = options.divide_by_initial_world_size;
   active_ranks_ = process_group_->size();
   return std::make_unique<DDPJoinHook>(*this);
+  // END SOLUTION
 }
 
 void DistributedDataParallel::shadow_synced_step() {

@@ -43,6 +43,11 @@ using tp::distributed::ReduceOp;
 // (which names this rank), as they would without a Join.
 Join::Join(std::vector<Joinable*> joinables, JoinOptions options)
     : joinables_(std::move(joinables)), options_(options) {
+  // EXERCISE: refuse, naming the joinable, what a Join cannot count: no
+  // joinables, a null one, one listed twice, and joinables of different
+  // process groups (a Join counts the ranks of one group). Then remember
+  // the group and start with every rank training.
+  // BEGIN SOLUTION
   TP_CHECK(!joinables_.empty(), "stage09 Join: no joinables; pass the DDP (and the optimizer)");
   for (size_t i = 0; i < joinables_.size(); ++i) {
     TP_CHECK(joinables_[i] != nullptr, "stage09 Join: joinable ", i, " is null");
@@ -57,6 +62,7 @@ Join::Join(std::vector<Joinable*> joinables, JoinOptions options)
              " uses another process group than joinable 0; a Join counts the ranks of one group");
   }
   active_ranks_ = group_->size();
+  // END SOLUTION
 }
 
 void Join::run(const std::function<void()>& body) {
@@ -103,6 +109,13 @@ void Join::run(const std::function<void()>& body) {
 
 void Join::count_active_ranks(float mine) {
   Tensor count = tp::full({1}, mine, tp::kFloat32);
+  // EXERCISE: sum every rank's `mine` (1: still training, 0: joined) into
+  // active_ranks_, and count the counts (counts_: how a joinable tells that
+  // a count came between two of its notifies). With
+  // throw_on_early_termination, once some but not all ranks have joined,
+  // throw tp::DistributedError on every rank, naming this one and how many
+  // have joined.
+  // BEGIN SOLUTION
   group_->allreduce(count, ReduceOp::SUM)->wait();
   active_ranks_ = static_cast<int>(count.item());
   ++counts_;
@@ -113,6 +126,7 @@ void Join::count_active_ranks(float mine) {
              " have joined) and throw_on_early_termination is set: every rank stops here "
              "instead of shadowing the others (Note [Join over joinables])");
   }
+  // END SOLUTION
 }
 
 int notify_join_context(Joinable& joinable) {

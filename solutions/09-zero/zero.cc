@@ -33,6 +33,11 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
   check_partition_agrees();
   // EXERCISE: local_, the SGD that steps this rank's shard and keeps its
   // state (zero.h); null for an empty shard (SGD refuses an empty list).
+  // Then the flat buffers the collectives move (zero.h): one for the
+  // parameters, and one for the gradients in the reduce-scatter form, each
+  // as long as all the shards together, on the parameters' dtype and device
+  // (refuse parameters that do not share them: one buffer carries them all),
+  // counted as communication memory (tp::memory's kinds).
   // BEGIN SOLUTION
   const std::vector<int64_t>& mine = partition_[static_cast<size_t>(process_group_->rank())];
   if (!mine.empty()) {
@@ -40,7 +45,6 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
     for (int64_t p : mine) shard.push_back(params_[static_cast<size_t>(p)]);
     local_ = std::make_unique<tp::optim::SGD>(std::move(shard), sgd_options_);
   }
-  // END SOLUTION
   const int64_t total = std::accumulate(split_sizes_.begin(), split_sizes_.end(), int64_t{0});
   const tp::Dtype dtype = params_[0].dtype();
   for (const Tensor& p : params_) {
@@ -52,6 +56,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
   tp::memory::KindScope communication(tp::memory::Kind::Communication);
   flat_params_ = tp::zeros({total}, dtype, params_[0].device());
   if (options_.reduce_scatter) flat_grads_ = tp::zeros({total}, dtype, params_[0].device());
+  // END SOLUTION
 }
 
 // Note [Partition]
@@ -74,7 +79,10 @@ void ZeroRedundancyOptimizer::partition_parameters() {
   const size_t world = static_cast<size_t>(process_group_->size());
   partition_.assign(world, {});
   // EXERCISE: fill partition_ by the rule of Note [Partition]: each rank's
-  // parameter indices, in increasing order.
+  // parameter indices, in increasing order. Then lay the shards out in the
+  // flat buffers, rank 0's block first, each in its shard's order: every
+  // parameter's offset (offsets_), and every rank's block, where it starts
+  // (block_start_) and how long it is (split_sizes_).
   // BEGIN SOLUTION
   std::vector<int64_t> by_size(params_.size());
   std::iota(by_size.begin(), by_size.end(), 0);
@@ -88,7 +96,6 @@ void ZeroRedundancyOptimizer::partition_parameters() {
     load[r] += params_[static_cast<size_t>(p)].numel();
   }
   for (std::vector<int64_t>& shard : partition_) std::sort(shard.begin(), shard.end());
-  // END SOLUTION
   offsets_.assign(params_.size(), 0);
   split_sizes_.assign(world, 0);
   block_start_.assign(world, 0);
@@ -101,12 +108,19 @@ void ZeroRedundancyOptimizer::partition_parameters() {
     }
     split_sizes_[r] = offset - block_start_[r];
   }
+  // END SOLUTION
 }
 
 // A partition that differs between ranks would pair blocks of different
 // sizes in every all-gather: the job would hang in the first step with
 // nothing said. One all-gather of each parameter's owner says it here.
 void ZeroRedundancyOptimizer::check_partition_agrees() {
+  // EXERCISE: make a partition that is not one a clear error, before any
+  // step can hang on it: on this rank, every parameter must be in exactly
+  // one shard (name the parameter otherwise); across ranks, the owners must
+  // agree: gather every rank's list of owners with one all-gather and name
+  // the first parameter two ranks give to different owners.
+  // BEGIN SOLUTION
   const int world = process_group_->size();
   const int64_t n = static_cast<int64_t>(params_.size());
   Tensor owners = tp::full({n}, -1, tp::kFloat64);
@@ -137,6 +151,7 @@ void ZeroRedundancyOptimizer::check_partition_agrees() {
                "must compute the same partition, from the shapes alone (Note [Partition])");
     }
   }
+  // END SOLUTION
 }
 
 Tensor ZeroRedundancyOptimizer::flat_slot(const Tensor& flat, int64_t p) const {
