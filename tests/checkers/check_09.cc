@@ -640,6 +640,45 @@ train::Scenario optimizer_listed_first() {
           "optimizer listed first) throws tp::Error before any collective (join.h)"};
 }
 
+// Rank 1 hands the optimizer the parameters in reverse order: the
+// partitions, computed from the shapes in list order, give parameter 0 to
+// different ranks. The constructor must say so on every rank; without its
+// check both ranks would go on, each stepping shards the other does not
+// think it owns.
+train::Scenario disagreeing_partitions() {
+  return {"ZeroRedundancyOptimizer over the parameters in reverse order on rank 1: every rank "
+          "refuses at construction, naming the parameter",
+          2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            DDP ddp(train::make_model({}), group, kSeveral);
+            std::vector<tp::Tensor> params = ddp.parameters();
+            if (rank == 1) std::reverse(params.begin(), params.end());
+            try {
+              ZeroRedundancyOptimizer zero(params, group, {.lr = 0.05});
+            } catch (const tp::TimeoutError& e) {
+              return cat("rank ", rank, ": a collective timed out instead of a clear refusal: ",
+                         e.what());
+            } catch (const tp::PeerFailedError& e) {
+              return cat("rank ", rank, ": this rank lost its peer instead of refusing the "
+                         "partition itself: ", e.what());
+            } catch (const tp::Error& e) {
+              if (std::string(e.what()).find("parameter") == std::string::npos) {
+                return cat("rank ", rank, ": the error does not name the parameter whose owners "
+                           "differ: ", e.what());
+              }
+              return "";
+            }
+            return cat("rank ", rank, ": construction succeeded although rank 1 listed the "
+                       "parameters in reverse order, so the ranks' partitions give parameter 0 "
+                       "to different ranks: is check_partition_agrees comparing every rank's "
+                       "owners (one all-gather)?");
+          },
+          "the constructor all-gathers each rank's owner of every parameter once and throws "
+          "naming the first parameter two ranks give to different owners, on every rank, "
+          "before a step can go wrong (Note [Partition])"};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -649,7 +688,7 @@ int main(int argc, char** argv) {
   spec.stage_checks = stage_checks;
   for (train::Scenario scenario :
        {early_termination(), disabled_join(), empty_shards(), join_alone(),
-        optimizer_listed_first()}) {
+        optimizer_listed_first(), disagreeing_partitions()}) {
     spec.scenarios.push_back(std::move(scenario));
   }
   return train::run_checker<DDP>(argc, argv, spec);
