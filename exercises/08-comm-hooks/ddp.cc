@@ -691,6 +691,11 @@ void DistributedDataParallel::join(const std::function<void()>& body) {
 }
 
 void DistributedDataParallel::shadow_synced_step() {
+  // SAME FROM STAGE 07: the shadow step's span
+  // One span per synced step of the others that this joined rank shadows:
+  // the `s` of the demo's --trace timeline, "shadow step" in Perfetto.
+  tp::trace::Span span("shadow step", "ddp", {{"iteration", synced_iterations_}});
+  // END SAME FROM STAGE 07: the shadow step's span
   tp::NoGradGuard no_grad;
   // Nothing to add: the active ranks' sum is theirs. Each bucket is
   // launched as a synced step launches it, through the comm hook if there

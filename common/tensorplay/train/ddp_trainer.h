@@ -226,6 +226,7 @@ RankResult train_rank(int rank, const RunConfig& config,
       for (int64_t micro = 0; micro < k_micro; ++micro) {
         const int64_t i = step * k_micro + micro;
         group->reset_counters();
+        take_grad_copy_bytes(ddp.parameters());  // count this micro-batch's copies only
         if constexpr (caps.no_sync) {
           if (micro + 1 < k_micro) {
             auto no_sync = ddp.no_sync();  // this micro-batch only accumulates
@@ -241,8 +242,11 @@ RankResult train_rank(int rank, const RunConfig& config,
             trace::Span span("sync_grads", "ddp");
             ddp.sync_grads();
           }
+          result.grad_copy_bytes_per_micro.push_back(take_grad_copy_bytes(ddp.parameters()));
           trace::Span span("optimizer", "compute");
           optimizer->step();
+        } else {
+          result.grad_copy_bytes_per_micro.push_back(take_grad_copy_bytes(ddp.parameters()));
         }
         record_micro_batch(result, group->counters());  // what it issued
       }
