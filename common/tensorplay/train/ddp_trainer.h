@@ -151,7 +151,7 @@ RankResult train_rank(int rank, const RunConfig& config,
                       const typename D::Options& options) {
   check_plan_fits_stage<D>(config);
   constexpr Capabilities caps = D::capabilities;
-  if (config.trace) {
+  if (config.trace || config.trace_first_step) {
     trace::enable(rank);
     trace::set_thread_name("main");
   }
@@ -221,6 +221,8 @@ RankResult train_rank(int rank, const RunConfig& config,
   };
   auto train_loop = [&] {
     for (int64_t step = 0; step < steps_of(config, rank); ++step) {
+      // Step 0 has ended, its all-reduces waited for: its events are in.
+      if (step == 1 && config.trace_first_step && !config.trace) trace::disable();
       trace::Span step_span("step", "train", {{"step", step}});
       optimizer->zero_grad(config.zero_grad_set_to_none);
       for (int64_t micro = 0; micro < k_micro; ++micro) {
@@ -273,7 +275,7 @@ RankResult train_rank(int rank, const RunConfig& config,
     result.shard_partition = optimizer->partition();
     result.params_with_state = optimizer->params_with_state();
   }
-  if (config.trace) {
+  if (config.trace || config.trace_first_step) {
     trace::disable();
     result.events = trace::events();
     // The GPU's own spans (device_trace.h), once its work has finished.
