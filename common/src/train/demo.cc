@@ -768,8 +768,8 @@ void report_trace(const DemoArgs& args, const std::vector<RankResult>& ranks) {
               shadowing.empty()
                   ? ""
                   : detail::cat("; rank", shadowing.find(',') == std::string::npos ? " " : "s ",
-                                shadowing, " had joined: from the end of its previous step "
-                                "or shadow step")
+                                shadowing, " had joined: from the end of the step or shadow "
+                                "step before, through the shadow step")
                         .c_str(),
               args.trace_path.c_str(), trace::render_ascii(last_step, 100).c_str());
 }
