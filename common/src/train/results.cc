@@ -147,7 +147,9 @@ std::optional<memory::Stats> memory_from(const Json& j) {
 
 }  // namespace
 
-void record_micro_batch(RankResult& result, const distributed::CollectiveCounters& counters) {
+void record_micro_batch(RankResult& result, const distributed::CollectiveCounters& counters,
+                        const std::vector<Tensor>& params) {
+  result.grad_copy_bytes_per_micro.push_back(take_grad_copy_bytes(params));
   result.allreduces_per_micro.push_back(counters.allreduce);
   result.broadcasts_per_micro.push_back(counters.broadcast);
   result.allreduce_bytes_per_micro.push_back(counters.allreduce_bytes);

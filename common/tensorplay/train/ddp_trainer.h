@@ -221,14 +221,11 @@ RankResult train_rank(int rank, const RunConfig& config,
   };
   auto train_loop = [&] {
     for (int64_t step = 0; step < steps_of(config, rank); ++step) {
-      // Step 0 has ended, its all-reduces waited for: its events are in.
-      if (step == 1 && config.trace_first_step && !config.trace) trace::disable();
       trace::Span step_span("step", "train", {{"step", step}});
       optimizer->zero_grad(config.zero_grad_set_to_none);
       for (int64_t micro = 0; micro < k_micro; ++micro) {
         const int64_t i = step * k_micro + micro;
         group->reset_counters();
-        take_grad_copy_bytes(ddp.parameters());  // count this micro-batch's copies only
         if constexpr (caps.no_sync) {
           if (micro + 1 < k_micro) {
             auto no_sync = ddp.no_sync();  // this micro-batch only accumulates
@@ -244,15 +241,15 @@ RankResult train_rank(int rank, const RunConfig& config,
             trace::Span span("sync_grads", "ddp");
             ddp.sync_grads();
           }
-          result.grad_copy_bytes_per_micro.push_back(take_grad_copy_bytes(ddp.parameters()));
           trace::Span span("optimizer", "compute");
           optimizer->step();
-        } else {
-          result.grad_copy_bytes_per_micro.push_back(take_grad_copy_bytes(ddp.parameters()));
         }
-        record_micro_batch(result, group->counters());  // what it issued
+        record_micro_batch(result, group->counters(), ddp.parameters());  // what it did
       }
-      if (step == 0) result.after_first_step = snapshot(ddp.named_parameters());
+      if (step == 0) {
+        result.after_first_step = snapshot(ddp.named_parameters());
+        if (config.trace_first_step && !config.trace) trace::disable();  // (demo.cc)
+      }
     }
   };
   // [/snippet:rank-step]
