@@ -506,7 +506,9 @@ void print_launches(const RunConfig& config, const RankResult& rank0) {
     }
     lines.push_back(detail::cat(what, ", queued in ", where));
   }
-  std::printf("all-reduces rank 0 launched in step 0, in launch order:\n");
+  const bool rebuilt = !rank0.initial_buckets.empty() && rank0.initial_buckets != rank0.buckets;
+  std::printf("all-reduces rank 0 launched in step 0%s, in launch order:\n",
+              rebuilt ? " (its buckets: those at construction)" : "");
   if (lines.empty()) std::printf("  none\n");
   for (size_t i = 0; i < lines.size(); ++i) std::printf("  %zu. %s\n", i + 1, lines[i].c_str());
 }
