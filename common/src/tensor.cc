@@ -762,7 +762,11 @@ static void copy_across_devices(Tensor& dst, const Tensor& src) {
                                           "tp::Tensor::copy_");
   cuda::copy_async(landing.data_ptr(), packed.data_ptr(), landing.nbytes());
   cuda::current_stream().synchronize();
-  if (!landing.is_alias_of(dst)) dst.copy_(landing);  // same device now
+  if (landing.is_alias_of(dst)) {
+    dst.storage()->count_bytes_copied_in(dst.nbytes());
+  } else {
+    dst.copy_(landing);  // same device now; counts the bytes
+  }
 }
 
 Tensor& Tensor::copy_(const Tensor& source) {
@@ -775,6 +779,7 @@ Tensor& Tensor::copy_(const Tensor& source) {
     copy_across_devices(*this, source);
     return *this;
   }
+  dst.storage->count_bytes_copied_in(nbytes());
   const Tensor src = unaliased_source(dst, source);
   const TensorImpl& s = *src.impl();
   if (on_cuda(dst)) {

@@ -38,6 +38,7 @@
 //     communication thread touches only buffers it was handed, never the graph.)
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -125,12 +126,23 @@ class Storage {
   // Counts them as `kind` from now on (AccumulateGrad: a backward result
   // that becomes a leaf's .grad becomes Gradient).
   void set_memory_kind(memory::Kind kind);
+  // The bytes Tensor::copy_ has written into this storage since the last
+  // call (then zero again): a copy into a view counts the view's bytes, a
+  // copy of a tensor onto itself counts too. Any thread may copy; the
+  // counter is atomic. The DDP trainer reads it for the storages the
+  // gradients live in, to count the copies a DDP makes into them
+  // (RankResult::grad_copy_bytes_per_micro).
+  uint64_t take_bytes_copied_in() { return bytes_copied_in_.exchange(0, std::memory_order_relaxed); }
+  void count_bytes_copied_in(std::size_t nbytes) {
+    bytes_copied_in_.fetch_add(nbytes, std::memory_order_relaxed);
+  }
 
  private:
   void* data_;
   std::size_t nbytes_;
   Device device_;
   memory::Kind memory_kind_;
+  std::atomic<uint64_t> bytes_copied_in_{0};
   // CUDA only: the stream data_ was allocated on (and is freed on), kept
   // alive as long as this storage.
   cuda::Stream cuda_stream_;

@@ -164,12 +164,12 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] 
 }
 
 void DistributedDataParallel::finish_backward() {
-  // EXERCISE: backward is over. If a bucket was never launched (a parameter
-  // got no gradient), hand over to throw_unfinished(), which says so on
-  // every rank. Otherwise every bucket has been launched: wait for each,
-  // divide it by the world size, copy each slot back into its parameter's
-  // gradient (unless .grad already is that slot), and reset the
-  // per-iteration state for the next backward.
+  // EXERCISE: backward is over. If a bucket is still waiting for a
+  // gradient (a parameter got none), hand over to throw_unfinished(), which
+  // says so on every rank. Otherwise wait for each bucket, divide it by the
+  // world size, copy each slot back into its parameter's gradient (unless
+  // .grad already is that slot), and reset the per-iteration state for the
+  // next backward.
   throw tp::NotImplemented("stage 03: DistributedDataParallel::finish_backward is not implemented yet (exercises/03-overlap/ddp.cc)");
 }
 

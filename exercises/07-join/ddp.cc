@@ -546,6 +546,11 @@ void DistributedDataParallel::join(const std::function<void()>& body) {
 }
 
 void DistributedDataParallel::shadow_synced_step() {
+  // SAME FROM STAGE 07: the shadow step's span
+  // One span per synced step of the others that this joined rank shadows:
+  // the `s` of the demo's --trace timeline, "shadow step" in Perfetto.
+  tp::trace::Span span("shadow step", "ddp", {{"iteration", synced_iterations_}});
+  // END SAME FROM STAGE 07: the shadow step's span
   // EXERCISE: this rank has joined; the others are running a synced step
   // and have just counted themselves (notify_join). Issue exactly the
   // collectives that step issues after its notify, in the same order,

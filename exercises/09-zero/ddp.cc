@@ -705,6 +705,11 @@ std::unique_ptr<JoinHook> DistributedDataParallel::join_hook(const JoinOptions& 
 }
 
 void DistributedDataParallel::shadow_synced_step() {
+  // SAME FROM STAGE 07: the shadow step's span
+  // One span per synced step of the others that this joined rank shadows:
+  // the `s` of the demo's --trace timeline, "shadow step" in Perfetto.
+  tp::trace::Span span("shadow step", "ddp", {{"iteration", synced_iterations_}});
+  // END SAME FROM STAGE 07: the shadow step's span
   tp::NoGradGuard no_grad;
   // The Join's count of this iteration, taken by its loop on this rank.
   active_ranks_ = join_context()->active_ranks();

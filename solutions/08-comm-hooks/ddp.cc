@@ -737,6 +737,11 @@ void DistributedDataParallel::join(const std::function<void()>& body) {
 }
 
 void DistributedDataParallel::shadow_synced_step() {
+  // SAME FROM STAGE 07: the shadow step's span
+  // One span per synced step of the others that this joined rank shadows:
+  // the `s` of the demo's --trace timeline, "shadow step" in Perfetto.
+  tp::trace::Span span("shadow step", "ddp", {{"iteration", synced_iterations_}});
+  // END SAME FROM STAGE 07: the shadow step's span
   // EXERCISE: stage 07's shadow step, where a comm hook may issue any
   // collectives, in any number: launch every zero-filled bucket exactly as
   // a synced step launches it (through the hook when there is one) and take

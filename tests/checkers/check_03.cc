@@ -119,6 +119,15 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
             : "without gradient_as_bucket_view, .grad stays the parameter's own tensor: copy the "
               "average back into it, do not point it at the bucket");
   }
+  if (out.empty()) {
+    out = train::check_grad_copies(
+        run, c.options.gradient_as_bucket_view
+                 ? "with gradient_as_bucket_view the average lands in .grad itself: skip the "
+                   "copy back (copying a slot into the .grad that is that slot copies it onto "
+                   "itself)"
+                 : "copy each gradient into its slot once in the hook and back into .grad once "
+                   "after the wait");
+  }
   return out;
 }
 

@@ -430,6 +430,29 @@ TEST_CASE("copy_ and add_ read an overlapping source as it was before the call")
   CHECK(e.to_vector() == Values{0, 2, 4});
 }
 
+TEST_CASE("a storage counts the bytes copy_ writes into it, a self-copy too, until taken") {
+  Tensor bucket = tp::zeros({6});  // float32: 24 bytes
+  const auto& storage = bucket.storage();
+  CHECK(storage->take_bytes_copied_in() == 0);  // zeros() copied nothing
+  Tensor slot = bucket.narrow(0, 2, 3);
+  slot.copy_(tp::ones({3}));
+  CHECK(storage->take_bytes_copied_in() == 12);  // the view's bytes
+  CHECK(storage->take_bytes_copied_in() == 0);   // taking resets
+  slot.copy_(slot);  // onto itself: still a copy, and counted
+  bucket.copy_(tp::ones({6}, tp::kFloat64));  // converted: the destination's bytes
+  CHECK(storage->take_bytes_copied_in() == 12 + 24);
+  tp::ones({6}).copy_(bucket);  // the source's storage counts nothing
+  CHECK(storage->take_bytes_copied_in() == 0);
+  // A leaf's first gradient starts at 0, even when the engine cloned it
+  // (here from the caller's gradient, which the leaf must not alias).
+  Tensor w = tp::ones({3});
+  w.requires_grad_(true);
+  const Tensor given = tp::ones({3});
+  w.view({3}).backward(given);
+  REQUIRE_FALSE(w.grad().is_alias_of(given));
+  CHECK(w.grad().storage()->take_bytes_copied_in() == 0);
+}
+
 TEST_CASE("add_ and copy_ reject mismatched shapes; add_ rejects mixed dtypes") {
   Tensor a = tp::zeros({3});
   CHECK_THROWS_WITH_AS(a.add_(tp::zeros({4})),

@@ -312,6 +312,7 @@ TEST_CASE("a rank result survives serialize and parse bit for bit, everything in
   r.final_buffers = {{"norm.running_mean", {2}, {1.0 / 3.0, 2.0}}};
   r.allreduces_per_micro = {0, 6, 7};
   r.broadcasts_per_micro = {1, 1, 1};
+  r.grad_copy_bytes_per_micro = {6928, 0, uint64_t{1} << 40};
   r.buckets = {{5, 4}, {3, 2, 1, 0}};
   r.grad_storage = {1, 1, 2, 0};
   r.construction_broadcasts = 6;
@@ -338,6 +339,7 @@ TEST_CASE("a rank result survives serialize and parse bit for bit, everything in
   CHECK(back.initial_buffers[0].name == "norm.running_mean");
   CHECK(back.allreduces_per_micro == r.allreduces_per_micro);
   CHECK(back.broadcasts_per_micro == r.broadcasts_per_micro);
+  CHECK(back.grad_copy_bytes_per_micro == r.grad_copy_bytes_per_micro);
   CHECK(back.buckets == r.buckets);
   CHECK(back.grad_storage == r.grad_storage);
   CHECK(back.construction_broadcasts == 6);

@@ -74,6 +74,9 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad_output) {
                     ? grad_output.impl_ptr()
                     : grad_output.clone().impl_ptr();  // grad mode is off: no history
     leaf.grad->storage->set_memory_kind(memory::Kind::Gradient);
+    // A clone's copy made the gradient; it is not a copy into one
+    // (Storage::take_bytes_copied_in counts those from here on).
+    leaf.grad->storage->take_bytes_copied_in();
   } else {
     // Later gradients add in place, so a grad that is a view into a DDP
     // bucket (set with set_grad) stays that view.

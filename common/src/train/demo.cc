@@ -211,6 +211,7 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
   cli::parse_or_exit(app, argc, argv, "demo " + stage);
   config.collective_timeout = std::chrono::milliseconds(timeout_ms);
   config.trace = !args.trace_path.empty();
+  config.trace_first_step = true;  // the list of step 0's all-reduces (print_launches)
   apply_launcher_environment(stage, args, app.count("--world-size") > 0);
   check_plan(stage, args, fits_stage);
   return args;
@@ -424,18 +425,95 @@ void print_bucket_list(const RunConfig& config, const RankResult& rank0,
   }
 }
 
-// The buckets, when the stage has them.
+// The buckets, when the stage has them: what the DDP built, in index order
+// (the order it must launch them in), each listing its parameters in the
+// order they were assigned.
 void print_buckets(const RunConfig& config, const RankResult& rank0) {
   if (rank0.buckets.empty()) return;
   if (!rank0.initial_buckets.empty() && rank0.initial_buckets != rank0.buckets) {
-    std::printf("buckets on rank 0 at construction (launch order):\n");
+    std::printf("buckets on rank 0 at construction (index order):\n");
     print_bucket_list(config, rank0, rank0.initial_buckets);
-    std::printf("rebuilt after the first step (launch order):\n");
+    std::printf("rebuilt after the first step (index order):\n");
   } else {
-    std::printf("buckets on rank 0 (launch order):\n");
+    std::printf("buckets on rank 0 (index order):\n");
   }
   print_bucket_list(config, rank0, rank0.buckets);
-  std::printf("\n");
+}
+
+int64_t event_arg(const trace::Event& e, const std::string& key) {
+  for (const auto& [k, v] : e.args) {
+    if (k == key) return v;
+  }
+  return -1;
+}
+
+// What happened, beside what should have: every all-reduce rank 0's main
+// thread queued in step 0, in the order it queued them, read from its trace
+// of step 0 (RunConfig::trace_first_step): its bytes, the bucket of that size
+// (step 0's buckets, in index order, each taken once; sizes are all a trace
+// tells apart), and the span it was queued in ("the hook of fc1.weight",
+// "sync_grads", "callbacks" for an end-of-backward callback, "forward").
+void print_launches(const RunConfig& config, const RankResult& rank0) {
+  const trace::Event* step0 = nullptr;
+  for (const trace::Event& e : rank0.events) {
+    if (e.phase == 'X' && e.name == "step" && event_arg(e, "step") == 0) step0 = &e;
+  }
+  if (rank0.buckets.empty()) return;  // one all-reduce per parameter: nothing to pair
+  if (step0 == nullptr) return;  // no trace: --worker, or rank 0 had no step
+  const auto& buckets = rank0.initial_buckets.empty() ? rank0.buckets : rank0.initial_buckets;
+  std::vector<int64_t> bucket_bytes;
+  for (const std::vector<int64_t>& bucket : buckets) {
+    int64_t bytes = 0;
+    for (int64_t p : bucket) {
+      if (p < 0 || static_cast<size_t>(p) >= rank0.final_params.size()) continue;
+      bytes += static_cast<int64_t>(rank0.final_params[static_cast<size_t>(p)].values.size() *
+                                    element_size(config.dtype));
+    }
+    bucket_bytes.push_back(bytes);
+  }
+  std::vector<bool> taken(bucket_bytes.size(), false);
+  std::vector<std::string> lines;
+  for (const trace::Event& e : rank0.events) {
+    if (e.phase != 'i' || e.name != "allreduce queued" || e.tid != step0->tid ||
+        e.begin_order < step0->begin_order || e.begin_order > step0->end_order) {
+      continue;
+    }
+    const int64_t bytes = event_arg(e, "bytes");
+    std::string what = detail::cat(bytes, " B");
+    for (size_t b = 0; b < bucket_bytes.size(); ++b) {
+      if (taken[b] || bucket_bytes[b] != bytes) continue;
+      taken[b] = true;
+      what += detail::cat(", bucket ", b);
+      for (size_t c = b + 1; c < bucket_bytes.size(); ++c) {
+        if (!taken[c] && bucket_bytes[c] == bytes) {
+          what += detail::cat(" (or ", c, ": the same size)");
+          break;
+        }
+      }
+      break;
+    }
+    const trace::Event* in = nullptr;  // the innermost span around it
+    for (const trace::Event& span : rank0.events) {
+      if (span.phase != 'X' || span.tid != e.tid || span.name == "step" ||
+          span.begin_order >= e.begin_order || span.end_order <= e.begin_order) {
+        continue;
+      }
+      if (in == nullptr || span.begin_order > in->begin_order) in = &span;
+    }
+    std::string where = in == nullptr ? "the step itself" : in->name;
+    if (in != nullptr && in->name == "hook") {
+      const int64_t p = event_arg(*in, "param");
+      where = p >= 0 && static_cast<size_t>(p) < rank0.final_params.size()
+                  ? "the hook of " + rank0.final_params[static_cast<size_t>(p)].name
+                  : "a hook";
+    }
+    lines.push_back(detail::cat(what, ", queued in ", where));
+  }
+  const bool rebuilt = !rank0.initial_buckets.empty() && rank0.initial_buckets != rank0.buckets;
+  std::printf("all-reduces rank 0 launched in step 0%s, in launch order:\n",
+              rebuilt ? " (its buckets: those at construction)" : "");
+  if (lines.empty()) std::printf("  none\n");
+  for (size_t i = 0; i < lines.size(); ++i) std::printf("  %zu. %s\n", i + 1, lines[i].c_str());
 }
 
 // The first line: the stage, then the plan, naming the knobs lesson 01
@@ -630,6 +708,8 @@ void print_report(const DemoReport& report) {
   const RunConfig& config = report.args->config;
   print_header(report);
   print_buckets(config, report.ranks->front());
+  print_launches(config, report.ranks->front());
+  if (!report.ranks->front().buckets.empty()) std::printf("\n");
   print_step_table(report);
   if (uneven(config)) print_uneven_steps(config);
   print_unreached(config, *report.ranks);
@@ -642,29 +722,61 @@ void print_report(const DemoReport& report) {
 // timeline. Each rank's clock starts at its own trace::enable(), so clocks of
 // different ranks are not aligned: the timeline starts every rank's row at
 // that rank's own step start. Within a rank the order is exact.
+// A rank that had run out of batches (Join, lesson 07) has no step of that
+// number: its row is its shadow of it, the k-th "shadow step" span for the
+// k-th step after its own last one (the DDP shadows each synced step of the
+// others once), drawn as `s`.
 void report_trace(const DemoArgs& args, const std::vector<RankResult>& ranks) {
   std::vector<trace::Event> all, last_step;
   const int64_t last = total_steps(args.config) - 1;
+  std::string shadowing;  // the ranks drawn from a shadow step
   for (const RankResult& r : ranks) {
-    int64_t begin = -1, end = -1;
+    const trace::Event* step = nullptr;
+    std::vector<const trace::Event*> shadows;
     for (const trace::Event& e : r.events) {
       all.push_back(e);
-      if (e.name == "step" && !e.args.empty() && e.args[0].second == last) {
-        begin = e.ts_us;
-        end = e.ts_us + e.dur_us;
-      }
+      if (e.phase != 'X') continue;
+      if (e.name == "step" && !e.args.empty() && e.args[0].second == last) step = &e;
+      if (e.name == "shadow step") shadows.push_back(&e);
     }
+    int64_t begin = 0;
+    const int64_t shadow = last - steps_of(args.config, r.rank);  // which of its shadows
+    if (step == nullptr && shadow >= 0 && static_cast<size_t>(shadow) < shadows.size()) {
+      step = shadows[static_cast<size_t>(shadow)];
+      shadowing += detail::cat(shadowing.empty() ? "" : ", ", r.rank);
+      // From the end of what it did before (its last step, or the shadow
+      // before), so that the row shows the count of the ranks still
+      // training, which join()'s loop all-reduces before each shadow step.
+      begin = step->ts_us;
+      int64_t before = -1;
+      for (const trace::Event& e : r.events) {
+        const int64_t end = e.ts_us + e.dur_us;
+        if (e.phase == 'X' && (e.name == "step" || e.name == "shadow step") && end <= step->ts_us) {
+          before = std::max(before, end);
+        }
+      }
+      if (before >= 0) begin = before;
+    } else if (step != nullptr) {
+      begin = step->ts_us;
+    }
+    if (step == nullptr) continue;  // (a rank that failed, or has no trace)
     for (trace::Event e : r.events) {
-      if (e.ts_us < begin || e.ts_us > end || e.name == "step") continue;
+      if (e.ts_us < begin || e.ts_us > step->ts_us + step->dur_us || e.name == "step") continue;
       e.ts_us -= begin;  // every rank's row starts at its own step start
       last_step.push_back(std::move(e));
     }
   }
   write_file(args.trace_path, trace::to_chrome_json(all), "the --trace file");
-  std::printf("\ntimeline of step %lld, each rank from its own step start (all steps: open %s in "
-              "ui.perfetto.dev):\n%s",
-              static_cast<long long>(last), args.trace_path.c_str(),
-              trace::render_ascii(last_step, 100).c_str());
+  std::printf("\ntimeline of step %lld, each rank from its own step start%s (all steps: open %s "
+              "in ui.perfetto.dev):\n%s",
+              static_cast<long long>(last),
+              shadowing.empty()
+                  ? ""
+                  : detail::cat("; rank", shadowing.find(',') == std::string::npos ? " " : "s ",
+                                shadowing, " had joined: from the end of the step or shadow "
+                                "step before, through the shadow step")
+                        .c_str(),
+              args.trace_path.c_str(), trace::render_ascii(last_step, 100).c_str());
 }
 
 // ---- the JSON -----------------------------------------------------------------

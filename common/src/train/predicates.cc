@@ -595,6 +595,28 @@ std::vector<Finding> check_grad_storage(const CaseRun& run,
   return {};
 }
 
+std::vector<Finding> check_grad_copies(const CaseRun& run, const std::string& cause) {
+  uint64_t gradient_bytes = 0;
+  for (const ParamValues& p : run.reference.final_params) {
+    gradient_bytes += p.values.size() * element_size(run.config.dtype);
+  }
+  const int64_t k = run.config.micro_batches;
+  for (const RankResult& r : run.ranks) {
+    const auto steps = static_cast<int64_t>(r.grad_copy_bytes_per_micro.size()) / k;
+    for (int64_t step = 0; step < steps; ++step) {
+      const uint64_t copied = sum_over_step(r.grad_copy_bytes_per_micro, k, step);
+      if (copied <= gradient_bytes) continue;
+      return {{cat("rank ", r.rank, ", step ", step, ": Tensor::copy_ wrote ", copied,
+                   " bytes into the storages the gradients live in, more than the ",
+                   gradient_bytes, " bytes of all the gradients: some gradient was copied "
+                   "into twice (with gradient_as_bucket_view .grad is the slot, so copying "
+                   "the slot back into .grad copies it onto itself)"),
+               cause}};
+    }
+  }
+  return {};
+}
+
 std::vector<Finding> check_launched_before_first_wait(const CaseRun& run,
                                                       const std::string& cause) {
   for (const RankResult& r : run.ranks) {

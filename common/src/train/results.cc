@@ -39,6 +39,20 @@ std::vector<int64_t> grad_storage_groups(const std::vector<Tensor>& params) {
   return out;
 }
 
+uint64_t take_grad_copy_bytes(const std::vector<Tensor>& params) {
+  std::vector<Storage*> seen;  // each storage once: a bucket holds many .grad
+  uint64_t bytes = 0;
+  for (const Tensor& p : params) {
+    const Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    Storage* storage = grad.storage().get();
+    if (std::find(seen.begin(), seen.end(), storage) != seen.end()) continue;
+    seen.push_back(storage);
+    bytes += storage->take_bytes_copied_in();
+  }
+  return bytes;
+}
+
 uint64_t sum_over_step(const std::vector<uint64_t>& per_micro, int64_t micro_batches,
                        int64_t step) {
   uint64_t total = 0;
@@ -133,7 +147,9 @@ std::optional<memory::Stats> memory_from(const Json& j) {
 
 }  // namespace
 
-void record_micro_batch(RankResult& result, const distributed::CollectiveCounters& counters) {
+void record_micro_batch(RankResult& result, const distributed::CollectiveCounters& counters,
+                        const std::vector<Tensor>& params) {
+  result.grad_copy_bytes_per_micro.push_back(take_grad_copy_bytes(params));
   result.allreduces_per_micro.push_back(counters.allreduce);
   result.broadcasts_per_micro.push_back(counters.broadcast);
   result.allreduce_bytes_per_micro.push_back(counters.allreduce_bytes);
@@ -155,6 +171,7 @@ std::string serialize(const RankResult& r) {
                   {"allreduces_per_micro", r.allreduces_per_micro},
                   {"broadcasts_per_micro", r.broadcasts_per_micro},
                   {"allreduce_bytes_per_micro", r.allreduce_bytes_per_micro},
+                  {"grad_copy_bytes_per_micro", r.grad_copy_bytes_per_micro},
                   {"allgathers_per_micro", r.allgathers_per_micro},
                   {"allgather_bytes_per_micro", r.allgather_bytes_per_micro},
                   {"reduce_scatters_per_micro", r.reduce_scatters_per_micro},
@@ -196,6 +213,7 @@ RankResult parse_rank_result(const std::string& bytes) {
     r.allreduces_per_micro = j.at("allreduces_per_micro").get<std::vector<uint64_t>>();
     r.broadcasts_per_micro = j.at("broadcasts_per_micro").get<std::vector<uint64_t>>();
     r.allreduce_bytes_per_micro = j.at("allreduce_bytes_per_micro").get<std::vector<uint64_t>>();
+    r.grad_copy_bytes_per_micro = j.at("grad_copy_bytes_per_micro").get<std::vector<uint64_t>>();
     r.allgathers_per_micro = j.at("allgathers_per_micro").get<std::vector<uint64_t>>();
     r.allgather_bytes_per_micro = j.at("allgather_bytes_per_micro").get<std::vector<uint64_t>>();
     r.reduce_scatters_per_micro = j.at("reduce_scatters_per_micro").get<std::vector<uint64_t>>();

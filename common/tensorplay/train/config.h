@@ -116,6 +116,10 @@ struct RunConfig {
   // Record a tp::trace timeline on every rank (forward, backward, sync,
   // collectives) and return it in RankResult::events.
   bool trace = false;
+  // Without `trace`: record step 0 only (the demo lists the all-reduces it
+  // launched, in order, from these events), a bounded cost however many
+  // steps the plan has.
+  bool trace_first_step = false;
   nn::MiniMLPOptions model;  // sizes of every model kind (hidden is the deep model's width)
   int64_t deep_depth = 16;   // hidden layers of ModelKind::Deep: 2 * (depth + 1) tensors
   data::SyntheticRegressionOptions data;

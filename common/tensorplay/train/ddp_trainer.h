@@ -151,7 +151,7 @@ RankResult train_rank(int rank, const RunConfig& config,
                       const typename D::Options& options) {
   check_plan_fits_stage<D>(config);
   constexpr Capabilities caps = D::capabilities;
-  if (config.trace) {
+  if (config.trace || config.trace_first_step) {
     trace::enable(rank);
     trace::set_thread_name("main");
   }
@@ -244,9 +244,12 @@ RankResult train_rank(int rank, const RunConfig& config,
           trace::Span span("optimizer", "compute");
           optimizer->step();
         }
-        record_micro_batch(result, group->counters());  // what it issued
+        record_micro_batch(result, group->counters(), ddp.parameters());  // what it did
       }
-      if (step == 0) result.after_first_step = snapshot(ddp.named_parameters());
+      if (step == 0) {
+        result.after_first_step = snapshot(ddp.named_parameters());
+        if (config.trace_first_step && !config.trace) trace::disable();  // (demo.cc)
+      }
     }
   };
   // [/snippet:rank-step]
@@ -269,7 +272,7 @@ RankResult train_rank(int rank, const RunConfig& config,
     result.shard_partition = optimizer->partition();
     result.params_with_state = optimizer->params_with_state();
   }
-  if (config.trace) {
+  if (config.trace || config.trace_first_step) {
     trace::disable();
     result.events = trace::events();
     // The GPU's own spans (device_trace.h), once its work has finished.

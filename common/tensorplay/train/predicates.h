@@ -132,6 +132,15 @@ std::vector<Finding> check_grad_storage(const CaseRun& run,
                                         const std::vector<std::vector<int64_t>>& buckets,
                                         bool as_view, const std::string& cause);
 
+// No gradient copied twice: in every step, the bytes Tensor::copy_ wrote
+// into the storages the gradients live in (RankResult::
+// grad_copy_bytes_per_micro, summed over the step's micro-batches) are at
+// most the bytes of all the parameters' gradients. Without
+// gradient_as_bucket_view the copy back from the bucket writes each .grad
+// once; with it, the hook's copy into the slot is the copy into .grad, and a
+// copy back would write the slot onto itself, a second time.
+std::vector<Finding> check_grad_copies(const CaseRun& run, const std::string& cause);
+
 // The bucket rule (stage 02 on): parameters in reverse registration order,
 // the order their gradients become ready; a bucket closes once it holds at
 // least its cap of bytes (so it may overshoot by its last tensor); the first

@@ -63,6 +63,15 @@ struct RankResult {
   std::vector<uint64_t> reduce_scatters_per_micro;
   std::vector<uint64_t> reduce_scatter_bytes_per_micro;
   std::vector<uint64_t> broadcast_bytes_per_micro;  // the bytes of broadcasts_per_micro
+  // [i]: bytes Tensor::copy_ wrote into the storages the parameters' .grad
+  // live in, from the end of micro-batch i - 1 to the end of micro-batch i
+  // (its forward, backward, the step's sync_grads() for a stage that syncs
+  // after backward, and the optimizer step, which copies nothing into
+  // them), read as it ends (Storage::take_bytes_copied_in; the copy that
+  // makes a fresh gradient does not count). A DDP copies each gradient byte in at most once per sync: into
+  // its slot when .grad is a view of the bucket, back from the bucket when
+  // it is not.
+  std::vector<uint64_t> grad_copy_bytes_per_micro;
   uint64_t construction_allreduces = 0;  // issued by the DDP constructor
   uint64_t construction_broadcasts = 0;
   uint64_t construction_allgathers = 0;
@@ -109,11 +118,19 @@ struct ReferenceResult {
 };
 
 // Appends one micro-batch's collectives (counted since the group's counters
-// were reset at its start) to the *_per_micro vectors of `result`.
-void record_micro_batch(RankResult& result, const distributed::CollectiveCounters& counters);
+// were reset at its start) to the *_per_micro vectors of `result`, and the
+// bytes copied into the storages of `params`' gradients since the last call
+// (take_grad_copy_bytes: since the previous micro-batch ended, when nothing
+// copies into a gradient but the DDP).
+void record_micro_batch(RankResult& result, const distributed::CollectiveCounters& counters,
+                        const std::vector<Tensor>& params);
 
 // RankResult::grad_storage for these parameters.
 std::vector<int64_t> grad_storage_groups(const std::vector<Tensor>& params);
+// The bytes Tensor::copy_ wrote into the storages these parameters' .grad
+// live in (each storage once) since each was last read; reading resets them
+// (Storage::take_bytes_copied_in). For RankResult::grad_copy_bytes_per_micro.
+uint64_t take_grad_copy_bytes(const std::vector<Tensor>& params);
 
 // Collectives a rank issued in optimizer step `step` (its K micro-batches);
 // 0 for a step it did not run. K = micro_batches.
