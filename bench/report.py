@@ -50,7 +50,11 @@ sync that issues k all-reduces of B bytes in all, one after another, takes
 about k*alpha + beta*B with the means' fit (a sum of k all-reduces pays
 their stalls too): the prediction drawn beside the cap sweep.
 
-Run: python3 bench/report.py [RESULTS_DIR] [--out DIR] [--no-plots]
+--link-only reads link.json alone and writes link.md and link.png, leaving
+summary.md and the other figures as they are (./kit bench --link: a results
+folder may hold only some of the other files).
+
+Run: python3 bench/report.py [RESULTS_DIR] [--out DIR] [--no-plots] [--link-only]
 """
 
 import argparse
@@ -1021,15 +1025,44 @@ def plot_hooks(results, losses, save, plt):
         save(fig, "hook_losses.png")
 
 
+def link_only(args, out):
+    link = load_json(args.results, "link.json")
+    if not link:
+        print(f"report.py: no link.json in {args.results}", file=sys.stderr)
+        return 1
+    report = Report()
+    report_link(link, report)
+    text = "\n".join(report.lines) + "\n"
+    write_text(os.path.join(out, "link.md"), text)
+    print(text)
+    if not args.no_plots:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        def save(fig, name):
+            path = os.path.join(out, name)
+            fig.tight_layout()
+            replace_atomically(path, lambda t: fig.savefig(t, dpi=110, format="png"))
+            plt.close(fig)
+            print(f"report.py: wrote {path}")
+        plot_link(link, save, plt)
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="?", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--out", help="where summary.md and the figures go (default: RESULTS)")
     parser.add_argument("--no-plots", action="store_true", help="the summary only")
+    parser.add_argument("--link-only", action="store_true",
+                        help="link.json alone: link.md and link.png")
     args = parser.parse_args()
     out = args.out or args.results
     os.makedirs(out, exist_ok=True)
+    if args.link_only:
+        return link_only(args, out)
     results = load(args.results)
     report = Report()
     report.add("# Benchmark results", "", context_line(results), "")
