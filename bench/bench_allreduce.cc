@@ -74,6 +74,7 @@
 #include "tensorplay/distributed/process_group.h"
 #include "tensorplay/tensor.h"
 #include "ranked_benchmark.h"
+#include "tensorplay/error.h"
 
 namespace {
 
@@ -202,6 +203,12 @@ void register_benchmarks(const tp::bench::RankSetup& setup) {
       ->Iterations(tp::bench::iterations(1000))->Unit(benchmark::kMicrosecond)->UseRealTime();
   // Connected once per rank, before any benchmark runs; the registered
   // benchmarks share it.
+  if (setup.rendezvous_dir.empty()) {
+    TP_THROW(tp::Error, "bench_allreduce: the raw Gloo context beside the kit's group connects "
+             "through the spawned ranks' rendezvous directory, which launched ranks (",
+             setup.init_method, ") do not share, and listens on 127.0.0.1; run bench_allreduce "
+             "without --init-method");
+  }
   auto gloo = std::make_shared<RawGloo>(setup.rendezvous_dir, group->rank(), group->size());
   for (int64_t bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
     benchmark::RegisterBenchmark(

@@ -63,7 +63,9 @@
 // was to hide.
 //
 // How it runs: as bench_sync.cc: main() spawns the ranks (2, or
-// --world-size=N; Gloo over loopback, OpenBLAS on one thread per rank), each
+// --world-size=N; Gloo over loopback, OpenBLAS on one thread per rank), or,
+// with --init-method=env://, is one rank of a job tools/tprun started
+// (ranked_benchmark.h; bench/shaped_link.py runs it so across a shaped link), each
 // registers the same benchmarks with fixed iteration counts (the ranks must
 // issue the same collectives in the same order; an adaptive count would
 // differ between ranks and hang), runs tp::bench::warmup_iterations() untimed steps and a
@@ -291,8 +293,11 @@ void bm_stage03(benchmark::State& state, const Rank& rank) {
 // machine at the same moments, so what stage 03 hides is measured against a
 // stage 02 step taken a moment apart, not minutes apart. Counters:
 // "s02_ms", "s03_ms" (step medians), "sync02_ms" (the median of stage 02's
-// sync_grads()), and "hidden": the median over the iterations of (stage 02's
-// step - stage 03's step), over sync02_ms.
+// sync_grads()), "fwd02_ms", "bwd02_ms", "fwd03_ms", "bwd03_ms" (the medians
+// of each stage's forward and backward; stage 03's backward includes its
+// hooks and its end-of-backward wait, so bwd03_ms - bwd02_ms is the part of
+// the sync it did not hide), and "hidden": the median over the iterations of
+// (stage 02's step - stage 03's step), over sync02_ms.
 void bm_overlap_pair(benchmark::State& state, const Rank& rank) {
   const Caps caps = caps_of(state.range(0));
   stage02::DistributedDataParallel ddp02(
@@ -304,7 +309,7 @@ void bm_overlap_pair(benchmark::State& state, const Rank& rank) {
   tp::optim::SGD sgd02(ddp02.parameters(), {.lr = 1e-3});
   tp::optim::SGD sgd03(ddp03.parameters(), {.lr = 1e-3});
   const tp::data::Batch batch = batch_of(rank);
-  std::vector<double> s02, s03, sync02, saved;
+  std::vector<double> s02, s03, sync02, saved, fwd02, bwd02, fwd03, bwd03;
   auto step02 = [&] {
     Phases phases;
     const auto start = Clock::now();
@@ -312,20 +317,22 @@ void bm_overlap_pair(benchmark::State& state, const Rank& rank) {
          batch, phases);
     s02.push_back(ms_since(start));
     sync02.push_back(phases.sync_ms);
+    fwd02.push_back(phases.forward_ms);
+    bwd02.push_back(phases.backward_ms);
   };
   auto step03 = [&] {
     Phases phases;
     const auto start = Clock::now();
     step([&](const tp::Tensor& x) { return ddp03(x); }, [] {}, sgd03, batch, phases);
     s03.push_back(ms_since(start));
+    fwd03.push_back(phases.forward_ms);
+    bwd03.push_back(phases.backward_ms);
   };
   for (int i = 0; i < tp::bench::warmup_iterations(); ++i) {
     step02();
     step03();
   }
-  s02.clear();
-  s03.clear();
-  sync02.clear();
+  for (auto* times : {&s02, &s03, &sync02, &fwd02, &bwd02, &fwd03, &bwd03}) times->clear();
   rank.group->barrier()->wait();
   bool first02 = true;
   for (auto _ : state) {
@@ -343,6 +350,10 @@ void bm_overlap_pair(benchmark::State& state, const Rank& rank) {
   state.counters["s02_ms"] = quantile(s02, 0.5);
   state.counters["s03_ms"] = quantile(s03, 0.5);
   state.counters["sync02_ms"] = quantile(sync02, 0.5);
+  state.counters["fwd02_ms"] = quantile(fwd02, 0.5);
+  state.counters["bwd02_ms"] = quantile(bwd02, 0.5);
+  state.counters["fwd03_ms"] = quantile(fwd03, 0.5);
+  state.counters["bwd03_ms"] = quantile(bwd03, 0.5);
   state.counters["hidden"] = quantile(saved, 0.5) / quantile(sync02, 0.5);
 }
 

@@ -1,5 +1,6 @@
-// Google Benchmark on W spawned ranks: the shared main() of bench_sync.cc
-// and bench_step.cc.
+// Google Benchmark on W ranks, spawned here or started by a launcher: the
+// shared main() of the multi-rank benchmarks (bench_sync.cc, bench_step.cc,
+// ...).
 //
 // Contract:
 //   - ranked_benchmark_main() takes the program's own flags out of the
@@ -10,6 +11,16 @@
 //     Google Benchmark with the remaining flags, connects a
 //     ProcessGroupGloo, calls register_all(RankSetup{group, rendezvous dir})
 //     and runs the benchmarks.
+//   - Launched mode: with --init-method=env:// (or tcp://HOST:PORT,
+//     redis://HOST:PORT/JOB) the process is one rank of a job that a
+//     launcher started, one process per rank (tools/tprun, torchrun, srun):
+//     it spawns nothing, joins the job through that init method (RANK,
+//     WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the launcher; a
+//     --world-size that disagrees with WORLD_SIZE is an error), shows its
+//     waits and its error to the launcher (launched_rank.h) and runs as a
+//     spawned rank would. That is how the benchmarks run on hosts joined by
+//     a real or a shaped link (bench/shaped_link.py). --init-method=file://
+//     is refused: it is what the program does when it spawns its ranks.
 //   - --smoke=1 (every program has it) makes iterations(n) return 1 and
 //     warmup_iterations() 0: the tests run every benchmark once that way, so
 //     none rots, in seconds.
@@ -20,7 +31,8 @@
 //     counts: an adaptive count would differ between ranks, and so would
 //     their collectives, which would hang. Rank 0 reports (and honours
 //     --benchmark_out); the others run silently.
-//   - Returns the process exit code: 0 when every rank succeeded.
+//   - Returns the process exit code: 0 when every rank succeeded (launched:
+//     when this rank did).
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -39,8 +51,13 @@
 #include <string_view>
 #include <vector>
 
+#include "tensorplay/distributed/init.h"
+#include "tensorplay/error.h"
+#include "tensorplay/distributed/launcher_env.h"
 #include "tensorplay/distributed/process_group_gloo.h"
+#include "tensorplay/multiprocessing/launched_rank.h"
 #include "tensorplay/multiprocessing/spawn.h"
+#include "tensorplay/train/ddp_trainer.h"
 #include "tensorplay/train/stage_spec.h"
 #include "tensorplay/util/temp_dir.h"
 
@@ -58,7 +75,13 @@ struct OwnFlag {
 // What register_all() gets on each rank.
 struct RankSetup {
   std::shared_ptr<distributed::ProcessGroup> group;  // connected, shared by the benchmarks
-  std::string rendezvous_dir;  // the group's; a program may connect more (under a prefix)
+  // Spawned ranks: the group's rendezvous directory, where a program may
+  // connect more (under a prefix of its own). Launched ranks (--init-method)
+  // share no directory: it is empty, and a program that needs one refuses
+  // launched mode, saying so (bench_allreduce's raw Gloo context).
+  std::string rendezvous_dir;
+  // The launch's init method ("env://"), or "" for spawned ranks.
+  std::string init_method;
 };
 using RegisterAll = std::function<void(const RankSetup&)>;
 
@@ -204,9 +227,11 @@ inline bool writes_output(std::string_view arg) {
          name == "benchmark_format";
 }
 
-// One rank: initialise, connect, register, run. "" on success, or a reason.
-inline std::string run_rank(int rank, int world_size, const std::string& rendezvous,
-                            const std::vector<std::string>& args, const RegisterAll& register_all) {
+// One rank, connected: initialise, register, run. "" on success, or a reason.
+inline std::string run_connected_rank(const RankSetup& setup, const std::vector<std::string>& args,
+                                      const RegisterAll& register_all) {
+  const int rank = setup.group->rank();
+  const int world_size = setup.group->size();
   std::vector<std::string> mine;
   for (const std::string& arg : args) {
     if (rank == 0 || !writes_output(arg)) mine.push_back(arg);
@@ -221,12 +246,12 @@ inline std::string run_rank(int rank, int world_size, const std::string& rendezv
     if (rank == 0) benchmark::ReportUnrecognizedArguments(argc, argv.data());
     return "unrecognized arguments";
   }
-  auto group = std::make_shared<distributed::ProcessGroupGloo>(
-      rendezvous, rank, world_size, distributed::GlooOptions{std::chrono::seconds(60)});
   benchmark::AddCustomContext("world_size", std::to_string(world_size));
   benchmark::AddCustomContext("cores", std::to_string(std::thread::hardware_concurrency()));
   benchmark::AddCustomContext("smoke", detail::smoke ? "1" : "0");
-  register_all({group, rendezvous});
+  benchmark::AddCustomContext("init_method",
+                              setup.init_method.empty() ? "spawned" : setup.init_method);
+  register_all(setup);
   if (rank == 0) {
     benchmark::RunSpecifiedBenchmarks();
   } else {
@@ -235,6 +260,53 @@ inline std::string run_rank(int rank, int world_size, const std::string& rendezv
   }
   benchmark::Shutdown();
   return "";
+}
+
+// A spawned rank: connects through the job's rendezvous directory.
+inline std::string run_rank(int rank, int world_size, const std::string& rendezvous,
+                            const std::vector<std::string>& args, const RegisterAll& register_all) {
+  auto group = std::make_shared<distributed::ProcessGroupGloo>(
+      rendezvous, rank, world_size, distributed::GlooOptions{std::chrono::seconds(60)});
+  return run_connected_rank({group, rendezvous, ""}, args, register_all);
+}
+
+// A launched rank (launched mode in the contract): the process is the
+// rank. Returns the exit code.
+inline int run_launched_rank(const std::string& program, const std::string& init_method,
+                             std::optional<long> world_size_given,
+                             const std::vector<std::string>& args,
+                             const RegisterAll& register_all) {
+  multiprocessing::report_to_launcher();
+  const auto rank = distributed::from_launcher("RANK");
+  try {
+    distributed::GroupOptions options;
+    options.timeout = std::chrono::seconds(60);
+    auto group = distributed::make_process_group("gloo", distributed::kFromEnvironment,
+                                                 distributed::kFromEnvironment, init_method,
+                                                 options);
+    if (world_size_given && *world_size_given != group->size()) {
+      const auto world = distributed::from_launcher("WORLD_SIZE");
+      TP_THROW(Error, program, ": --world-size=", *world_size_given, " disagrees with ",
+               world ? world->variable : std::string("WORLD_SIZE"), "=", group->size(),
+               " from the launcher; leave --world-size out when the ranks are launched");
+    }
+    if (group->rank() == 0) {
+      std::cerr << program << ": rank 0 of " << group->size() << ", launched (" << init_method
+                << "), on a machine of " << std::thread::hardware_concurrency() << " core(s)"
+                << (smoke ? "; smoke run: one iteration each, the times mean nothing" : "")
+                << std::endl;
+    }
+    const std::string failed = run_connected_rank({group, "", init_method}, args, register_all);
+    if (!failed.empty()) {
+      TP_THROW(Error, program, ": rank ", group->rank(), ": ", failed);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    multiprocessing::record_error(e);
+    std::cerr << program << (rank ? ": rank " + rank->value : std::string()) << ": " << e.what()
+              << std::endl;
+    return 1;
+  }
 }
 
 }  // namespace detail
@@ -248,8 +320,25 @@ inline int ranked_benchmark_main(int argc, char** argv, const std::string& progr
   flags.push_back(OwnFlag{"smoke", 0, 1, "1: one iteration of each benchmark, no warm-up (tests)",
                           &smoke});
   std::vector<std::string> args;
+  std::string init_method;  // --init-method=...: launched mode; "" spawns the ranks
+  bool world_size_given = false;
   for (int i = 0; i < argc; ++i) {
     const std::string_view arg = argv[i];
+    if (i > 0 && detail::flag_name(arg) == "init-method") {
+      // --init-method=URL, or --init-method URL as the demos take it.
+      const size_t eq = arg.find('=');
+      if (eq == std::string_view::npos && i + 1 < argc) {
+        init_method = argv[++i];
+      } else if (eq != std::string_view::npos) {
+        init_method = std::string(arg.substr(eq + 1));
+      }
+      if (init_method.empty()) {
+        std::cerr << program << ": --init-method expects a value, as in --init-method=env://\n";
+        return 1;
+      }
+      continue;
+    }
+    if (i > 0 && detail::flag_name(arg) == "world-size") world_size_given = true;
     const auto own = std::find_if(flags.begin(), flags.end(), [&](const OwnFlag& f) {
       return i > 0 && detail::flag_name(arg) == f.name;
     });
@@ -274,6 +363,9 @@ inline int ranked_benchmark_main(int argc, char** argv, const std::string& progr
       for (const OwnFlag& f : flags) {
         std::cout << "  --" << f.name << "=N  " << f.help << " (default " << *f.value << ")\n";
       }
+      std::cout << "  --init-method=URL  run as one rank of a job a launcher started (tprun, "
+                   "torchrun, srun), joining it through URL: env://, tcp://HOST:PORT or "
+                   "redis://HOST:PORT/JOB (default: spawn the ranks here)\n";
       std::cout << "the other flags are Google Benchmark's:\n";
       benchmark::Initialize(&argc, argv);
     }
@@ -285,6 +377,19 @@ inline int ranked_benchmark_main(int argc, char** argv, const std::string& progr
     }
   }
   detail::smoke = smoke != 0;
+  // RANK without --init-method, or --init-method=file://: a mistake to name
+  // before anything starts (the demos' rule, ddp_trainer.h).
+  if (const std::string mistake = train::launch_mistake(program, init_method);
+      !mistake.empty()) {
+    std::cerr << program << ": " << mistake << "\n";
+    return 1;
+  }
+  if (!init_method.empty()) {
+    return detail::run_launched_rank(program, init_method,
+                                     world_size_given ? std::optional<long>(world_size)
+                                                      : std::nullopt,
+                                     args, register_all);
+  }
   const unsigned cores = std::thread::hardware_concurrency();
   // On stderr: stdout may be Google Benchmark's JSON (--benchmark_format=json).
   std::cerr << program << ": " << world_size << " rank(s) on " << cores << " core(s)"

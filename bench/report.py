@@ -14,6 +14,9 @@ Input: a folder of results as `./kit bench` writes them (bench/results/):
   torch_ddp.w<W>.json         bench/torch_ddp.py (only if PyTorch is installed)
   round<R>.bench_step.json,   short alternating runs of the kit's stage 03
   round<R>.torch_ddp.json     and PyTorch's DDP at 2 ranks, default caps
+  link.json                   bench/link_bench.py: stage 02 against stage 03
+                              with one rank per host on shaped links
+                              (./kit bench --link RATES)
 Any of them may be missing: its part of the report says so.
 
 Output, in --out (the input folder unless given):
@@ -34,6 +37,9 @@ Output, in --out (the input folder unless given):
   zero.png           stage 09: optimizer state per rank against W (plain
                      DDP against ZeRO, with 1/W of DDP's drawn), and the
                      step time of each optimizer (interleaved medians)
+  link.png           stage 02's and stage 03's step against the link's
+                     rate, beside compute, sync and the ideal max(compute,
+                     sync), loopback at the right (link.json)
 The figures need python3-matplotlib (./kit installs it); --no-plots skips
 them.
 
@@ -44,7 +50,11 @@ sync that issues k all-reduces of B bytes in all, one after another, takes
 about k*alpha + beta*B with the means' fit (a sum of k all-reduces pays
 their stalls too): the prediction drawn beside the cap sweep.
 
-Run: python3 bench/report.py [RESULTS_DIR] [--out DIR] [--no-plots]
+--link-only reads link.json alone and writes link.md and link.png, leaving
+summary.md and the other figures as they are (./kit bench --link: a results
+folder may hold only some of the other files).
+
+Run: python3 bench/report.py [RESULTS_DIR] [--out DIR] [--no-plots] [--link-only]
 """
 
 import argparse
@@ -55,6 +65,7 @@ import re
 import sys
 
 from atomic_file import replace_atomically, write_text
+from link_bench import summary as link_summary
 
 # The kit's targets (measured here, never by timed tests).
 TARGET_BUCKETED_SPEEDUP = 5.0     # stage 02 sync vs stage 01 sync, depth 64, 2 ranks
@@ -730,7 +741,58 @@ def plot_zero(results, memory, save, plt):
     save(fig, "zero.png")
 
 
-def plot(results, fits, out, hook_losses=None, zero_memory=None):
+def report_link(link, report):
+    report.add("## Stage 02 against stage 03 on a shaped link", "")
+    if not link:
+        report.add("No link.json: `./kit bench --link 300mbit,1gbit,3gbit` measures it "
+                   "(root: network namespaces).", "")
+        return
+    rows = [link_summary(run) for run in link["runs"]]
+    report.add("One rank per host, hosts joined through a bridge, each host's egress limited "
+               "to the rate (bench/link_bench.py); loopback: the ranks spawned on this "
+               "machine. Medians per step, ms. compute: stage 02's step without its sync; "
+               "ideal: max(compute, sync); hidden: (stage 02 - stage 03) / min(bwd, sync), "
+               "the share of what overlap can hide at best.", "")
+    report.table(["ranks", "batch", "link", "measured", "compute", "fwd", "bwd", "sync",
+                  "stage 02", "stage 03", "ideal", "hidden", "stage 03 / ideal"],
+                 [[r["world_size"], r["batch"], r["rate"],
+                   f"{r['measured_mbit']:.0f} Mbit/s" if r["measured_mbit"] else "-",
+                   f"{r['compute']:.1f}", f"{r['fwd']:.1f}", f"{r['bwd']:.1f}",
+                   f"{r['sync']:.1f}", f"{r['s02']:.1f}", f"{r['s03']:.1f}",
+                   f"{r['ideal']:.1f}", f"{100 * r['hidden']:.0f}%",
+                   f"{r['s03_over_ideal']:.2f}"] for r in rows])
+
+
+def plot_link(link, save, plt):
+    if not link:
+        return
+    rows = [link_summary(run) for run in link["runs"]]
+    panels = sorted({(r["world_size"], r["batch"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, (w, batch) in zip(axes[0], panels):
+        mine = [r for r in rows if (r["world_size"], r["batch"]) == (w, batch)]
+        linked = sorted((r for r in mine if r["measured_mbit"]), key=lambda r: r["measured_mbit"])
+        loop = [r for r in mine if not r["measured_mbit"]]
+        x = [r["measured_mbit"] / 1e3 for r in linked]
+        for key, style, label in (("s02", "o-", "stage 02 step"), ("s03", "s-", "stage 03 step"),
+                                  ("ideal", "k--", "ideal: max(compute, sync)"),
+                                  ("compute", ":", "compute"), ("sync", ":", "sync (stage 02)")):
+            line, = ax.plot(x, [r[key] for r in linked], style, label=label)
+            if loop:  # loopback at the right, one rate step beyond the fastest link
+                xl = (x[-1] if x else 1.0) * 3
+                ax.plot([xl], [loop[0][key]], style[0] if style[0] in "os" else "x",
+                        color=line.get_color())
+        ticks = x + ([(x[-1] if x else 1.0) * 3] if loop else [])
+        ax.set_xscale("log")
+        ax.set_xticks(ticks, [f"{t:.2g}" for t in x] + (["loopback"] if loop else []))
+        ax.minorticks_off()
+        ax.set(xlabel="link rate, Gbit/s (measured)", ylabel="per step, ms (medians)",
+               ylim=(0, None), title=f"{w} ranks, batch {batch} per rank")
+        ax.legend(fontsize=7)
+    save(fig, "link.png")
+
+
+def plot(results, fits, out, hook_losses=None, zero_memory=None, link=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -877,6 +939,7 @@ def plot(results, fits, out, hook_losses=None, zero_memory=None):
         save(fig, "step.png")
     plot_hooks(results, hook_losses, save, plt)
     plot_zero(results, zero_memory, save, plt)
+    plot_link(link, save, plt)
     return written
 
 
@@ -962,15 +1025,44 @@ def plot_hooks(results, losses, save, plt):
         save(fig, "hook_losses.png")
 
 
+def link_only(args, out):
+    link = load_json(args.results, "link.json")
+    if not link:
+        print(f"report.py: no link.json in {args.results}", file=sys.stderr)
+        return 1
+    report = Report()
+    report_link(link, report)
+    text = "\n".join(report.lines) + "\n"
+    write_text(os.path.join(out, "link.md"), text)
+    print(text)
+    if not args.no_plots:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        def save(fig, name):
+            path = os.path.join(out, name)
+            fig.tight_layout()
+            replace_atomically(path, lambda t: fig.savefig(t, dpi=110, format="png"))
+            plt.close(fig)
+            print(f"report.py: wrote {path}")
+        plot_link(link, save, plt)
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="?", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--out", help="where summary.md and the figures go (default: RESULTS)")
     parser.add_argument("--no-plots", action="store_true", help="the summary only")
+    parser.add_argument("--link-only", action="store_true",
+                        help="link.json alone: link.md and link.png")
     args = parser.parse_args()
     out = args.out or args.results
     os.makedirs(out, exist_ok=True)
+    if args.link_only:
+        return link_only(args, out)
     results = load(args.results)
     report = Report()
     report.add("# Benchmark results", "", context_line(results), "")
@@ -987,6 +1079,8 @@ def main():
     report_zero(results, report)
     zero_memory = load_json(args.results, "zero_memory.json")
     report_zero_memory(zero_memory, report)
+    link = load_json(args.results, "link.json")
+    report_link(link, report)
     text = report.text()
     write_text(os.path.join(out, "summary.md"), text)
     print(text)
@@ -997,7 +1091,7 @@ def main():
             print("report.py: no figures: python3-matplotlib is not installed "
                   "(apt-get install python3-matplotlib, or ./kit setup)", file=sys.stderr)
             return 1
-        for path in plot(results, fits, out, hook_losses, zero_memory):
+        for path in plot(results, fits, out, hook_losses, zero_memory, link):
             print(f"report.py: wrote {path}")
     return 0
 

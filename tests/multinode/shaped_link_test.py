@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""bench/shaped_link.py: the rate holds, and nothing is left behind.
+
+    shaped_link_test.py
+
+  1. Three hosts at 100mbit: 4 MB sent over TCP from host 0 to host 1 and
+     from host 2 to host 0 (through the switch both ways) arrive at 70% to
+     110% of the rate (tbf counts the headers, the receiver only the
+     payload; unshaped, a veth carries gigabits per second here), and each
+     sender's tbf qdisc counted what it sent.
+  2. After a normal exit, after SIGTERM, after SIGHUP and after SIGINT to a
+     process holding a link with a process running on one of its hosts: no
+     namespace of the run is left (and with them no veth, bridge or qdisc),
+     no device of it appeared in the machine's own namespace, the process
+     on the host is gone, and the holder exited as a signal should
+     (128 + the signal; SIGINT: Python's KeyboardInterrupt).
+  3. A rate that is not one is refused with the reason.
+
+Exits 77 (SKIPPED) with the reason when namespaces cannot be made.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench")
+sys.path.insert(0, BENCH)
+import namespaces  # noqa: E402
+import shaped_link  # noqa: E402
+
+RATE = "100mbit"
+MEGABYTES = 4
+
+
+def fail(message):
+    print(f"FAIL: {message}")
+    namespaces.clean_stale()  # a holder that died without its handlers left its namespaces
+    sys.exit(1)
+
+
+def our_devices(tag):
+    """Devices of the machine's own namespace whose name has the run's tag."""
+    out = namespaces.run(["ip", "-o", "link", "show"]).stdout
+    return [line for line in out.splitlines() if tag in line]
+
+
+def check_gone(tag, what):
+    left = [n for n in namespaces.namespaces_now() if n.startswith(tag + "-")]
+    if left:
+        fail(f"{what}: namespaces left behind: {left}")
+    if our_devices(tag):
+        fail(f"{what}: devices left in the machine's namespace: {our_devices(tag)}")
+    print(f"ok: {what}: no namespace or device of {tag} left")
+
+
+def check_rate():
+    with shaped_link.ShapedLink(3, RATE) as link:
+        want = shaped_link.parse_rate(RATE)
+        for src, dst in ((0, 1), (2, 0)):
+            got = shaped_link.throughput(link, src, dst, MEGABYTES << 20)
+            print(f"host {src} -> host {dst}: {got / 1e6:.1f} Mbit/s on a {RATE} link")
+            if not 0.7 * want <= got <= 1.1 * want:
+                fail(f"host {src} -> {dst} ran at {got / 1e6:.1f} Mbit/s, not within 70% to "
+                     f"110% of {want / 1e6:.0f} Mbit/s: the link is not shaped as asked")
+            qdisc = link.qdisc(src)
+            if "tbf" not in qdisc or f" Sent 0 bytes" in qdisc:
+                fail(f"host {src}'s egress qdisc is not a tbf that sent the bytes:\n{qdisc}")
+        tag = link.tag
+        if our_devices(tag):
+            fail(f"the link put devices in the machine's own namespace: {our_devices(tag)}")
+    check_gone(tag, "after a normal exit")
+
+
+# A process that holds a link with `sleep` running on host 0, says so, and waits.
+HOLDER = f"""
+import subprocess, sys, time
+sys.path.insert(0, {BENCH!r})
+import shaped_link
+with shaped_link.ShapedLink(2, "1gbit") as link:
+    p = link.hosts[0].popen(["sleep", "1000"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    time.sleep(0.2)
+    print(link.tag, p.pid, flush=True)
+    time.sleep(1000)
+"""
+
+
+def check_signal(signum):
+    # Its stderr (SIGINT's KeyboardInterrupt traceback) is shown only on a failure.
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    line = holder.stdout.readline().split()
+    if len(line) != 2:
+        holder.kill()
+        fail(f"the holder did not start: {line}")
+    tag, sleeper = line[0], int(line[1])
+    holder.send_signal(signum)
+    try:
+        rc = holder.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        holder.kill()
+        fail(f"{signal.Signals(signum).name}: the holder did not exit within 30 s")
+    name = signal.Signals(signum).name
+    want = -signal.SIGINT if signum == signal.SIGINT else 128 + signum
+    if rc != want:
+        fail(f"{name}: the holder exited {rc}, not {want}: {holder.stderr.read()}")
+    time.sleep(0.1)
+    if os.path.exists(f"/proc/{sleeper}"):
+        with open(f"/proc/{sleeper}/stat") as f:
+            if f.read().split()[2] != "Z":
+                fail(f"{name}: the process on host 0 (pid {sleeper}) still runs")
+    check_gone(tag, f"after {name}")
+
+
+def main():
+    try:
+        shaped_link.parse_rate("fast")
+        fail("parse_rate('fast') was accepted")
+    except ValueError as e:
+        print(f"ok: a bad rate is refused: {e}")
+    try:
+        check_rate()
+    except namespaces.Unavailable as e:
+        print(f"SKIP: {e}")
+        sys.exit(namespaces.SKIP)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        check_signal(signum)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
