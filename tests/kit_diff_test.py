@@ -59,16 +59,18 @@ def main():
         if r.returncode != 0 or f"+++ solutions/{TOPIC}" not in r.stdout:
             fail("--anyway did not print the diff", r)
 
-        # One stub filled in, one left: still unfinished, naming only that one.
+        # One stub filled in, the others left: still unfinished, naming those.
         with open(os.path.join(exercise, "ddp.cc")) as f:
             text = f.read()
+        stubs = text.count("throw tp::NotImplemented(")
         first = text.index("throw tp::NotImplemented(")
         text = text[:first] + "return;  // (filled in)\n  //" + text[first:]
         with open(os.path.join(exercise, "ddp.cc"), "w") as f:
             f.write(text)
         r = kit(scratch, STAGE)
-        if r.returncode != 1 or "1 EXERCISE stub(s)" not in r.stderr:
-            fail("with one stub left the diff was not stopped, naming one stub", r)
+        if r.returncode != 1 or f"{stubs - 1} EXERCISE stub(s)" not in r.stderr:
+            fail(f"with {stubs - 1} of {stubs} stubs left the diff was not stopped, naming "
+                 f"them", r)
 
         # Finished: the solution's own files in the exercise's place.
         for name in os.listdir(os.path.join(root, "solutions", TOPIC)):

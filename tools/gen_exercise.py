@@ -233,12 +233,7 @@ def from_scratch_files(stage_dir):
     against = f"stage {os.path.basename(prev_dir).split('-', 1)[0]}" if prev_dir else "nothing"
     files = {}
     kept = []
-    for name in sorted(os.listdir(stage_dir)):
-        if not name.endswith((".h", ".cc")):
-            continue
-        path = os.path.join(stage_dir, name)
-        with open(path) as f:
-            text = f.read()
+    for name, path, text in stage_sources(stage_dir):
         shown = f"exercises/{topic}/{name}"
         stubs = 0
         if name.endswith(".cc"):
@@ -270,17 +265,21 @@ def from_scratch_files(stage_dir):
     return files, kept
 
 
+def stage_sources(stage_dir):
+    """(name, path, text) of each .h and .cc file of a stage, by name."""
+    for name in sorted(os.listdir(stage_dir)):
+        if name.endswith((".h", ".cc")):
+            path = os.path.join(stage_dir, name)
+            with open(path) as f:
+                yield name, path, f.read()
+
+
 def exercise_files(stage_dir):
     stage_dir = os.path.normpath(stage_dir)
     topic = os.path.basename(stage_dir)
     stage = topic.split("-", 1)[0]
     files = {}
-    for name in sorted(os.listdir(stage_dir)):
-        if not name.endswith((".h", ".cc")):
-            continue
-        path = os.path.join(stage_dir, name)
-        with open(path) as f:
-            text = f.read()
+    for name, path, text in stage_sources(stage_dir):
         body = generate(text, path, stage, f"exercises/{topic}/{name}")
         if name.endswith(".h") and "tp::NotImplemented(" in body:
             # The checker is compiled once against the solution's header and
