@@ -52,6 +52,12 @@ std::vector<Case> cases() {
   deep.deep_depth = 8;
   out.push_back({deep, {.bucket_cap_mb = 8.0 / 1024, .first_bucket_cap_mb = 2.0 / 1024},
                  "deep model, several tensors per bucket"});
+  // Two dtypes (MixedMLP: fc2 float64), as in stage 02's checker: float32's
+  // bucket [5, 4, 1, 0] and float64's [3, 2]; as views, too.
+  train::RunConfig mixed = small;
+  mixed.model_kind = train::ModelKind::Mixed;
+  out.push_back({mixed, kOneBucket, "mixed dtypes (fc2 float64): one bucket per dtype"});
+  out.push_back({mixed, as_view(kOneBucket), "mixed dtypes, gradient_as_bucket_view"});
   train::RunConfig buffered = small;
   buffered.model_kind = train::ModelKind::Buffered;
   out.push_back({buffered, kSeveral, "buffered model, 3 buckets"});
@@ -84,6 +90,13 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
         run, buckets.size(), "one per bucket",
         "launch each bucket's all-reduce exactly once per backward, when its last gradient "
         "arrives");
+  }
+  if (out.empty()) {
+    out = train::check_allreduce_sizes(
+        run, [&](int64_t) { return train::bucket_bytes(run.reference.final_params, buckets); },
+        tp::detail::cat("the ", buckets.size(), " buckets' parameters"),
+        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+        "and nothing else");
   }
   if (out.empty()) {
     out = train::check_launch_order(

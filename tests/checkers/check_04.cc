@@ -105,6 +105,13 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
         "gradient arrives, and none in a backward whose forward ran under no_sync");
   }
   if (out.empty()) {
+    out = train::check_allreduce_sizes(
+        run, [&](int64_t) { return train::bucket_bytes(run.reference.final_params, buckets); },
+        tp::detail::cat("the ", buckets.size(), " buckets' parameters"),
+        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+        "and nothing else");
+  }
+  if (out.empty()) {
     out = train::check_launch_order(
         run, buckets,
         "launch the buckets strictly in index order (bucket b only after 0 .. b-1), whatever "
