@@ -102,7 +102,9 @@ void DistributedDataParallel::assign_buckets() {
     const double cap = bucket.closed_one ? options_.bucket_cap_mb : options_.first_bucket_cap_mb;
     if (bucket.bytes >= cap_bytes(cap)) {
       close(std::move(bucket.params));
-      bucket = Open{.closed_one = true};
+      bucket.params.clear();  // a moved-from vector is valid but unspecified
+      bucket.bytes = 0;
+      bucket.closed_one = true;
     }
   }
   for (auto& [dtype, bucket] : open) {
@@ -170,7 +172,11 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] 
   Bucket& bucket = buckets_[at.bucket];
   Slot& slot = bucket.slots[at.slot];
   TP_CHECK(!slot.arrived, "stage03 DDP: parameter ", index, " (",
-           params_[static_cast<size_t>(index)].first, ") got its gradient twice in one backward");
+           params_[static_cast<size_t>(index)].first,
+           ") reached its bucket twice before the bucket was reduced: twice in one backward, "
+           "or the per-iteration state was not reset at the end of the last backward (each "
+           "slot's arrived flag, each bucket's pending count, the callback-queued flag: is "
+           "finish_backward queued in every backward, and does it reset them all?)");
   slot.arrived = true;
   const Tensor grad = param.grad();
   if (!grad.is_alias_of(bucket.flat)) {

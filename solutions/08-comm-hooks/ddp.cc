@@ -151,7 +151,9 @@ void DistributedDataParallel::assign_buckets(const std::vector<int64_t>& order) 
     const double cap = bucket.closed_one ? options_.bucket_cap_mb : options_.first_bucket_cap_mb;
     if (bucket.bytes >= cap_bytes(cap)) {
       close(std::move(bucket.params));
-      bucket = Open{.closed_one = true};
+      bucket.params.clear();  // a moved-from vector is valid but unspecified
+      bucket.bytes = 0;
+      bucket.closed_one = true;
     }
   }
   for (auto& [dtype, bucket] : open) {
