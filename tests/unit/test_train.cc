@@ -721,11 +721,11 @@ TEST_CASE("the bucket rule with two dtypes: an open bucket and a first cap per d
   // an unordered_map); the kit closes float32's first.
   const double mib = 1.0 / (1024 * 1024);
   train::Snapshot params = {
-      {"e", {16}, std::vector<double>(16), kFloat32},   // 64 B
-      {"d", {64}, std::vector<double>(64), kFloat64},   // 512 B
-      {"c", {32}, std::vector<double>(32), kFloat32},   // 128 B
-      {"b", {128}, std::vector<double>(128), kFloat64}, // 1024 B
-      {"a", {4}, std::vector<double>(4), kFloat32}};    // 16 B
+      {"e", {16}, std::vector<double>(16), tp::kFloat32},   // 64 B
+      {"d", {64}, std::vector<double>(64), tp::kFloat64},   // 512 B
+      {"c", {32}, std::vector<double>(32), tp::kFloat32},   // 128 B
+      {"b", {128}, std::vector<double>(128), tp::kFloat64}, // 1024 B
+      {"a", {4}, std::vector<double>(4), tp::kFloat32}};    // 16 B
   // a opens float32's bucket; b closes float64's first (1024 >= 100); c
   // closes float32's first (144 >= 100: its own first cap, not 1000); d and
   // e stay open under 1000 and close at the end, float32's first.
