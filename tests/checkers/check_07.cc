@@ -17,6 +17,7 @@
 
 #include "no_sync_scenarios.h"
 #include "scenario_models.h"
+#include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/data.h"
 #include "tensorplay/error.h"
 #include "tensorplay/ops.h"
@@ -281,20 +282,26 @@ train::Scenario static_graph_after_joining_first() {
             ddp.join([&] {  // rank 1 has no batch: it shadows rank 0's first two steps
               for (int s = 0; s < (rank == 0 ? 2 : 0); ++s) train_step(ddp, sgd, rank);
             });
+            // Compared inside the second join(): its end would make every
+            // replica the last joiner's and hide a difference.
+            std::string apart;
             ddp.join([&] {
-              for (int s = 0; s < 2; ++s) train_step(ddp, sgd, rank);
-            });
-            tp::NoGradGuard no_grad;
-            for (const tp::Tensor& p : ddp.parameters()) {
-              tp::Tensor rank0 = p.clone();
-              group->broadcast(rank0, /*root=*/0)->wait();
-              const double d = tp::max_abs_diff(rank0, p);
-              if (d != 0.0) {
-                return cat("rank ", rank, ": after a second join() epoch in which every rank "
-                           "trained, its parameters differ from rank 0's by ", d);
+              for (int s = 0; s < 2; ++s) {  // both ranks: the broadcasts pair
+                train_step(ddp, sgd, rank);
+                tp::NoGradGuard no_grad;
+                for (const tp::Tensor& p : ddp.parameters()) {
+                  tp::Tensor rank0 = p.clone();
+                  group->broadcast(rank0, /*root=*/0)->wait();
+                  const double d = tp::max_abs_diff(rank0, p);
+                  if (d != 0.0 && apart.empty()) {
+                    apart = cat("rank ", rank, ": in a second join() epoch in which every rank "
+                                "trains, after its step ", s, " its parameters differ from "
+                                "rank 0's by ", d);
+                  }
+                }
               }
-            }
-            return "";
+            });
+            return apart;
           },
           "a rank whose first synced iteration it shadowed keeps, under static_graph, the "
           "used-map counts that iteration's all-reduce returned (the active ranks' sum: its "
