@@ -448,6 +448,20 @@ class ToDeviceBackward : public autograd::Node {
   Device input_device_;
 };
 
+// Forward: out = input.to(dtype)   (the values converted, float32 <-> float64)
+// Backward: grad_input = grad_out.to(input's dtype)
+class ToDtypeBackward : public autograd::Node {
+ public:
+  explicit ToDtypeBackward(Dtype input_dtype) : input_dtype_(input_dtype) {}
+  std::string name() const override { return "ToDtypeBackward"; }
+  std::vector<Tensor> apply(const Tensor& grad_out) override {
+    return {grad_out.to(input_dtype_)};
+  }
+
+ private:
+  Dtype input_dtype_;
+};
+
 // Forward: out = input.clone()   (also contiguous() when it copies)
 // Backward: grad_input = grad_out   (a copy does not change values)
 class CloneBackward : public autograd::Node {
@@ -688,7 +702,12 @@ Tensor Tensor::detach() const {
 Tensor Tensor::to(Dtype dtype) const {
   const TensorImpl& t = checked(*this, "tp::Tensor::to");
   Tensor out = make_empty(t.shape, dtype, t.storage->device(), "tp::Tensor::to");
-  out.copy_(*this);
+  out.copy_(*this);  // copy_ records nothing
+  // Only between the dtypes ops compute in: nothing computes on a 16-bit
+  // result, so it needs no way back.
+  if (!is_16bit(t.dtype) && !is_16bit(dtype) && should_record(*this)) {
+    record(out, std::make_shared<ToDtypeBackward>(t.dtype), *this);
+  }
   return out;
 }
 

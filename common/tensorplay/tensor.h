@@ -257,10 +257,13 @@ class Tensor {
   Tensor clone() const;
   // Same storage, no autograd history, requires_grad false.
   Tensor detach() const;
-  // A contiguous copy converted to dtype, on the same device (not
-  // differentiable). Between any two dtypes; to a 16-bit one each value is
-  // rounded once, to nearest, ties to even (half.h), and a CUDA tensor
-  // cannot become 16-bit (the kit's CUDA path runs float32 and float64).
+  // A contiguous copy converted to dtype, on the same device. Between any
+  // two dtypes; to a 16-bit one each value is rounded once, to nearest, ties
+  // to even (half.h), and a CUDA tensor cannot become 16-bit (the kit's CUDA
+  // path runs float32 and float64). Differentiable between float32 and
+  // float64 (the gradient comes back converted to this tensor's dtype, as in
+  // PyTorch: how a model mixes the two, nn::MixedMLP); a 16-bit result
+  // records no history, since no op computes in 16 bits.
   Tensor to(Dtype dtype) const;
   // A contiguous copy on `device` (same dtype); *this itself when it already
   // lives there, as in PyTorch. Differentiable: the gradient goes back to

@@ -64,14 +64,18 @@ void DistributedDataParallel::broadcast_from_rank0() {
 // (never split a tensor); the first bucket's cap is first_bucket_cap_mb, the
 // others' bucket_cap_mb, in MiB truncated to whole bytes (as PyTorch does).
 // A bucket holds one dtype, since it is all-reduced as one flat tensor: each
-// dtype has its own open bucket. Whatever is left open at the end becomes
-// the last buckets. All ranks run this on the same shapes, so they agree on
-// the buckets without talking.
+// dtype has its own open bucket and its own caps (its first bucket gets
+// first_bucket_cap_mb), as PyTorch keys them by dtype and device. Buckets
+// are numbered in the order they close; whatever is left open at the end
+// becomes the last buckets, by dtype (float32 first; PyTorch leaves that
+// order unspecified). All ranks run this on the same shapes, so they agree
+// on the buckets without talking.
 void DistributedDataParallel::assign_buckets() {
   // EXERCISE: fill buckets_ following Note [Bucket assignment]. Give each
-  // bucket one flat 1-D tensor of its dtype, large enough for its
-  // parameters, and each parameter a Slot: its offset and length in the flat
-  // tensor and a view of those elements with the parameter's shape.
+  // bucket one flat 1-D tensor of its dtype, exactly as long as its
+  // parameters' elements, and each parameter a Slot: its offset and length
+  // in the flat tensor and a view of those elements with the parameter's
+  // shape.
   throw tp::NotImplemented("stage 02: DistributedDataParallel::assign_buckets is not implemented yet (exercises/02-bucketing/ddp.cc)");
 }
 

@@ -78,6 +78,7 @@ void DistributedDataParallel::assign_buckets() {
   struct Open {
     std::vector<int64_t> params;
     int64_t bytes = 0;
+    bool closed_one = false;  // this dtype has closed a bucket: the next gets bucket_cap_mb
   };
   std::map<tp::Dtype, Open> open;  // the bucket being filled, per dtype
   locations_.resize(params_.size());
@@ -105,10 +106,12 @@ void DistributedDataParallel::assign_buckets() {
     Open& bucket = open[param.dtype()];
     bucket.params.push_back(p);
     bucket.bytes += static_cast<int64_t>(param.nbytes());
-    const double cap = buckets_.empty() ? options_.first_bucket_cap_mb : options_.bucket_cap_mb;
+    const double cap = bucket.closed_one ? options_.bucket_cap_mb : options_.first_bucket_cap_mb;
     if (bucket.bytes >= cap_bytes(cap)) {
       close(std::move(bucket.params));
-      bucket = Open{};
+      bucket.params.clear();  // a moved-from vector is valid but unspecified
+      bucket.bytes = 0;
+      bucket.closed_one = true;
     }
   }
   for (auto& [dtype, bucket] : open) {

@@ -78,13 +78,14 @@ void DistributedDataParallel::broadcast_from_rank0() {
 // SAME FROM STAGE 06: bucket assignment in a given order
 // Note [Bucket assignment] is stage 02's (solutions/02-bucketing/ddp.cc): a
 // bucket closes once it holds at least its cap (first_bucket_cap_mb for the
-// first), one dtype per bucket. Here the parameters come in `order`: reverse
+// first of each dtype), one dtype per bucket. Here the parameters come in `order`: reverse
 // registration order at construction, the order their gradients became ready
 // after the first iteration (Note [Rebuilding the buckets]).
 void DistributedDataParallel::assign_buckets(const std::vector<int64_t>& order) {
   struct Open {
     std::vector<int64_t> params;
     int64_t bytes = 0;
+    bool closed_one = false;  // this dtype has closed a bucket: the next gets bucket_cap_mb
   };
   std::map<tp::Dtype, Open> open;  // the bucket being filled, per dtype
   locations_.resize(params_.size());
@@ -113,10 +114,12 @@ void DistributedDataParallel::assign_buckets(const std::vector<int64_t>& order) 
     Open& bucket = open[param.dtype()];
     bucket.params.push_back(p);
     bucket.bytes += static_cast<int64_t>(param.nbytes());
-    const double cap = buckets_.empty() ? options_.first_bucket_cap_mb : options_.bucket_cap_mb;
+    const double cap = bucket.closed_one ? options_.bucket_cap_mb : options_.first_bucket_cap_mb;
     if (bucket.bytes >= cap_bytes(cap)) {
       close(std::move(bucket.params));
-      bucket = Open{};
+      bucket.params.clear();  // a moved-from vector is valid but unspecified
+      bucket.bytes = 0;
+      bucket.closed_one = true;
     }
   }
   for (auto& [dtype, bucket] : open) {

@@ -62,18 +62,23 @@ void DistributedDataParallel::broadcast_from_rank0() {
 // (never split a tensor); the first bucket's cap is first_bucket_cap_mb, the
 // others' bucket_cap_mb, in MiB truncated to whole bytes (as PyTorch does).
 // A bucket holds one dtype, since it is all-reduced as one flat tensor: each
-// dtype has its own open bucket. Whatever is left open at the end becomes
-// the last buckets. All ranks run this on the same shapes, so they agree on
-// the buckets without talking.
+// dtype has its own open bucket and its own caps (its first bucket gets
+// first_bucket_cap_mb), as PyTorch keys them by dtype and device. Buckets
+// are numbered in the order they close; whatever is left open at the end
+// becomes the last buckets, by dtype (float32 first; PyTorch leaves that
+// order unspecified). All ranks run this on the same shapes, so they agree
+// on the buckets without talking.
 void DistributedDataParallel::assign_buckets() {
   // EXERCISE: fill buckets_ following Note [Bucket assignment]. Give each
-  // bucket one flat 1-D tensor of its dtype, large enough for its
-  // parameters, and each parameter a Slot: its offset and length in the flat
-  // tensor and a view of those elements with the parameter's shape.
+  // bucket one flat 1-D tensor of its dtype, exactly as long as its
+  // parameters' elements, and each parameter a Slot: its offset and length
+  // in the flat tensor and a view of those elements with the parameter's
+  // shape.
   // BEGIN SOLUTION
   struct Open {
     std::vector<int64_t> params;
     int64_t bytes = 0;
+    bool closed_one = false;  // this dtype has closed a bucket: the next gets bucket_cap_mb
   };
   std::map<tp::Dtype, Open> open;  // the bucket being filled, per dtype
   auto close = [&](std::vector<int64_t> members) {
@@ -98,10 +103,12 @@ void DistributedDataParallel::assign_buckets() {
     Open& bucket = open[param.dtype()];
     bucket.params.push_back(p);
     bucket.bytes += static_cast<int64_t>(param.nbytes());
-    const double cap = buckets_.empty() ? options_.first_bucket_cap_mb : options_.bucket_cap_mb;
+    const double cap = bucket.closed_one ? options_.bucket_cap_mb : options_.first_bucket_cap_mb;
     if (bucket.bytes >= cap_bytes(cap)) {
       close(std::move(bucket.params));
-      bucket = Open{};
+      bucket.params.clear();  // a moved-from vector is valid but unspecified
+      bucket.bytes = 0;
+      bucket.closed_one = true;
     }
   }
   for (auto& [dtype, bucket] : open) {

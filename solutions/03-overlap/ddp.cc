@@ -78,6 +78,7 @@ void DistributedDataParallel::assign_buckets() {
   struct Open {
     std::vector<int64_t> params;
     int64_t bytes = 0;
+    bool closed_one = false;  // this dtype has closed a bucket: the next gets bucket_cap_mb
   };
   std::map<tp::Dtype, Open> open;  // the bucket being filled, per dtype
   locations_.resize(params_.size());
@@ -105,10 +106,12 @@ void DistributedDataParallel::assign_buckets() {
     Open& bucket = open[param.dtype()];
     bucket.params.push_back(p);
     bucket.bytes += static_cast<int64_t>(param.nbytes());
-    const double cap = buckets_.empty() ? options_.first_bucket_cap_mb : options_.bucket_cap_mb;
+    const double cap = bucket.closed_one ? options_.bucket_cap_mb : options_.first_bucket_cap_mb;
     if (bucket.bytes >= cap_bytes(cap)) {
       close(std::move(bucket.params));
-      bucket = Open{};
+      bucket.params.clear();  // a moved-from vector is valid but unspecified
+      bucket.bytes = 0;
+      bucket.closed_one = true;
     }
   }
   for (auto& [dtype, bucket] : open) {
@@ -176,7 +179,11 @@ void DistributedDataParallel::on_gradient_ready(int64_t index, [[maybe_unused]] 
   Bucket& bucket = buckets_[at.bucket];
   Slot& slot = bucket.slots[at.slot];
   TP_CHECK(!slot.arrived, "stage03 DDP: parameter ", index, " (",
-           params_[static_cast<size_t>(index)].first, ") got its gradient twice in one backward");
+           params_[static_cast<size_t>(index)].first,
+           ") reached its bucket twice before the bucket was reduced: twice in one backward, "
+           "or the per-iteration state was not reset at the end of the last backward (each "
+           "slot's arrived flag, each bucket's pending count, the callback-queued flag: is "
+           "finish_backward queued in every backward, and does it reset them all?)");
   slot.arrived = true;
   const Tensor grad = param.grad();
   if (!grad.is_alias_of(bucket.flat)) {

@@ -50,6 +50,18 @@ std::vector<Case> cases() {
   deep.deep_depth = 8;
   out.push_back({deep, {.bucket_cap_mb = 8.0 / 1024, .first_bucket_cap_mb = 2.0 / 1024},
                  "deep model, several tensors per bucket"});
+  // Two dtypes (MixedMLP: fc2 in float64), in reverse registration order
+  // fc3.bias 16 B, fc3.weight 512 B (float32) | fc2.bias 256 B, fc2.weight
+  // 8192 B (float64) | fc1.bias 128 B, fc1.weight 2048 B (float32). One
+  // bucket per dtype, never one for both: with the default caps, float32's
+  // [5, 4, 1, 0] and float64's [3, 2]. Each dtype's first bucket gets the
+  // first cap: with 200 B and then 10000 B, float32 closes [5, 4] at 528 B
+  // and float64 [3] at 256 B; [1, 0] and [2] stay open to the end.
+  train::RunConfig mixed = small;
+  mixed.model_kind = train::ModelKind::Mixed;
+  out.push_back({mixed, kOneBucket, "mixed dtypes (fc2 float64): one bucket per dtype"});
+  out.push_back({mixed, {.bucket_cap_mb = 10000.0 / (1 << 20), .first_bucket_cap_mb = 200.0 / (1 << 20)},
+                 "mixed dtypes: each dtype's first bucket gets the first cap (200 B, 10000 B)"});
   train::RunConfig buffered = small;
   buffered.model_kind = train::ModelKind::Buffered;
   out.push_back({buffered, kSeveral, "buffered model, 3 buckets"});
@@ -87,13 +99,21 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
     out = train::check_buckets(run, buckets,
                                "walk the parameters from the last to the first and close a bucket "
                                "once it holds at least its cap (first_bucket_cap_mb for the "
-                               "first bucket, bucket_cap_mb after), Note [Bucket assignment]");
+                               "first bucket of each dtype, bucket_cap_mb after), Note [Bucket "
+                               "assignment]");
   }
   if (out.empty()) {
     out = train::check_allreduces_per_step(
         run, buckets.size(), "one per bucket",
         "sync_grads must all-reduce each bucket's flat tensor once per step: no bucket skipped, "
         "none twice, no per-parameter all-reduce");
+  }
+  if (out.empty()) {
+    out = train::check_allreduce_sizes(
+        run, [&](int64_t) { return train::bucket_bytes(run.reference.final_params, buckets); },
+        tp::detail::cat("the ", buckets.size(), " buckets' parameters"),
+        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+        "and nothing else");
   }
   if (out.empty()) {
     out = train::check_quiet_until_last_micro_batch(

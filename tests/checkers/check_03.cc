@@ -61,6 +61,14 @@ std::vector<Case> cases() {
   train::RunConfig reordered = small;
   reordered.model_kind = train::ModelKind::Reordered;
   out.push_back({reordered, kPerParameter, "reordered model: buckets complete out of order"});
+  // Two dtypes (MixedMLP: fc2 float64), as in stage 02's checker: float32's
+  // bucket [5, 4, 1, 0] and float64's [3, 2]; as views, too. (float64's
+  // completes first and must still wait for float32's: after the reordered
+  // case, which names that bug on a model of one dtype.)
+  train::RunConfig mixed = small;
+  mixed.model_kind = train::ModelKind::Mixed;
+  out.push_back({mixed, kOneBucket, "mixed dtypes (fc2 float64): one bucket per dtype"});
+  out.push_back({mixed, as_view(kOneBucket), "mixed dtypes, gradient_as_bucket_view"});
   for (Case& c : out) c.config.trace = true;
   return out;
 }
@@ -84,6 +92,13 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
         run, buckets.size(), "one per bucket",
         "launch each bucket's all-reduce exactly once per backward, when its last gradient "
         "arrives");
+  }
+  if (out.empty()) {
+    out = train::check_allreduce_sizes(
+        run, [&](int64_t) { return train::bucket_bytes(run.reference.final_params, buckets); },
+        tp::detail::cat("the ", buckets.size(), " buckets' parameters"),
+        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+        "and nothing else");
   }
   if (out.empty()) {
     out = train::check_launch_order(

@@ -96,6 +96,28 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
              "its forward nor in its hooks, which leave the gradient in .grad and return (Note "
              "[Decided at forward])");
   }
+  // A synced micro-batch that all-reduced nothing at all: the hooks never
+  // launched, which is what they must do when the forward recorded "do not
+  // sync". With accumulation a guard was alive just before, so the finding
+  // names the recorded flag and the guard first, then the hooks.
+  for (const train::RankResult& r : run.ranks) {
+    if (!out.empty() || k == 1) break;
+    for (int64_t i = k - 1; i < train::micro_batches_of(run.config, r.rank); i += k) {
+      const auto at = static_cast<size_t>(i);
+      if (at >= r.allreduces_per_micro.size() || r.allreduces_per_micro[at] != 0) continue;
+      out.push_back(
+          {tp::detail::cat("rank ", r.rank, ", step ", i / k, " (micro-batch ", i,
+                           "): counted 0 all-reduces in the step's last micro-batch, run after "
+                           "the no_sync guard of the ones before it was destroyed; expected ",
+                           buckets.size(), " (one per bucket)"),
+           "the whole backward stayed quiet, as a backward whose forward recorded \"do not "
+           "sync\" must: does the no_sync guard restore, when destroyed, "
+           "require_backward_grad_sync_ as it found it (read before the guard changes it), and "
+           "does forward() record the flag as it is now (Note [Decided at forward])? If the "
+           "flag was right, the hooks of a synced backward launched nothing"});
+      break;
+    }
+  }
   if (out.empty()) {
     out = train::check_counts_per_micro(
         run, train::Collective::AllReduce,
@@ -103,6 +125,13 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
         "one per bucket in the step's last micro-batch, none in the others",
         "launch each bucket's all-reduce exactly once per synced backward, when its last "
         "gradient arrives, and none in a backward whose forward ran under no_sync");
+  }
+  if (out.empty()) {
+    out = train::check_allreduce_sizes(
+        run, [&](int64_t) { return train::bucket_bytes(run.reference.final_params, buckets); },
+        tp::detail::cat("the ", buckets.size(), " buckets' parameters"),
+        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+        "and nothing else");
   }
   if (out.empty()) {
     out = train::check_launch_order(

@@ -179,6 +179,18 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
                     : "launch each bucket's all-reduce exactly once per synced backward");
   }
   if (out.empty()) {
+    out = train::check_allreduce_sizes(
+        run,
+        [&](int64_t) {
+          std::vector<int64_t> bytes = train::bucket_bytes(run.reference.final_params, buckets);
+          bytes.insert(bytes.end(), used_map_bytes.begin(), used_map_bytes.end());
+          return bytes;
+        },
+        cat("the ", buckets.size(), " buckets' parameters", find_unused ? " and the used-map" : ""),
+        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+        "and, with find_unused_parameters, the used-map (one float per parameter)");
+  }
+  if (out.empty()) {
     out = train::check_launch_order(
         run, buckets,
         "launch the buckets strictly in index order, then the used-map (Note [Overlap], Note "

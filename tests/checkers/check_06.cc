@@ -206,6 +206,20 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
       }
     }
   }
+  if (out.empty()) {
+    out = train::check_allreduce_sizes(
+        run,
+        [&](int64_t step) {
+          std::vector<int64_t> bytes =
+              train::bucket_bytes(run.reference.final_params, step == 0 ? initial : final_buckets);
+          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+          if (used_map) bytes.push_back(static_cast<int64_t>(run.num_params() * sizeof(float)));
+          return bytes;
+        },
+        "the step's buckets' parameters (and the used-map, where the step has one)",
+        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+        "and the used-map (one float per parameter) where the step needs one");
+  }
   // The launch order, where one bucket list and one trailing used-map hold
   // for every step (not with static_graph, whose first step alone carries a
   // used-map, nor where the rebuild changed the buckets).

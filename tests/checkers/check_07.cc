@@ -17,6 +17,7 @@
 
 #include "no_sync_scenarios.h"
 #include "scenario_models.h"
+#include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/data.h"
 #include "tensorplay/error.h"
 #include "tensorplay/ops.h"
@@ -144,6 +145,22 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
     }
   }
   if (out.empty()) {
+    out = train::check_allreduce_sizes(
+        run,
+        [&](int64_t step) {
+          std::vector<int64_t> bytes = train::bucket_bytes(
+              run.reference.final_params, step == 0 ? initial : run.ranks[0].buckets);
+          bytes.push_back(4);  // the notify: one float32
+          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+          if (used_map) bytes.push_back(static_cast<int64_t>(run.num_params() * sizeof(float)));
+          return bytes;
+        },
+        "the notify (4 bytes), the step's buckets' parameters and the used-map where the step "
+        "has one",
+        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+        "besides the notify's one float and the used-map's one float per parameter");
+  }
+  if (out.empty()) {
     out = train::check_synced_when_backward_returns(
         run, "wait for every bucket in the end-of-backward callback");
   }
@@ -248,6 +265,50 @@ train::Scenario join_twice_then_train() {
           "path out; outside join() every rank trains, so both divisors are the world size"};
 }
 
+// A rank whose first synced iteration is a shadowed one records the first
+// iteration's used-map from the all-reduce it shadowed (the active ranks'
+// counts); trained again later under static_graph, it reuses those counts.
+// Counts of zero would leave its gradients un-averaged, its replica apart.
+train::Scenario static_graph_after_joining_first() {
+  return {"static_graph: rank 1 joins before its first synced step, then every rank trains "
+          "again: the replicas stay equal",
+          2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            Options options = kSeveral;
+            options.static_graph = true;
+            DDP ddp(train::make_model({}), group, options);
+            tp::optim::SGD sgd(ddp.parameters(), {.lr = 0.05});
+            ddp.join([&] {  // rank 1 has no batch: it shadows rank 0's first two steps
+              for (int s = 0; s < (rank == 0 ? 2 : 0); ++s) train_step(ddp, sgd, rank);
+            });
+            // Compared inside the second join(): its end would make every
+            // replica the last joiner's and hide a difference.
+            std::string apart;
+            ddp.join([&] {
+              for (int s = 0; s < 2; ++s) {  // both ranks: the broadcasts pair
+                train_step(ddp, sgd, rank);
+                tp::NoGradGuard no_grad;
+                for (const tp::Tensor& p : ddp.parameters()) {
+                  tp::Tensor rank0 = p.clone();
+                  group->broadcast(rank0, /*root=*/0)->wait();
+                  const double d = tp::max_abs_diff(rank0, p);
+                  if (d != 0.0 && apart.empty()) {
+                    apart = cat("rank ", rank, ": in a second join() epoch in which every rank "
+                                "trains, after its step ", s, " its parameters differ from "
+                                "rank 0's by ", d);
+                  }
+                }
+              }
+            });
+            return apart;
+          },
+          "a rank whose first synced iteration it shadowed keeps, under static_graph, the "
+          "used-map counts that iteration's all-reduce returned (the active ranks' sum: its "
+          "own contribution is zeros, the result is not), and reuses them when it trains "
+          "again (Note [Static graph], Note [Join])"};
+}
+
 train::Scenario divisor_outside_join() {
   return {"outside join(), divide_by_initial_world_size = false averages over the world size",
           2,
@@ -285,7 +346,8 @@ int main(int argc, char** argv) {
   spec.stage_checks = stage_checks;
   spec.scenarios = no_sync_scenarios::all<DDP>(/*first_sync_extra=*/1);  // the rebuild's broadcast
   for (train::Scenario scenario : {early_termination(), even_inputs_do_not_throw(),
-                                   divisor_outside_join(), join_twice_then_train()}) {
+                                   divisor_outside_join(), join_twice_then_train(),
+                                   static_graph_after_joining_first()}) {
     spec.scenarios.push_back(std::move(scenario));
   }
   return train::run_checker<DDP>(argc, argv, spec);

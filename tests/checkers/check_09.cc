@@ -441,6 +441,25 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
               "bucket rebuild's order (stage 06)");
   }
   if (out.empty()) {
+    out = train::check_allreduce_sizes(
+        run,
+        [&](int64_t step) {
+          std::vector<int64_t> bytes;
+          if (!o.reduce_scatter) {
+            bytes = train::bucket_bytes(run.reference.final_params,
+                                        step == 0 ? initial : run.ranks[0].buckets);
+          }
+          bytes.push_back(4);  // the notify: one float32
+          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+          if (used_map) bytes.push_back(static_cast<int64_t>(run.num_params() * sizeof(float)));
+          return bytes;
+        },
+        "the notify (4 bytes), the step's buckets' parameters and the used-map where the step "
+        "has one",
+        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+        "besides the notify's one float and the used-map's one float per parameter");
+  }
+  if (out.empty()) {
     out = train::check_synced_when_backward_returns(
         run, "wait for every bucket in the end-of-backward callback");
   }

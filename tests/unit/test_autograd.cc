@@ -760,3 +760,15 @@ TEST_CASE("with tracing off, backward records nothing") {
   mlp.loss().backward();
   CHECK(tp::trace::events().empty());
 }
+
+TEST_CASE("to(dtype) between float32 and float64 is differentiable; to a 16-bit dtype it is not") {
+  Tensor x = tp::tensor({1.0, 2.0, 3.0}, {3}, tp::kFloat32).requires_grad_();
+  Tensor y = x.to(tp::kFloat64);
+  REQUIRE(y.grad_fn() != nullptr);
+  CHECK(y.grad_fn()->name() == "ToDtypeBackward");
+  tp::sum(tp::mul(y, y)).backward();  // d/dx sum(x^2) = 2x, computed in float64
+  REQUIRE(x.grad().defined());
+  CHECK(x.grad().dtype() == tp::kFloat32);  // back in x's dtype
+  CHECK(x.grad().to_vector() == Values{2.0, 4.0, 6.0});
+  CHECK(x.to(tp::kFloat16).grad_fn() == nullptr);
+}

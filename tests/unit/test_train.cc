@@ -704,14 +704,36 @@ TEST_CASE("the bucket rule: reverse order, caps in MiB, a bucket overshoots by i
   const double mib = 1.0 / (1024 * 1024);  // one byte, in MiB
   // First bucket capped at 10 bytes: d (4) + c (12) = 16 >= 10 closes it;
   // then b (8) + a (16) = 24 >= 20 closes the second.
-  CHECK(train::expected_buckets(params, 4, 20 * mib, 10 * mib) ==
+  CHECK(train::expected_buckets(params, 20 * mib, 10 * mib) ==
         std::vector<std::vector<int64_t>>{{3, 2}, {1, 0}});
   // One large cap: one bucket, in reverse order.
-  CHECK(train::expected_buckets(params, 4, 25, 25) ==
+  CHECK(train::expected_buckets(params, 25, 25) ==
         std::vector<std::vector<int64_t>>{{3, 2, 1, 0}});
   // A tiny cap: one bucket per parameter.
-  CHECK(train::expected_buckets(params, 4, mib, mib) ==
+  CHECK(train::expected_buckets(params, mib, mib) ==
         std::vector<std::vector<int64_t>>{{3}, {2}, {1}, {0}});
+}
+
+TEST_CASE("the bucket rule with two dtypes: an open bucket and a first cap per dtype") {
+  // Registration order e, d, c, b, a: walked a, b, c, d, e. The same tensors
+  // given to PyTorch 1.13's dist._compute_bucket_assignment_by_size with caps
+  // [100, 1000] bytes and tensor_indices [0..4] (a rebuild: no sorting) give
+  // [[1], [0, 2], [3], [4]] in walk positions: b, then a + c, then the two
+  // left open, d and e, in an order PyTorch leaves unspecified (it iterates
+  // an unordered_map); the kit closes float32's first.
+  const double mib = 1.0 / (1024 * 1024);
+  train::Snapshot params = {
+      {"e", {16}, std::vector<double>(16), tp::kFloat32},   // 64 B
+      {"d", {64}, std::vector<double>(64), tp::kFloat64},   // 512 B
+      {"c", {32}, std::vector<double>(32), tp::kFloat32},   // 128 B
+      {"b", {128}, std::vector<double>(128), tp::kFloat64}, // 1024 B
+      {"a", {4}, std::vector<double>(4), tp::kFloat32}};    // 16 B
+  // a opens float32's bucket; b closes float64's first (1024 >= 100); c
+  // closes float32's first (144 >= 100: its own first cap, not 1000); d and
+  // e stay open under 1000 and close at the end, float32's first.
+  CHECK(train::expected_buckets(params, 1000 * mib, 100 * mib) ==
+        std::vector<std::vector<int64_t>>{{3}, {4, 2}, {0}, {1}});
+  CHECK(train::bucket_bytes(params, {{3}, {4, 2}, {0}, {1}}) == std::vector<int64_t>{1024, 144, 64, 512});
 }
 
 // ---- order on the trace -------------------------------------------------------------

@@ -135,6 +135,23 @@ Tensor ReorderedMLP::forward(const Tensor& input) {
   return fc3->forward(h);
 }
 
+// ---- MixedMLP -------------------------------------------------------------------
+
+MixedMLP::MixedMLP(MiniMLPOptions options) {
+  const int64_t in = options.in_features, hidden = options.hidden, out = options.out_features;
+  const Dtype other = options.dtype == kFloat32 ? kFloat64 : kFloat32;
+  fc1 = register_module("fc1", std::make_shared<Linear>(in, hidden, true, options.dtype));
+  fc2 = register_module("fc2", std::make_shared<Linear>(hidden, hidden, true, other));
+  fc3 = register_module("fc3", std::make_shared<Linear>(hidden, out, true, options.dtype));
+}
+
+// x is (B, in) -> fc1 (B, hidden) -> [fc2's dtype] fc2 (B, hidden) -> [back] fc3 (B, out).
+Tensor MixedMLP::forward(const Tensor& input) {
+  Tensor h = fc1->forward(input).relu();
+  h = fc2->forward(h.to(fc2->weight.dtype())).relu();
+  return fc3->forward(h.to(input.dtype()));
+}
+
 // ---- deep_mlp -------------------------------------------------------------------
 
 std::shared_ptr<Sequential> deep_mlp(int64_t in_features, int64_t width, int64_t depth,

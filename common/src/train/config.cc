@@ -17,6 +17,7 @@ std::string to_string(ModelKind kind) {
     case ModelKind::Buffered: return "BufferedMLP";
     case ModelKind::Reordered: return "ReorderedMLP";
     case ModelKind::Deep: return "deep MLP";
+    case ModelKind::Mixed: return "MixedMLP";
   }
   return "unknown model";
 }
@@ -171,6 +172,7 @@ std::shared_ptr<nn::Module> make_model(const RunConfig& config) {
     case ModelKind::Branchy: return std::make_shared<nn::BranchyMLP>(model_options(config));
     case ModelKind::Buffered: return std::make_shared<nn::BufferedMLP>(model_options(config));
     case ModelKind::Reordered: return std::make_shared<nn::ReorderedMLP>(model_options(config));
+    case ModelKind::Mixed: return std::make_shared<nn::MixedMLP>(model_options(config));
     case ModelKind::Deep: {
       const nn::MiniMLPOptions o = model_options(config);
       return nn::deep_mlp(o.in_features, o.hidden, config.deep_depth, o.out_features, o.dtype);

@@ -2,6 +2,7 @@
 #include "tensorplay/train/predicates.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -531,16 +532,7 @@ std::vector<Finding> check_launch_order(const CaseRun& run,
                                         const std::vector<std::vector<int64_t>>& buckets,
                                         const std::string& cause,
                                         const std::vector<int64_t>& trailing_bytes) {
-  std::vector<int64_t> bytes;  // of each bucket, in bucket order
-  const size_t element = element_size(run.config.dtype);
-  for (const std::vector<int64_t>& bucket : buckets) {
-    int64_t b = 0;
-    for (int64_t p : bucket) {
-      b += static_cast<int64_t>(run.reference.final_params[static_cast<size_t>(p)].values.size() *
-                                element);
-    }
-    bytes.push_back(b);
-  }
+  std::vector<int64_t> bytes = bucket_bytes(run.reference.final_params, buckets);
   bytes.insert(bytes.end(), trailing_bytes.begin(), trailing_bytes.end());
   for (const RankResult& r : run.ranks) {
     std::vector<StepEvents> steps;
@@ -646,8 +638,28 @@ std::vector<Finding> check_launched_before_first_wait(const CaseRun& run,
   return {};
 }
 
-std::vector<std::vector<int64_t>> expected_buckets(const Snapshot& params, size_t element_size,
-                                                   double bucket_cap_mb,
+uint64_t bytes_of(const ParamValues& param) {
+  return param.values.size() * element_size(param.dtype);
+}
+
+std::vector<int64_t> bucket_bytes(const Snapshot& params,
+                                  const std::vector<std::vector<int64_t>>& buckets) {
+  std::vector<int64_t> out;
+  for (const std::vector<int64_t>& bucket : buckets) {
+    int64_t bytes = 0;
+    for (int64_t p : bucket) {
+      // An index out of range (a stage's bucket list gone wrong) is
+      // check_buckets' to report; it holds no bytes here.
+      if (p >= 0 && static_cast<size_t>(p) < params.size()) {
+        bytes += static_cast<int64_t>(bytes_of(params[static_cast<size_t>(p)]));
+      }
+    }
+    out.push_back(bytes);
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> expected_buckets(const Snapshot& params, double bucket_cap_mb,
                                                    double first_bucket_cap_mb,
                                                    const std::vector<int64_t>& order) {
   // Caps in whole bytes, as PyTorch computes them: int(cap_mb * 1024 * 1024).
@@ -656,34 +668,114 @@ std::vector<std::vector<int64_t>> expected_buckets(const Snapshot& params, size_
   if (in_order.empty()) {  // reverse registration order
     for (auto p = static_cast<int64_t>(params.size()) - 1; p >= 0; --p) in_order.push_back(p);
   }
+  // Per dtype, as PyTorch's compute_bucket_assignment_by_size keys them: the
+  // bucket being filled, and whether one of that dtype has closed already
+  // (its first bucket gets first_bucket_cap_mb).
+  struct Open {
+    std::vector<int64_t> params;
+    uint64_t bytes = 0;
+    bool closed_one = false;
+  };
+  std::map<Dtype, Open> open;
   std::vector<std::vector<int64_t>> buckets;
-  std::vector<int64_t> open;
-  uint64_t bytes = 0;
   for (int64_t p : in_order) {
-    open.push_back(p);
-    bytes += params[static_cast<size_t>(p)].values.size() * element_size;
-    if (bytes >= cap_bytes(buckets.empty() ? first_bucket_cap_mb : bucket_cap_mb)) {
-      buckets.push_back(std::move(open));
-      open.clear();
-      bytes = 0;
+    const ParamValues& param = params[static_cast<size_t>(p)];
+    Open& bucket = open[param.dtype];
+    bucket.params.push_back(p);
+    bucket.bytes += bytes_of(param);
+    if (bucket.bytes >= cap_bytes(bucket.closed_one ? bucket_cap_mb : first_bucket_cap_mb)) {
+      buckets.push_back(std::move(bucket.params));
+      bucket.params.clear();
+      bucket.bytes = 0;
+      bucket.closed_one = true;
     }
   }
-  if (!open.empty()) buckets.push_back(std::move(open));
+  // The buckets still open, by dtype (float32 before float64).
+  for (auto& [dtype, bucket] : open) {
+    if (!bucket.params.empty()) buckets.push_back(std::move(bucket.params));
+  }
   return buckets;
 }
 
 std::vector<std::vector<int64_t>> expected_buckets(const CaseRun& run, double bucket_cap_mb,
                                                    double first_bucket_cap_mb,
                                                    const std::vector<int64_t>& order) {
-  return expected_buckets(run.reference.final_params, element_size(run.config.dtype),
-                          bucket_cap_mb, first_bucket_cap_mb, order);
+  return expected_buckets(run.reference.final_params, bucket_cap_mb, first_bucket_cap_mb, order);
+}
+
+std::vector<Finding> check_allreduce_sizes(
+    const CaseRun& run, const std::function<std::vector<int64_t>(int64_t step)>& expected,
+    const std::string& what, const std::string& cause) {
+  for (const RankResult& r : run.ranks) {
+    std::vector<StepEvents> steps;
+    if (std::vector<Finding> missing = traced_steps(run, r, steps); !missing.empty()) return missing;
+    for (const StepEvents& s : steps) {
+      std::vector<int64_t> want = expected(s.step);
+      std::multiset<int64_t> left(want.begin(), want.end());
+      std::vector<int64_t> carried;  // in queue order
+      const AllReduce* stray = nullptr;  // the first that matches nothing left
+      for (const AllReduce& a : s.allreduces) {
+        const int64_t bytes = arg_of(*a.queued, "bytes");
+        carried.push_back(bytes);
+        if (const auto found = left.find(bytes); found != left.end()) {
+          left.erase(found);
+        } else if (stray == nullptr) {
+          stray = &a;
+        }
+      }
+      if (stray == nullptr && left.empty()) continue;
+      std::sort(want.begin(), want.end());
+      std::string fact = cat("rank ", r.rank, ", step ", s.step, ": the all-reduces carried ",
+                             list(carried), " bytes, in the order launched; ", what, " hold ",
+                             list(want), " (in any order)");
+      if (stray == nullptr) return {{fact, cause}};
+      // A flat tensor with an element per byte of its parameters: right
+      // numbers, element_size times the data on the wire.
+      const int64_t got = arg_of(*stray->queued, "bytes");
+      for (const int64_t bucket : want) {
+        for (const int64_t factor : {4, 8, 2}) {
+          if (bucket * factor != got) continue;
+          return {{cat(fact, ". All-reduce #", seq_of(*stray->queued), " carried ", got,
+                       " bytes, ", factor, " times the ", bucket, " bytes its tensors hold"),
+                   cat("is a bucket's flat tensor sized in bytes instead of elements? Give it "
+                       "the sum of its parameters' numel(), not of their nbytes(): the averages "
+                       "come out right either way, but every all-reduce then moves ", factor,
+                       "x the data it needs")}};
+        }
+      }
+      return {{cat(fact, ". All-reduce #", seq_of(*stray->queued), " carried ", got,
+                   " bytes, which nothing there holds"),
+               cause}};
+    }
+  }
+  return {};
 }
 
 std::vector<Finding> check_buckets(const CaseRun& run,
                                    const std::vector<std::vector<int64_t>>& expected,
                                    const std::string& cause) {
+  const Snapshot& params = run.reference.final_params;
   for (const RankResult& r : run.ranks) {
     if (r.buckets == expected) continue;
+    // One bucket, one flat tensor, one dtype: a bucket that mixes them says
+    // why before the rule's lists do.
+    for (size_t b = 0; b < r.buckets.size(); ++b) {
+      std::map<Dtype, std::string> names;  // a parameter of each dtype in the bucket
+      for (int64_t p : r.buckets[b]) {
+        if (p < 0 || static_cast<size_t>(p) >= params.size()) continue;
+        names.emplace(params[static_cast<size_t>(p)].dtype, params[static_cast<size_t>(p)].name);
+      }
+      if (names.size() < 2) continue;
+      const auto& [dtype_a, name_a] = *names.begin();
+      const auto& [dtype_b, name_b] = *std::next(names.begin());
+      return {{cat("rank ", r.rank, "'s bucket ", b, " holds parameters of different dtypes: ",
+                   name_a, " (", to_string(dtype_a), ") and ", name_b, " (", to_string(dtype_b),
+                   "); its buckets are ", buckets_text(r.buckets), ", the rule gives ",
+                   buckets_text(expected)),
+               "a bucket is all-reduced as one flat tensor of one dtype: keep one open bucket "
+               "per dtype, each with its own caps (the first bucket of each dtype gets "
+               "first_bucket_cap_mb), as PyTorch does (Note [Bucket assignment])"}};
+    }
     return {{cat("rank ", r.rank, "'s buckets (parameter indices, in bucket order) are ",
                  buckets_text(r.buckets), "; the rule gives ", buckets_text(expected)),
              cause}};

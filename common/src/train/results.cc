@@ -17,7 +17,7 @@ Snapshot snapshot(const std::vector<nn::NamedTensor>& named) {
   Snapshot out;
   out.reserve(named.size());
   for (const auto& [name, tensor] : named) {
-    out.push_back({name, tensor.shape(), tensor.to_vector()});
+    out.push_back({name, tensor.shape(), tensor.to_vector(), tensor.dtype()});
   }
   return out;
 }
@@ -88,7 +88,10 @@ using Json = nlohmann::json;
 Json snapshot_json(const Snapshot& snap) {
   Json out = Json::array();
   for (const ParamValues& p : snap) {
-    out.push_back({{"name", p.name}, {"shape", p.shape}, {"values", p.values}});
+    out.push_back({{"name", p.name},
+                   {"shape", p.shape},
+                   {"values", p.values},
+                   {"dtype", static_cast<int>(p.dtype)}});
   }
   return out;
 }
@@ -97,7 +100,8 @@ Snapshot snapshot_from(const Json& j) {
   Snapshot out;
   for (const Json& p : j) {
     out.push_back({p.at("name").get<std::string>(), p.at("shape").get<Shape>(),
-                   p.at("values").get<std::vector<double>>()});
+                   p.at("values").get<std::vector<double>>(),
+                   static_cast<Dtype>(p.at("dtype").get<int>())});
   }
   return out;
 }

@@ -144,6 +144,22 @@ class ReorderedMLP : public Module {
   std::shared_ptr<Linear> fc2, fc1, fc3;
 };
 
+// MiniMLP with its middle layer in the other dtype: fc1 and fc3 in
+// options.dtype, fc2 in float64 when that is float32 (and in float32 when it
+// is float64); forward converts to fc2's dtype before it and back after it
+// (Tensor::to, differentiable). The model whose gradients come in two dtypes,
+// so DDP needs a bucket per dtype (PyTorch's buckets are keyed by dtype and
+// device), as mixed precision needs with 16-bit layers. Parameters and shapes
+// as MiniMLP: fc1.weight, fc1.bias, fc2.weight, fc2.bias, fc3.weight,
+// fc3.bias.
+class MixedMLP : public Module {
+ public:
+  explicit MixedMLP(MiniMLPOptions options = {});
+  Tensor forward(const Tensor& input) override;
+
+  std::shared_ptr<Linear> fc1, fc2, fc3;
+};
+
 // depth Linear layers of width `width` with ReLU between them, then a Linear
 // to out_features: Linear(in, width), ReLU, [Linear(width, width), ReLU] x
 // (depth - 1), Linear(width, out). 2 * (depth + 1) parameter tensors.

@@ -49,6 +49,8 @@ enum class ModelKind {
              // gradients become ready out of reverse registration order
   Deep,      // deep_mlp(in, hidden, deep_depth, out): many parameter tensors, for
              // buckets holding several tensors and for overlap you can see
+  Mixed,     // MixedMLP: MiniMLP with fc2 in the other dtype (float64 in a float32
+             // plan), so buckets must be one per dtype
 };
 std::string to_string(ModelKind kind);
 

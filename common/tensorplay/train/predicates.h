@@ -142,31 +142,51 @@ std::vector<Finding> check_grad_storage(const CaseRun& run,
 std::vector<Finding> check_grad_copies(const CaseRun& run, const std::string& cause);
 
 // The bucket rule (stage 02 on): parameters in reverse registration order,
-// the order their gradients become ready; a bucket closes once it holds at
-// least its cap of bytes (so it may overshoot by its last tensor); the first
-// bucket's cap is first_bucket_cap_mb, the others' bucket_cap_mb (MiB,
-// truncated to whole bytes). All kit models have one dtype, so one dtype
-// per bucket holds by construction. Returns the parameter indices of each
-// bucket in bucket order, each bucket's in the order they were added. This
-// is PyTorch's rule once it has rebuilt its buckets in gradient-ready order
-// after the first iteration (its very first assignment fills buckets in
-// registration order and reverses the list, so there the small bucket goes
-// last). A non-empty `order` replaces reverse registration order: the
-// parameters in the order a stage rebuilds its buckets in (stage 06).
-std::vector<std::vector<int64_t>> expected_buckets(const Snapshot& params, size_t element_size,
-                                                   double bucket_cap_mb,
+// the order their gradients become ready; each dtype has its own open
+// bucket (a bucket is one flat tensor of one dtype), which closes once it
+// holds at least its cap of bytes (so it may overshoot by its last tensor);
+// each dtype's first bucket's cap is first_bucket_cap_mb, its later ones'
+// bucket_cap_mb (MiB, truncated to whole bytes). Buckets are listed in the
+// order they close; those still open at the end follow, by dtype (float32
+// before float64). Returns the parameter indices of each bucket, each
+// bucket's in the order they were added. This is PyTorch's
+// compute_bucket_assignment_by_size once it has rebuilt its buckets in
+// gradient-ready order after the first iteration (it keys the open buckets
+// by dtype and device and leaves the order of the ones still open at the
+// end unspecified; its very first assignment fills buckets in registration
+// order and reverses the list, so there the small bucket goes last). A
+// non-empty `order` replaces reverse registration order: the parameters in
+// the order a stage rebuilds its buckets in (stage 06).
+std::vector<std::vector<int64_t>> expected_buckets(const Snapshot& params, double bucket_cap_mb,
                                                    double first_bucket_cap_mb,
                                                    const std::vector<int64_t>& order = {});
-// The same for the case's model and dtype.
+// The same for the case's model (the reference's parameters and dtypes).
 std::vector<std::vector<int64_t>> expected_buckets(const CaseRun& run, double bucket_cap_mb,
                                                    double first_bucket_cap_mb,
                                                    const std::vector<int64_t>& order = {});
+// A parameter's bytes: its elements times its dtype's size.
+uint64_t bytes_of(const ParamValues& param);
+// The bytes each bucket's flat tensor holds: its parameters' bytes.
+std::vector<int64_t> bucket_bytes(const Snapshot& params,
+                                  const std::vector<std::vector<int64_t>>& buckets);
 
 // The value of argument `name` of a trace event, or -1 when it has none.
 int64_t arg_of(const trace::Event& e, const char* name);
 
+// The size of every all-reduce: in each step a rank ran, its all-reduces
+// carry, in any order, exactly the bytes of `expected(step)` (bucket_bytes
+// of the step's buckets, and whatever else the stage all-reduces then: the
+// join notify, the used-map), read from the trace's "allreduce queued"
+// events. A bucket's flat tensor must hold its parameters' elements and no
+// more: one sized in bytes gives the right averages while every all-reduce
+// moves 4x (float64: 8x) the data, which the finding then says. `what`
+// names the expected list in the fact ("the 3 buckets").
+std::vector<Finding> check_allreduce_sizes(
+    const CaseRun& run, const std::function<std::vector<int64_t>(int64_t step)>& expected,
+    const std::string& what, const std::string& cause);
+
 // Every rank reports the same buckets (RankResult::buckets), equal to
-// `expected`.
+// `expected`; a rank's bucket that mixes dtypes is named as such.
 std::vector<Finding> check_buckets(const CaseRun& run,
                                    const std::vector<std::vector<int64_t>>& expected,
                                    const std::string& cause);

@@ -9,7 +9,7 @@
 //     number i; step i / K, micro-step i % K. An index past the end means the
 //     rank did not run that micro-batch (it had joined, or it failed).
 //   - Snapshots hold values as double (exact for float32 and float64) with
-//     the parameter's name and shape, in named_parameters() order.
+//     the parameter's name, shape and dtype, in named_parameters() order.
 //   - serialize()/parse_rank_result() round-trip a RankResult exactly (a
 //     JSON object sent as CBOR bytes, not text), which is how ranks send results to the parent
 //     through spawn(), or to each other through all_gather_results() when a
@@ -33,6 +33,7 @@ struct ParamValues {
   std::string name;
   Shape shape;
   std::vector<double> values;
+  Dtype dtype = kFloat32;  // the tensor's: a model may mix dtypes (ModelKind::Mixed)
 };
 using Snapshot = std::vector<ParamValues>;
 
