@@ -473,17 +473,30 @@ std::vector<Finding> replicas_start_apart(const Evidence& e) {
         params_differing(r.initial_params, rank0.initial_params, e.tolerance);
     if (bad.empty()) continue;
     ParamDiff d = diff_snapshots(r.initial_params, rank0.initial_params, r.rank);
+    // Every broadcast issued, and still apart: they were not finished when
+    // the constructor returned (or they moved copies).
+    const bool all_issued = r.construction_broadcasts >= r.initial_params.size() &&
+                            rank0.construction_broadcasts >= rank0.initial_params.size();
+    std::string hint =
+        e.config.per_rank_seed
+            ? "each rank seeded differently, so only a broadcast makes the replicas equal: "
+              "does the constructor broadcast every parameter (and buffer) from rank 0?"
+            : "the replicas must be equal after construction: does the constructor broadcast "
+              "every parameter from rank 0?";
+    if (all_issued) {
+      hint = detail::cat(
+          "the constructor issued ", r.construction_broadcasts, " broadcasts on rank ", r.rank,
+          ", one per tensor, yet the replicas differ when it returns: does it wait() for each "
+          "broadcast before returning? A broadcast nothing waited for lands whenever the "
+          "communication thread gets to it, perhaps after the first forward. (Or does it "
+          "broadcast copies, not the parameters themselves?)");
+    }
     return {{detail::cat("right after DDP construction, rank ", r.rank,
                          "'s parameters differ from rank 0's (", join(bad), "); ", d.name,
                          ": max |diff| ", sci(d.max_abs), ", rank 0 ",
                          first_values(find(rank0.initial_params, d.name)), ", rank ", r.rank,
                          " ", first_values(find(r.initial_params, d.name))),
-             e.config.per_rank_seed
-                 ? "each rank seeded differently, so only a broadcast makes the replicas "
-                   "equal: does the constructor broadcast every parameter (and buffer) "
-                   "from rank 0?"
-                 : "the replicas must be equal after construction: does the constructor "
-                   "broadcast every parameter from rank 0?"}};
+             hint}};
   }
   return {};
 }

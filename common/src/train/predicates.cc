@@ -590,7 +590,7 @@ std::vector<Finding> check_grad_storage(const CaseRun& run,
 std::vector<Finding> check_grad_copies(const CaseRun& run, const std::string& cause) {
   uint64_t gradient_bytes = 0;
   for (const ParamValues& p : run.reference.final_params) {
-    gradient_bytes += p.values.size() * element_size(run.config.dtype);
+    gradient_bytes += bytes_of(p);  // each in its own dtype (MixedMLP has two)
   }
   const int64_t k = run.config.micro_batches;
   for (const RankResult& r : run.ranks) {
