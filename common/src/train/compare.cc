@@ -673,7 +673,9 @@ std::string why_only_some_updated_wrongly(const Evidence& e, const std::vector<s
                        wrong.size() == 1 ? "its gradient was" : "their gradients were",
                        " zero after the sync while the other parameters match the reference. "
                        "Scaled by an integer 1 / W (0 for W > 1), or zeroed (zero_()) after the "
-                       "sync? Are they ", e.advice.where_grads_move, "?");
+                       "sync? Did they reach the tensor that is all-reduced (with buckets: "
+                       "copied into their slots, not left as the slots were made, zeros)? Are "
+                       "they ", e.advice.where_grads_move, "?");
   }
   return detail::cat(only, " updated wrongly while the other parameters match the reference: "
                      "are their gradients ", e.advice.where_grads_move, "?");
@@ -694,12 +696,19 @@ std::string why_first_update_wrong(const Evidence& e) {
                        "holding the sum");
   }
   if (ratio < 1e-6) {  // no update at all
-    return "the first update is zero: every gradient was zero after the sync, so no averaged "
-           "gradient reached the optimizer. Was it scaled by an integer 1 / W (0 for W > 1: "
-           "divide by W, or multiply by 1.0 / W), or zeroed (zero_()) after the sync? Or was "
-           "the average written where .grad does not point (with gradient_as_bucket_view: a "
-           "bucket slot that .grad is not yet a view of, after the engine made a fresh "
-           ".grad), or was .grad replaced after the sync?";
+    // An integer 1 / W is 1 at W = 1: there it cannot be the cause.
+    return detail::cat(
+        "the first update is zero: every gradient was zero after the sync, so no averaged "
+        "gradient reached the optimizer. ",
+        w > 1 ? "Was it scaled by an integer 1 / W (0 for W > 1: divide by W, or multiply by "
+                "1.0 / W), or zeroed (zero_()) after the sync? "
+              : "(W = 1, where an integer 1 / W would be 1: not that.) Was it zeroed (zero_()) "
+                "after the sync? ",
+        "Did each gradient reach the tensor that is all-reduced (with buckets: was it copied "
+        "into its slot, or did the slot go out as it was made, all zeros)? Or was the average "
+        "written where .grad does not point (with gradient_as_bucket_view: a bucket slot that "
+        ".grad is not yet a view of, after the engine made a fresh .grad), or was .grad "
+        "replaced after the sync?");
   }
   if (k > 1 && near(ratio, 1.0 / static_cast<double>(k))) {  // the mean divided by K again
     const bool both = near(static_cast<double>(k), w);  // W == K: both readings fit, name both
