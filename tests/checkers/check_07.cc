@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "join_scenarios.h"
 #include "no_sync_scenarios.h"
 #include "scenario_models.h"
 #include "tensorplay/autograd/grad_mode.h"
@@ -265,50 +266,6 @@ train::Scenario join_twice_then_train() {
           "path out; outside join() every rank trains, so both divisors are the world size"};
 }
 
-// A rank whose first synced iteration is a shadowed one records the first
-// iteration's used-map from the all-reduce it shadowed (the active ranks'
-// counts); trained again later under static_graph, it reuses those counts.
-// Counts of zero would leave its gradients un-averaged, its replica apart.
-train::Scenario static_graph_after_joining_first() {
-  return {"static_graph: rank 1 joins before its first synced step, then every rank trains "
-          "again: the replicas stay equal",
-          2,
-          [](int rank, Group group) -> std::string {
-            tp::manual_seed(0);
-            Options options = kSeveral;
-            options.static_graph = true;
-            DDP ddp(train::make_model({}), group, options);
-            tp::optim::SGD sgd(ddp.parameters(), {.lr = 0.05});
-            ddp.join([&] {  // rank 1 has no batch: it shadows rank 0's first two steps
-              for (int s = 0; s < (rank == 0 ? 2 : 0); ++s) train_step(ddp, sgd, rank);
-            });
-            // Compared inside the second join(): its end would make every
-            // replica the last joiner's and hide a difference.
-            std::string apart;
-            ddp.join([&] {
-              for (int s = 0; s < 2; ++s) {  // both ranks: the broadcasts pair
-                train_step(ddp, sgd, rank);
-                tp::NoGradGuard no_grad;
-                for (const tp::Tensor& p : ddp.parameters()) {
-                  tp::Tensor rank0 = p.clone();
-                  group->broadcast(rank0, /*root=*/0)->wait();
-                  const double d = tp::max_abs_diff(rank0, p);
-                  if (d != 0.0 && apart.empty()) {
-                    apart = cat("rank ", rank, ": in a second join() epoch in which every rank "
-                                "trains, after its step ", s, " its parameters differ from "
-                                "rank 0's by ", d);
-                  }
-                }
-              }
-            });
-            return apart;
-          },
-          "a rank whose first synced iteration it shadowed keeps, under static_graph, the "
-          "used-map counts that iteration's all-reduce returned (the active ranks' sum: its "
-          "own contribution is zeros, the result is not), and reuses them when it trains "
-          "again (Note [Static graph], Note [Join])"};
-}
-
 train::Scenario divisor_outside_join() {
   return {"outside join(), divide_by_initial_world_size = false averages over the world size",
           2,
@@ -347,7 +304,7 @@ int main(int argc, char** argv) {
   spec.scenarios = no_sync_scenarios::all<DDP>(/*first_sync_extra=*/1);  // the rebuild's broadcast
   for (train::Scenario scenario : {early_termination(), even_inputs_do_not_throw(),
                                    divisor_outside_join(), join_twice_then_train(),
-                                   static_graph_after_joining_first()}) {
+                                   join_scenarios::static_graph_after_joining_first<DDP>(kSeveral)}) {
     spec.scenarios.push_back(std::move(scenario));
   }
   return train::run_checker<DDP>(argc, argv, spec);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "join_scenarios.h"
 #include "scenario_models.h"
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/data.h"
@@ -699,57 +700,6 @@ train::Scenario disagreeing_partitions() {
           "before a step can go wrong (Note [Partition])"};
 }
 
-// A rank whose first synced iteration it shadowed keeps, under static_graph,
-// the used-map counts that iteration's all-reduce returned (stage 07's
-// scenario, carried: the shadow step here goes through the comm hook's
-// path); trained again later, it reuses them. Counts of zero would leave its
-// gradients un-averaged, its replica apart.
-train::Scenario static_graph_after_joining_first() {
-  return {"static_graph: rank 1 joins before its first synced step, then every rank trains "
-          "again: the replicas stay equal",
-          2,
-          [](int rank, Group group) -> std::string {
-            tp::manual_seed(0);
-            Options options = kSeveral;
-            options.static_graph = true;
-            DDP ddp(train::make_model({}), group, options);
-            tp::optim::SGD sgd(ddp.parameters(), {.lr = 0.05});
-            const tp::data::Batch batch = scenario_models::rows_of(rank);
-            const auto step = [&] {
-              sgd.zero_grad();
-              tp::mse_loss(ddp(batch.x), batch.y).backward();
-              sgd.step();
-            };
-            ddp.join([&] {  // rank 1 has no batch: it shadows rank 0's first two steps
-              for (int s = 0; s < (rank == 0 ? 2 : 0); ++s) step();
-            });
-            // Compared inside the second join(): its end would make every
-            // replica the last joiner's and hide a difference.
-            std::string apart;
-            ddp.join([&] {
-              for (int s = 0; s < 2; ++s) {  // both ranks: the broadcasts pair
-                step();
-                tp::NoGradGuard no_grad;
-                for (const tp::Tensor& p : ddp.parameters()) {
-                  tp::Tensor rank0 = p.clone();
-                  group->broadcast(rank0, /*root=*/0)->wait();
-                  const double d = tp::max_abs_diff(rank0, p);
-                  if (d != 0.0 && apart.empty()) {
-                    apart = cat("rank ", rank, ": in a second join() epoch in which every rank "
-                                "trains, after its step ", s, " its parameters differ from "
-                                "rank 0's by ", d);
-                  }
-                }
-              }
-            });
-            return apart;
-          },
-          "a rank whose first synced iteration it shadowed keeps, under static_graph, the "
-          "used-map counts that iteration's all-reduce returned (the active ranks' sum: its "
-          "own contribution is zeros, the result is not), and reuses them when it trains "
-          "again (Note [Static graph], Note [Join])"};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -760,7 +710,7 @@ int main(int argc, char** argv) {
   for (train::Scenario scenario :
        {early_termination(), disabled_join(), empty_shards(), join_alone(),
         optimizer_listed_first(), disagreeing_partitions(),
-        static_graph_after_joining_first()}) {
+        join_scenarios::static_graph_after_joining_first<DDP>(kSeveral)}) {
     spec.scenarios.push_back(std::move(scenario));
   }
   return train::run_checker<DDP>(argc, argv, spec);
