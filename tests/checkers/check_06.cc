@@ -19,6 +19,7 @@
 
 #include "no_sync_scenarios.h"
 #include "scenario_models.h"
+#include "static_graph_cause.h"
 #include "tensorplay/data.h"
 #include "tensorplay/error.h"
 #include "tensorplay/nn/linear.h"
@@ -84,6 +85,7 @@ std::vector<Case> cases() {
   out.push_back({branchy, with(kSeveral, false, true),
                  "branchy, find_unused_parameters: no rebuild (the order may change)"});
   for (Case& c : out) c.config.trace = true;
+  static_graph_cause::blame_the_record(out);
   return out;
 }
 
@@ -438,9 +440,14 @@ int main(int argc, char** argv) {
   spec.cases = cases();
   spec.stage_checks = stage_checks;
   spec.scenarios = no_sync_scenarios::all<DDP>(/*first_sync_extra=*/1);  // the rebuild's broadcast
-  for (train::Scenario s : {used_then_unused(), unused_then_used(), same_buckets_on_every_rank(),
-                            unused_everywhere_keeps_no_gradient(), replicas_stay_identical(),
-                            no_gradient_with_views(), evaluation_before_training()}) {
+  spec.scenarios.push_back(used_then_unused());  // the graph changes: an error is right
+  spec.scenarios.push_back(unused_then_used());
+  // One route per rank in every step: an error saying the graph changed
+  // blames the record.
+  for (train::Scenario s : {same_buckets_on_every_rank(), unused_everywhere_keeps_no_gradient(),
+                            replicas_stay_identical(), no_gradient_with_views(),
+                            evaluation_before_training()}) {
+    s.if_a_rank_throws = static_graph_cause::kRecordNotGraph;
     spec.scenarios.push_back(std::move(s));
   }
   return train::run_checker<DDP>(argc, argv, spec);

@@ -18,6 +18,7 @@
 #include "join_scenarios.h"
 #include "no_sync_scenarios.h"
 #include "scenario_models.h"
+#include "static_graph_cause.h"
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/data.h"
 #include "tensorplay/error.h"
@@ -300,6 +301,7 @@ int main(int argc, char** argv) {
   train::CheckerSpec<Options> spec;
   spec.stage = stage07::stage_spec();
   spec.cases = cases();
+  static_graph_cause::blame_the_record(spec.cases);
   spec.stage_checks = stage_checks;
   spec.scenarios = no_sync_scenarios::all<DDP>(/*first_sync_extra=*/1);  // the rebuild's broadcast
   for (train::Scenario scenario : {early_termination(), even_inputs_do_not_throw(),

@@ -21,6 +21,7 @@
 
 #include "join_scenarios.h"
 #include "scenario_models.h"
+#include "static_graph_cause.h"
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/data.h"
 #include "tensorplay/error.h"
@@ -706,6 +707,7 @@ int main(int argc, char** argv) {
   train::CheckerSpec<Options> spec;
   spec.stage = stage09::stage_spec();
   spec.cases = cases();
+  static_graph_cause::blame_the_record(spec.cases);
   spec.stage_checks = stage_checks;
   for (train::Scenario scenario :
        {early_termination(), disabled_join(), empty_shards(), join_alone(),

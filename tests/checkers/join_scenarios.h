@@ -13,6 +13,7 @@
 #include <string>
 
 #include "scenario_models.h"
+#include "static_graph_cause.h"
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/data.h"
 #include "tensorplay/ops.h"
@@ -66,7 +67,9 @@ tp::train::Scenario static_graph_after_joining_first(typename DDP::Options optio
           "a rank whose first synced iteration it shadowed keeps, under static_graph, the "
           "used-map counts that iteration's all-reduce returned (the active ranks' sum: its "
           "own contribution is zeros, the result is not), and reuses them when it trains "
-          "again (Note [Static graph], Note [Join])"};
+          "again (Note [Static graph], Note [Join])",
+          // Each rank's model takes one route throughout.
+          static_graph_cause::kRecordNotGraph};
 }
 
 }  // namespace join_scenarios

@@ -76,7 +76,8 @@ CheckerRun parse_checker_args(int argc, char** argv) {
   return run;
 }
 
-Finding finding_from_error(const std::string& stage, const std::exception& error) {
+Finding finding_from_error(const std::string& stage, const std::exception& error,
+                           const std::string& if_a_rank_throws) {
   const std::string message = error.what();
   // The kind, not the wording, says what happened (ErrorKind in error.h);
   // spawn reports the kind of the failure it blames.
@@ -131,6 +132,7 @@ Finding finding_from_error(const std::string& stage, const std::exception& error
                      "(gdb -ex 'set follow-fork-mode child' --args ..., as the ranks are "
                      "forked)"};
   }
+  if (!if_a_rank_throws.empty()) return {message, if_a_rank_throws};
   return {message, "a rank failed: its message above says why and what to change"};
 }
 
@@ -203,7 +205,7 @@ std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scen
         },
         scenario.world_size);
   } catch (const std::exception& error) {
-    return {finding_from_error(stage, error)};
+    return {finding_from_error(stage, error, scenario.if_a_rank_throws)};
   }
   std::vector<Finding> out;
   for (const std::string& fact : facts) {

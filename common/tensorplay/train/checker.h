@@ -24,7 +24,10 @@
 //     prints the findings, and returns 1; it returns 0 when all pass.
 //   - A rank that throws or hangs becomes a finding naming the rank and its
 //     message; the likely cause follows the failure's ErrorKind (a stub, a
-//     timeout, a rank's own error), never its wording.
+//     timeout, a rank's own error), never its wording. For a rank's own
+//     error, a case or scenario may say more (if_a_rank_throws): what the
+//     checker knows and the rank did not, e.g. that the case's graph never
+//     changes, so a stage's "the graph changed" blames its own record.
 //   - `--expect-fail FILE` turns it into a planted-bug test: FILE (a mutant,
 //     see tools/mutate.py) has `expect:` lines, each a phrase the report must
 //     contain, and `expect-first:` lines, each a phrase the first finding of
@@ -86,6 +89,9 @@ struct CheckCase {
   RunConfig config;
   Options options{};
   std::string label;  // may be empty
+  // The likely cause when a rank of this case throws an error of its own
+  // (not a stub, a timeout or a crash); "" for the general one.
+  std::string if_a_rank_throws;
 };
 
 // A property the training plan cannot express, checked on `world_size`
@@ -99,6 +105,7 @@ struct Scenario {
   int world_size = 2;
   std::function<std::string(int rank, std::shared_ptr<distributed::ProcessGroup> group)> run;
   std::string likely_cause;  // in lesson terms, shown when `run` reports a fact
+  std::string if_a_rank_throws;  // as CheckCase's
 };
 
 // Runs one scenario; its findings (none when it held on every rank).
@@ -154,8 +161,10 @@ CheckerRun parse_checker_args(int argc, char** argv);
 // Describes an error from a run (a rank's exception or hang, or a plan the
 // stage refused) as a finding, by its kind; for a job without progress, by
 // where its ranks were too (SpawnError::hang), so the likely cause never
-// says a rank waits in a collective when none was in one.
-Finding finding_from_error(const std::string& stage, const std::exception& error);
+// says a rank waits in a collective when none was in one. A rank's own
+// error gets `if_a_rank_throws` as its likely cause, where not "".
+Finding finding_from_error(const std::string& stage, const std::exception& error,
+                           const std::string& if_a_rank_throws = "");
 // Prints PASS or FAIL for one case or scenario; a passing case also shows
 // its largest differences from the reference (`comparison`; null for a
 // scenario, which has no reference).
@@ -248,7 +257,7 @@ int check_cases(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
       findings = judge_case<D>(c, spec, launched, comparison);
     } catch (const std::exception& error) {
       if (launched) return end_launched_rank(*launched, describe(c), error);
-      findings.push_back(finding_from_error(spec.stage.number, error));
+      findings.push_back(finding_from_error(spec.stage.number, error, c.if_a_rank_throws));
     }
     tally.judged(findings.empty());
     report_case(run, describe(c), findings, &comparison);
@@ -297,7 +306,7 @@ void check_worker_cases(CheckerRun& run, const CheckerSpec<Options>& spec, bool 
           });
       findings = check_workers(c.config, reference, ranks, default_tolerance(c.config.dtype));
     } catch (const std::exception& error) {
-      findings.push_back(finding_from_error(spec.stage.number, error));
+      findings.push_back(finding_from_error(spec.stage.number, error, c.if_a_rank_throws));
     }
     tally.judged(findings.empty());
     report_case(run, "worker: " + describe(c), findings, nullptr);
