@@ -36,6 +36,14 @@
 //                            interleaved (one step of each per iteration):
 //                            how much of stage 02's sync stage 03 hides
 //                            ("hidden"), measured a moment apart.
+//   BM_CapSweepPair/cap_kib:C/batch:B
+//                            only with --cap-sweep=1 (bench/link_bench.py
+//                            --cap-sweep): BM_OverlapPair at --batch with
+//                            both caps C = 32 KiB (a bucket per layer) to
+//                            4096 KiB (one bucket), in factors of 2, 20
+//                            steps each: which cap gives stage 03 its
+//                            shortest step on a link, beside what the
+//                            alpha-beta fit predicts.
 // cap_kib 0 stands for the default caps (first bucket 1 MiB, the others 25
 // MiB: two buckets here, the second three times the first); any other value
 // sets both caps to that many KiB (512: 8 buckets, 1024: 4, 2048: 2 equal).
@@ -147,6 +155,10 @@ constexpr int64_t kShareBatches[] = {1, 16, 64, 256};
 
 // Bucket caps of the stage 02 and 03 runs, in KiB; 0 is the default caps.
 constexpr int64_t kCapsKib[] = {0, 512, 1024, 2048};
+
+// The grid of BM_CapSweepPair (--cap-sweep=1), in KiB, and its steps per cap.
+constexpr int64_t kSweepCapsKib[] = {32, 64, 128, 256, 512, 1024, 2048, 4096};
+constexpr int64_t kSweepIterations = 20;
 
 struct Caps {
   double bucket_cap_mb = 25.0;
@@ -296,8 +308,8 @@ void bm_stage03(benchmark::State& state, const Rank& rank) {
 // sync_grads()), "fwd02_ms", "bwd02_ms", "fwd03_ms", "bwd03_ms" (the medians
 // of each stage's forward and backward; stage 03's backward includes its
 // hooks and its end-of-backward wait, so bwd03_ms - bwd02_ms is the part of
-// the sync it did not hide), and "hidden": the median over the iterations of
-// (stage 02's step - stage 03's step), over sync02_ms.
+// the sync it did not hide), "hidden": the median over the iterations of
+// (stage 02's step - stage 03's step), over sync02_ms, and "buckets".
 void bm_overlap_pair(benchmark::State& state, const Rank& rank) {
   const Caps caps = caps_of(state.range(0));
   stage02::DistributedDataParallel ddp02(
@@ -355,6 +367,8 @@ void bm_overlap_pair(benchmark::State& state, const Rank& rank) {
   state.counters["fwd03_ms"] = quantile(fwd03, 0.5);
   state.counters["bwd03_ms"] = quantile(bwd03, 0.5);
   state.counters["hidden"] = quantile(saved, 0.5) / quantile(sync02, 0.5);
+  // The same caps give both stages the same buckets.
+  state.counters["buckets"] = static_cast<double>(ddp03.bucket_assignment().size());
 }
 
 // Gradient accumulation (lesson 04): one optimizer step made of K
@@ -416,7 +430,7 @@ benchmark::internal::Benchmark* register_step(const char* name, StepBenchmark ru
       ->UseRealTime();
 }
 
-void register_benchmarks(const Rank& rank) {
+void register_benchmarks(const Rank& rank, bool cap_sweep) {
   tp::bench::describe_stage(stage01::stage_spec());
   tp::bench::describe_stage(stage02::stage_spec());
   tp::bench::describe_stage(stage03::stage_spec());
@@ -451,16 +465,24 @@ void register_benchmarks(const Rank& rank) {
     register_step("BM_OverlapPair", bm_overlap_pair, kIterations, sized)
         ->ArgNames({"cap_kib", "batch"})->Args({0, batch});
   }
+  if (!cap_sweep) return;
+  for (int64_t cap : kSweepCapsKib) {
+    register_step("BM_CapSweepPair", bm_overlap_pair, kSweepIterations, rank)
+        ->ArgNames({"cap_kib", "batch"})->Args({cap, rank.batch});
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   long batch = kDefaultBatch;
+  long cap_sweep = 0;
   return tp::bench::ranked_benchmark_main(
       argc, argv, "bench_step", kDefaultWorldSize,
-      {{"batch", 1, 4096, "gives each rank N rows per step", &batch}},
-      [&batch](const tp::bench::RankSetup& setup) {
-        register_benchmarks({setup.group, batch});
+      {{"batch", 1, 4096, "gives each rank N rows per step", &batch},
+       {"cap-sweep", 0, 1, "1 adds BM_CapSweepPair, stages 02 and 03 at caps of 32 KiB to "
+                           "4 MiB", &cap_sweep}},
+      [&batch, &cap_sweep](const tp::bench::RankSetup& setup) {
+        register_benchmarks({setup.group, batch}, cap_sweep == 1);
       });
 }

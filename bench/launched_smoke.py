@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A ranked benchmark run launched: 2 ranks started by tools/tprun, env://.
 
-    launched_smoke.py TPRUN BENCH_STEP
+    launched_smoke.py TPRUN BENCH_STEP BENCH_ALLREDUCE TORCH_DDP
 
 Runs `tprun --nproc-per-node 2 -- BENCH_STEP --init-method=env:// --smoke=1`
 on loopback (a free port; one iteration of BM_StepNoDDP and one
@@ -10,8 +10,12 @@ say 2 launched ranks (init_method env://), that every benchmark ran with
 its counters (BM_OverlapPair's per-stage phases, which bench/link_bench.py
 reads), and that the launch mistakes are refused before anything starts:
 RANK set without --init-method, --init-method=file://, and a --world-size
-that disagrees with the launcher's WORLD_SIZE. A few seconds; the times
-mean nothing.
+that disagrees with the launcher's WORLD_SIZE. Then what bench/link_bench.py
+runs besides: bench_step --cap-sweep=1 (every cap of BM_CapSweepPair, whose
+bucket counts must be those link_bench.py's prediction models),
+bench_allreduce launched (the kit's all-reduce alone, raw Gloo said to be
+not measured) and, where this python imports torch, torch_ddp.py launched.
+Some seconds; the times mean nothing.
 """
 
 import json
@@ -21,8 +25,10 @@ import subprocess
 import sys
 import tempfile
 
-TPRUN, BENCH = sys.argv[1], sys.argv[2]
+TPRUN, BENCH, ALLREDUCE, TORCH_DDP = sys.argv[1:5]
 FILTER = "--benchmark_filter=BM_StepNoDDP|BM_OverlapPair/cap_kib:0/batch:16/"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import link_bench  # noqa: E402
 
 
 def fail(message):
@@ -36,12 +42,23 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(extra, out):
+def launch_command(command):
     return subprocess.run([sys.executable, TPRUN, "--nproc-per-node", "2", "--master-port",
-                           str(free_port()), "--", BENCH, FILTER, "--smoke=1",
-                           f"--benchmark_out={out}", "--benchmark_out_format=json", *extra],
+                           str(free_port()), "--", *command],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=120)
+
+
+def launch(extra, out, program=BENCH, bench_filter=FILTER):
+    return launch_command([program, bench_filter, "--smoke=1", f"--benchmark_out={out}",
+                           "--benchmark_out_format=json", *extra])
+
+
+def results_of(r, out, what):
+    if r.returncode != 0:
+        fail(f"{what} failed (exit {r.returncode}):\n{r.stdout[-3000:]}")
+    with open(out) as f:
+        return json.load(f)
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -76,4 +93,48 @@ with tempfile.TemporaryDirectory() as tmp:
             fail(f"{extra or 'no --init-method'}: exit {r.returncode}, and the output does not "
                  f"say '{want}':\n{r.stdout[-2000:]}")
         print(f"ok: {extra or 'no --init-method'} is refused: {want}")
+
+    out = os.path.join(tmp, "sweep.json")
+    sweep = results_of(launch(["--init-method=env://", "--cap-sweep=1"], out,
+                              bench_filter="--benchmark_filter=BM_CapSweepPair"), out,
+                       "bench_step --cap-sweep=1")
+    caps = []
+    for b in sweep["benchmarks"]:
+        cap = int(b["name"].split("cap_kib:")[1].split("/")[0])
+        modelled = len(link_bench.buckets_for(cap << 10))
+        if b.get("buckets") != modelled:
+            fail(f"BM_CapSweepPair at {cap} KiB: the stages built {b.get('buckets')} buckets, "
+                 f"link_bench.buckets_for models {modelled}")
+        caps.append(cap)
+    if caps != [32, 64, 128, 256, 512, 1024, 2048, 4096]:
+        fail(f"BM_CapSweepPair ran at caps {caps}")
+    print(f"ok: BM_CapSweepPair at {caps} KiB, bucket counts as link_bench.py models them")
+
+    out = os.path.join(tmp, "allreduce.json")
+    allreduce = results_of(launch(["--init-method=env://"], out, program=ALLREDUCE,
+                                  bench_filter="--benchmark_filter=BM_Allreduce"), out,
+                           "bench_allreduce launched")
+    runs = allreduce["benchmarks"]
+    if "not measured" not in allreduce["context"].get("raw_gloo", "") or len(runs) != 13 or \
+            any("kit_p50_us" not in b or "gloo_p50_us" in b for b in runs):
+        fail(f"bench_allreduce launched: context raw_gloo "
+             f"{allreduce['context'].get('raw_gloo')!r}, {len(runs)} sizes, counters "
+             f"{sorted(runs[0]) if runs else None}")
+    print("ok: bench_allreduce launched measures the kit's all-reduce at 13 sizes, raw Gloo "
+          "said to be not measured")
+
+    if subprocess.run([sys.executable, "-c", "import torch"], stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL).returncode != 0:
+        print("skipped: torch_ddp.py launched (this python does not import torch)")
+    else:
+        out = os.path.join(tmp, "torch.json")
+        torch = results_of(launch_command([sys.executable, TORCH_DDP, "--init-method", "env://",
+                                           "--only-default-caps", "--smoke", "--out", out]),
+                           out, "torch_ddp.py launched")
+        names = [b["name"] for b in torch["benchmarks"]]
+        if names != ["BM_TorchStepNoDDP", "BM_TorchStepDDP/cap_kib:0"] or \
+                torch["context"]["world_size"] != "2":
+            fail(f"torch_ddp.py launched ran {names} at world size "
+                 f"{torch['context']['world_size']}")
+        print(f"ok: torch_ddp.py launched ran {names} on 2 ranks")
 print("PASS")

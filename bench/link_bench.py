@@ -2,7 +2,8 @@
 """Stage 02 against stage 03 on a shaped link: where overlap pays.
 
     link_bench.py BUILD [--rates 300mbit,1gbit,3gbit] [--world-sizes 2,4]
-                  [--batches 64,256] [--out bench/results/link.json] [--smoke]
+                  [--batches 64,256] [--alpha-beta] [--cap-sweep] [--no-torch]
+                  [--out bench/results/link.json] [--smoke]
 
 For each world size W and rate, makes W hosts joined through a switch,
 each host's egress limited to the rate (bench/shaped_link.py), starts one
@@ -28,6 +29,18 @@ draws it) the medians per step of
               hide at best (stage 03 hides the sync behind backward only:
               forward and the optimizer step wait for it)
 
+On the same link, as separate jobs after bench_step:
+  torch       PyTorch's DDP step at its default caps (bench/torch_ddp.py
+              --init-method env:// --only-default-caps), where /usr/bin/python3
+              (or this python) imports torch; --no-torch skips it.
+  alpha-beta  (--alpha-beta) bench_allreduce's kit all-reduce, 4 B to 64 MiB,
+              fitted as report.py fits loopback: t(n) = alpha + beta * n.
+  cap sweep   (--cap-sweep) BM_CapSweepPair: stages 02 and 03 at both caps
+              32 KiB to 4 MiB, beside what the alpha-beta fit predicts for
+              each cap (predict_step03: the buckets of bench_step's model,
+              filled as its gradients become ready during backward, sent one
+              after the other on the communication thread).
+
 Needs root, `ip` and `tc` (namespaces); without them it says why and exits
 77. All namespaces go when it ends, also on SIGTERM, SIGHUP or SIGINT.
 """
@@ -52,53 +65,93 @@ PORT = 29500  # rank 0's store on host 0: the namespaces are fresh, nothing else
 DEADLINE = 900.0  # seconds for one run of bench_step on a link
 
 
-def filter_for(batch):
+def filter_for(batch, cap_sweep):
     # BM_OverlapPair is registered at batches 1, 16, 64 and 256 (bench_step.cc),
-    # BM_StepNoDDP at --batch.
-    return f"BM_StepNoDDP|BM_OverlapPair/cap_kib:0/batch:{batch}/"
+    # BM_StepNoDDP and BM_CapSweepPair (--cap-sweep=1) at --batch.
+    return f"BM_StepNoDDP|BM_OverlapPair/cap_kib:0/batch:{batch}/" + \
+        ("|BM_CapSweepPair" if cap_sweep else "")
 
 
-def bench_args(build, batch, out, smoke):
-    args = [os.path.join(build, "bench", "bench_step"), f"--benchmark_filter={filter_for(batch)}",
-            f"--batch={batch}", f"--benchmark_out={out}", "--benchmark_out_format=json"]
-    return args + (["--smoke=1"] if smoke else [])
+def bench_args(build, batch, out, smoke, cap_sweep=False):
+    args = [os.path.join(build, "bench", "bench_step"),
+            f"--benchmark_filter={filter_for(batch, cap_sweep)}", f"--batch={batch}",
+            f"--benchmark_out={out}", "--benchmark_out_format=json"]
+    return args + (["--cap-sweep=1"] if cap_sweep else []) + (["--smoke=1"] if smoke else [])
 
 
-def run_on_link(build, world_size, rate, batch, smoke):
-    """One bench_step run, one rank per host of a fresh shaped link."""
+def torch_python():
+    """A python that imports torch (Debian's python3-torch is for
+    /usr/bin/python3), or None."""
+    for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
+        if os.access(python, os.X_OK) and subprocess.run(
+                [python, "-c", "import torch"], stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL).returncode == 0:
+            return python
+    return None
+
+
+def run_job(link, command, tmp, what):
+    """`command` (argv, run as one rank per host by tools/tprun over env://)
+    on every host of `link`; raises naming the hosts that failed."""
+    world_size = len(link.hosts)
+    procs, logs = [], []
+    job = f"link-{os.getpid()}-{len(os.listdir(tmp))}"
+    for node, host in enumerate(link.hosts):
+        log = open(os.path.join(tmp, f"{job}.host{node}.log"), "w+")
+        logs.append(log)
+        argv = [sys.executable, TPRUN, "--nnodes", str(world_size), "--node-rank", str(node),
+                "--nproc-per-node", "1", "--master-addr", link.hosts[0].address,
+                "--master-port", str(PORT), "--job-id", job, "--grace", "2", "--", *command]
+        env = dict(os.environ, GLOO_SOCKET_IFNAME=shaped_link.INTERFACE)
+        procs.append(host.popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
+    start = time.monotonic()
+    while any(p.poll() is None for p in procs):
+        if time.monotonic() - start > DEADLINE:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()  # tprun ends its rank and says so
+            for p in procs:
+                p.wait()
+            break
+        time.sleep(0.2)
+    failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+        for i, _ in failed:
+            logs[i].seek(0)
+            print(f"--- host {i} ---\n{logs[i].read()[-3000:]}", file=sys.stderr)
+        late = time.monotonic() - start > DEADLINE
+        raise RuntimeError(f"{what} at {world_size} ranks failed: host (exit code): {failed}" +
+                           (f" (ran past the {DEADLINE:.0f} s deadline)" if late else ""))
+
+
+def run_on_link(build, world_size, rate, batch, options):
+    """bench_step (and torch_ddp.py, bench_allreduce as `options` ask), one
+    rank per host of a fresh shaped link."""
+    smoke = options.smoke
     with shaped_link.ShapedLink(world_size, rate) as link, \
             tempfile.TemporaryDirectory(prefix="tp-link-") as tmp:
         nbytes = 4 << 20 if smoke else max(4 << 20, min(32 << 20, int(link.bits_per_second / 8)))
         measured = shaped_link.throughput(link, 0, 1, nbytes)
         out = os.path.join(tmp, "rank0.json")
-        procs, logs = [], []
-        job = f"link-{os.getpid()}-{world_size}-{rate}-{batch}"
-        for node, host in enumerate(link.hosts):
-            log = open(os.path.join(tmp, f"host{node}.log"), "w+")
-            logs.append(log)
-            argv = [sys.executable, TPRUN, "--nnodes", str(world_size), "--node-rank", str(node),
-                    "--nproc-per-node", "1", "--master-addr", link.hosts[0].address,
-                    "--master-port", str(PORT), "--job-id", job, "--grace", "2", "--",
-                    *bench_args(build, batch, out, smoke), "--init-method=env://"]
-            env = dict(os.environ, GLOO_SOCKET_IFNAME=shaped_link.INTERFACE)
-            procs.append(host.popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
-        start = time.monotonic()
-        while any(p.poll() is None for p in procs):
-            if time.monotonic() - start > DEADLINE:
-                break
-            time.sleep(0.2)
-        failed = [(i, p.poll()) for i, p in enumerate(procs) if p.poll() != 0]
-        if failed:
-            for i, _ in failed:
-                logs[i].seek(0)
-                tail = logs[i].read()[-3000:]
-                print(f"--- host {i} ---\n{tail}", file=sys.stderr)
-            raise RuntimeError(f"bench_step on a {rate} link at {world_size} ranks failed: "
-                               f"host (exit code): {failed}" +
-                               (" (ran past the deadline)" if None in dict(failed).values()
-                                else ""))
+        run_job(link, [*bench_args(build, batch, out, smoke, options.cap_sweep),
+                       "--init-method=env://"], tmp, f"bench_step on a {rate} link")
         with open(out) as f:
             result = json.load(f)
+        if options.torch:
+            out = os.path.join(tmp, "torch.json")
+            run_job(link, [options.torch, os.path.join(HERE, "torch_ddp.py"), "--init-method",
+                           "env://", "--only-default-caps", "--batch", str(batch), "--out", out]
+                    + (["--smoke"] if smoke else []), tmp, f"torch_ddp.py on a {rate} link")
+            with open(out) as f:
+                result["torch"] = json.load(f)
+        if options.alpha_beta:
+            out = os.path.join(tmp, "allreduce.json")
+            run_job(link, [os.path.join(build, "bench", "bench_allreduce"),
+                           "--benchmark_filter=BM_Allreduce", f"--benchmark_out={out}",
+                           "--benchmark_out_format=json", "--init-method=env://"]
+                    + (["--smoke=1"] if smoke else []), tmp, f"bench_allreduce on a {rate} link")
+            with open(out) as f:
+                result["allreduce"] = json.load(f)
     result["link"] = {"rate": rate, "bits_per_second": shaped_link.parse_rate(rate),
                       "measured_bits_per_second": measured, "world_size": world_size,
                       "batch": batch}
@@ -124,6 +177,87 @@ def run_loopback(build, world_size, batch, smoke):
     return result
 
 
+# ---- the alpha-beta prediction of stage 03's step at a cap -------------------
+
+# bench_step's model (bench_step.cc): deep_mlp(16, 128, 64, 4) in float32,
+# its Linear layers as (fan_in, fan_out), first to last.
+MODEL_LAYERS = [(16, 128)] + [(128, 128)] * 63 + [(128, 4)]
+
+
+def model_tensors():
+    """[(bytes, work)] of the model's parameters in registration order (each
+    layer's weight, then its bias): work is the share of backward done when
+    the gradient is ready, taken as the weight's element count (a Linear's
+    backward is two products of that size per row); a bias adds none."""
+    out = []
+    for fan_in, fan_out in MODEL_LAYERS:
+        out += [(4 * fan_in * fan_out, fan_in * fan_out), (4 * fan_out, 0)]
+    return out
+
+
+def buckets_for(cap_bytes):
+    """[(bytes, work done when its last gradient is ready)] of the kit's
+    buckets at both caps = cap_bytes: the parameters in reverse registration
+    order (the order backward reaches them), a bucket closed once it holds at
+    least the cap (PyTorch's _compute_bucket_assignment_by_size, as the
+    stages follow it)."""
+    buckets, size, done = [], 0, 0
+    for nbytes, work in reversed(model_tensors()):
+        size += nbytes
+        done += work
+        if size >= cap_bytes:
+            buckets.append((size, done))
+            size = 0
+    if size:
+        buckets.append((size, done))
+    return buckets
+
+
+def predict_sync_end(alpha, beta, bwd, buckets):
+    """When stage 03's last all-reduce ends, in ms from the start of backward:
+    backward's work spread over `bwd` ms, each bucket's all-reduce (alpha +
+    beta * bytes) started on the one communication thread once the bucket is
+    complete and the one before it has ended."""
+    total = sum(w for _, w in model_tensors())
+    end = 0.0
+    for nbytes, done in buckets:
+        ready = bwd * done / total
+        end = max(ready, end) + (alpha + beta * nbytes) * 1e3
+    return end
+
+
+def predict_step03(alpha, beta, compute, bwd, cap_bytes):
+    """Stage 03's step at a cap: compute, plus what of the sync outlasts
+    backward."""
+    return compute + max(0.0, predict_sync_end(alpha, beta, bwd, buckets_for(cap_bytes)) - bwd)
+
+
+def allreduce_fit(result):
+    """(alpha s, beta s/B) fitted to the kit's medians on the link, or None."""
+    from report import fit_alpha_beta  # report.py imports this module: not at the top
+    runs = [b for b in result.get("benchmarks", []) if b["name"].startswith("BM_Allreduce/")]
+    sizes = [int(b["name"].split("/")[1]) for b in runs]
+    return fit_alpha_beta(sizes, [b["kit_p50_us"] * 1e-6 for b in runs])
+
+
+def sweep_rows(result, fit, compute, bwd):
+    """[(cap KiB, buckets, stage 02 ms, stage 03 ms, predicted stage 03 ms or
+    None)] of BM_CapSweepPair, by cap."""
+    rows = []
+    for b in result["benchmarks"]:
+        if not b["name"].startswith("BM_CapSweepPair/"):
+            continue
+        cap_kib = int(b["name"].split("cap_kib:")[1].split("/")[0])
+        modelled = len(buckets_for(cap_kib << 10))
+        if b.get("buckets", modelled) != modelled:
+            raise RuntimeError(f"at a cap of {cap_kib} KiB the stages built {b['buckets']:.0f} "
+                               f"buckets and link_bench.py's model of them {modelled}: "
+                               f"MODEL_LAYERS or buckets_for no longer match bench_step.cc")
+        predicted = predict_step03(*fit, compute, bwd, cap_kib << 10) if fit else None
+        rows.append((cap_kib, modelled, b["s02_ms"], b["s03_ms"], predicted))
+    return sorted(rows)
+
+
 def summary(result):
     """The per-step medians of one run (see the module's doc), in ms."""
     pair = next(b for b in result["benchmarks"] if b["name"].startswith("BM_OverlapPair"))
@@ -131,26 +265,70 @@ def summary(result):
     sync, s02, s03 = pair["sync02_ms"], pair["s02_ms"], pair["s03_ms"]
     fwd, bwd = pair["fwd02_ms"], pair["bwd02_ms"]
     compute = s02 - sync
-    return {"rate": result["link"]["rate"], "world_size": result["link"]["world_size"],
-            "batch": result["link"]["batch"],
-            "measured_mbit": (result["link"]["measured_bits_per_second"] or 0) / 1e6,
-            "no_ddp": no_ddp["p50_ms"], "fwd": fwd, "bwd": bwd, "compute": compute,
-            "sync": sync, "s02": s02, "s03": s03, "bwd03": pair["bwd03_ms"],
-            "ideal": max(compute, sync),
-            "hidden": (s02 - s03) / min(bwd, sync) if min(bwd, sync) > 0 else 0.0,
-            "s03_over_ideal": s03 / max(compute, sync)}
+    row = {"rate": result["link"]["rate"], "world_size": result["link"]["world_size"],
+           "batch": result["link"]["batch"],
+           "measured_mbit": (result["link"]["measured_bits_per_second"] or 0) / 1e6,
+           "no_ddp": no_ddp["p50_ms"], "fwd": fwd, "bwd": bwd, "compute": compute,
+           "sync": sync, "s02": s02, "s03": s03, "bwd03": pair["bwd03_ms"],
+           "ideal": max(compute, sync),
+           "hidden": (s02 - s03) / min(bwd, sync) if min(bwd, sync) > 0 else 0.0,
+           "s03_over_ideal": s03 / max(compute, sync),
+           "torch": None, "fit": None, "sweep": []}
+    torch = [b for b in result.get("torch", {}).get("benchmarks", [])
+             if b["name"] == "BM_TorchStepDDP/cap_kib:0"]
+    if torch:
+        row["torch"] = torch[0]["p50_ms"]
+    if "allreduce" in result:
+        row["fit"] = allreduce_fit(result["allreduce"])
+    row["sweep"] = sweep_rows(result, row["fit"], compute, bwd)
+    return row
+
+
+def best_caps(row):
+    """(measured best cap KiB, predicted best cap KiB or None, grid steps
+    between them or None) of a run's cap sweep, or None without one."""
+    sweep = row["sweep"]
+    if not sweep:
+        return None
+    caps = [r[0] for r in sweep]
+    measured = min(sweep, key=lambda r: r[3])[0]
+    if sweep[0][4] is None:
+        return measured, None, None
+    predicted = min(sweep, key=lambda r: r[4])[0]
+    return measured, predicted, abs(caps.index(measured) - caps.index(predicted))
 
 
 def table(rows):
     lines = ["| ranks | link | measured | batch | compute | fwd | bwd | sync | stage 02 | "
-             "stage 03 | ideal | hidden of min(bwd, sync) | stage 03 / ideal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "stage 03 | ideal | hidden of min(bwd, sync) | stage 03 / ideal | PyTorch DDP | "
+             "stage 03 / PyTorch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         measured = f"{r['measured_mbit']:.0f} Mbit/s" if r["measured_mbit"] else "-"
+        torch = (f"{r['torch']:.1f} | {r['s03'] / r['torch']:.2f}" if r["torch"] else "- | -")
         lines.append(f"| {r['world_size']} | {r['rate']} | {measured} | {r['batch']} | "
                      f"{r['compute']:.1f} | {r['fwd']:.1f} | {r['bwd']:.1f} | {r['sync']:.1f} | "
                      f"{r['s02']:.1f} | {r['s03']:.1f} | {r['ideal']:.1f} | "
-                     f"{100 * r['hidden']:.0f}% | {r['s03_over_ideal']:.2f} |")
+                     f"{100 * r['hidden']:.0f}% | {r['s03_over_ideal']:.2f} | {torch} |")
+    fitted = [r for r in rows if r["fit"]]
+    if fitted:
+        lines += ["", "| ranks | link | alpha | 1 / beta |", "|---|---|---|---|"]
+        lines += [f"| {r['world_size']} | {r['rate']} | {r['fit'][0] * 1e6:.0f} us | "
+                  f"{8e-6 / r['fit'][1]:.0f} Mbit/s |" for r in fitted]
+    for r in rows:
+        best = best_caps(r)
+        if not best:
+            continue
+        lines += ["", f"Cap sweep, {r['world_size']} ranks, {r['rate']}, batch {r['batch']} "
+                  f"(both caps; medians per step, ms):", "",
+                  "| cap KiB | buckets | stage 02 | stage 03 | predicted stage 03 |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {c} | {k} | {m2:.1f} | {m3:.1f}{' (best)' if c == best[0] else ''} | "
+                  + (f"{p:.1f}{' (best)' if c == best[1] else ''}" if p is not None else "-")
+                  + " |" for c, k, m2, m3, p in r["sweep"]]
+        if best[1] is not None:
+            lines += ["", f"Best cap: measured {best[0]} KiB, predicted {best[1]} KiB, "
+                      f"{best[2]} grid step(s) apart."]
     return "\n".join(lines)
 
 
@@ -165,9 +343,18 @@ def main():
     parser.add_argument("--out", help="write every run's results here (JSON)")
     parser.add_argument("--no-loopback", action="store_true",
                         help="skip the comparison run without a link")
+    parser.add_argument("--alpha-beta", action="store_true",
+                        help="also fit the kit's all-reduce on each link (bench_allreduce)")
+    parser.add_argument("--cap-sweep", action="store_true",
+                        help="also sweep both caps, 32 KiB to 4 MiB, beside the fit's "
+                             "prediction (implies --alpha-beta)")
+    parser.add_argument("--no-torch", action="store_true",
+                        help="skip PyTorch's DDP on each link")
     parser.add_argument("--smoke", action="store_true",
                         help="one iteration of each benchmark (tests): the times mean nothing")
     args = parser.parse_args()
+    args.alpha_beta = args.alpha_beta or args.cap_sweep
+    args.torch = None if args.no_torch else torch_python()
     try:
         rates = args.rates.split(",")
         for rate in rates:
@@ -193,10 +380,12 @@ def main():
                     results.append(run_loopback(args.build, w, batch, args.smoke))
                 for rate in rates:
                     print(f"link_bench: {w} ranks, batch {batch}, {rate}", flush=True)
-                    results.append(run_on_link(args.build, w, rate, batch, args.smoke))
+                    results.append(run_on_link(args.build, w, rate, batch, args))
     except Unavailable as e:
         print(f"link_bench: no shaped link here: {e}")
         sys.exit(SKIP)
+    if not args.no_torch and not args.torch:
+        print("link_bench: no python here imports torch: PyTorch's DDP not measured")
     rows = [summary(r) for r in results]
     print(table(rows))
     if args.smoke:

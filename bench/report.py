@@ -39,7 +39,11 @@ Output, in --out (the input folder unless given):
                      step time of each optimizer (interleaved medians)
   link.png           stage 02's and stage 03's step against the link's
                      rate, beside compute, sync and the ideal max(compute,
-                     sync), loopback at the right (link.json)
+                     sync), loopback at the right, and PyTorch's DDP
+                     step where measured (link.json)
+  link_caps.png      with --cap-sweep: stage 02's and stage 03's step
+                     against both caps on each link, beside the alpha-beta
+                     prediction of stage 03's (link_bench.predict_step03)
 The figures need python3-matplotlib (./kit installs it); --no-plots skips
 them.
 
@@ -50,9 +54,9 @@ sync that issues k all-reduces of B bytes in all, one after another, takes
 about k*alpha + beta*B with the means' fit (a sum of k all-reduces pays
 their stalls too): the prediction drawn beside the cap sweep.
 
---link-only reads link.json alone and writes link.md and link.png, leaving
-summary.md and the other figures as they are (./kit bench --link: a results
-folder may hold only some of the other files).
+--link-only reads link.json alone and writes link.md, link.png and
+link_caps.png, leaving summary.md and the other figures as they are (./kit
+bench --link: a results folder may hold only some of the other files).
 
 Run: python3 bench/report.py [RESULTS_DIR] [--out DIR] [--no-plots] [--link-only]
 """
@@ -65,7 +69,7 @@ import re
 import sys
 
 from atomic_file import replace_atomically, write_text
-from link_bench import summary as link_summary
+from link_bench import summary as link_summary, table as link_table
 
 # The kit's targets (measured here, never by timed tests).
 TARGET_BUCKETED_SPEEDUP = 5.0     # stage 02 sync vs stage 01 sync, depth 64, 2 ranks
@@ -752,15 +756,13 @@ def report_link(link, report):
                "to the rate (bench/link_bench.py); loopback: the ranks spawned on this "
                "machine. Medians per step, ms. compute: stage 02's step without its sync; "
                "ideal: max(compute, sync); hidden: (stage 02 - stage 03) / min(bwd, sync), "
-               "the share of what overlap can hide at best.", "")
-    report.table(["ranks", "batch", "link", "measured", "compute", "fwd", "bwd", "sync",
-                  "stage 02", "stage 03", "ideal", "hidden", "stage 03 / ideal"],
-                 [[r["world_size"], r["batch"], r["rate"],
-                   f"{r['measured_mbit']:.0f} Mbit/s" if r["measured_mbit"] else "-",
-                   f"{r['compute']:.1f}", f"{r['fwd']:.1f}", f"{r['bwd']:.1f}",
-                   f"{r['sync']:.1f}", f"{r['s02']:.1f}", f"{r['s03']:.1f}",
-                   f"{r['ideal']:.1f}", f"{100 * r['hidden']:.0f}%",
-                   f"{r['s03_over_ideal']:.2f}"] for r in rows])
+               "the share of what overlap can hide at best; PyTorch DDP: its step at its "
+               "default caps on the same link (bench/torch_ddp.py). alpha and 1 / beta: the "
+               "fit to the kit's all-reduce medians on the link (--alpha-beta); the cap "
+               "sweeps (--cap-sweep) set both caps, and their prediction is "
+               "link_bench.py's predict_step03 from that fit and the default caps' compute "
+               "and bwd.", "")
+    report.add(link_table(rows), "")
 
 
 def plot_link(link, save, plt):
@@ -786,10 +788,40 @@ def plot_link(link, save, plt):
         ax.set_xscale("log")
         ax.set_xticks(ticks, [f"{t:.2g}" for t in x] + (["loopback"] if loop else []))
         ax.minorticks_off()
+        torch = [r for r in linked if r["torch"]]
+        if torch:
+            ax.plot([r["measured_mbit"] / 1e3 for r in torch], [r["torch"] for r in torch], "^-",
+                    label="PyTorch DDP step")
         ax.set(xlabel="link rate, Gbit/s (measured)", ylabel="per step, ms (medians)",
                ylim=(0, None), title=f"{w} ranks, batch {batch} per rank")
         ax.legend(fontsize=7)
     save(fig, "link.png")
+    swept = [r for r in rows if r["sweep"]]
+    if not swept:
+        return
+    # A row per world size, a column per link.
+    sizes = sorted({r["world_size"] for r in swept})
+    columns = max(sum(r["world_size"] == w for r in swept) for w in sizes)
+    fig, axes = plt.subplots(len(sizes), columns, figsize=(4.2 * columns, 3.6 * len(sizes)),
+                             squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    placed = {w: 0 for w in sizes}
+    for r in swept:
+        row = sizes.index(r["world_size"])
+        ax = axes[row][placed[r["world_size"]]]
+        placed[r["world_size"]] += 1
+        ax.set_visible(True)
+        caps = [c for c, *_ in r["sweep"]]
+        ax.plot(caps, [m3 for _, _, _, m3, _ in r["sweep"]], "s-", label="stage 03, measured")
+        ax.plot(caps, [m2 for _, _, m2, _, _ in r["sweep"]], "o:", label="stage 02, measured")
+        if r["sweep"][0][4] is not None:
+            ax.plot(caps, [p for *_, p in r["sweep"]], "k--", label="stage 03, alpha-beta")
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="both caps, KiB", ylabel="per step, ms (medians)", ylim=(0, None),
+               title=f"{r['world_size']} ranks, {r['rate']}, batch {r['batch']}")
+        ax.legend(fontsize=7)
+    save(fig, "link_caps.png")
 
 
 def plot(results, fits, out, hook_losses=None, zero_memory=None, link=None):
@@ -1057,7 +1089,8 @@ def main():
     parser.add_argument("--out", help="where summary.md and the figures go (default: RESULTS)")
     parser.add_argument("--no-plots", action="store_true", help="the summary only")
     parser.add_argument("--link-only", action="store_true",
-                        help="link.json alone: link.md and link.png")
+                        help="link.json alone: link.md, link.png and (with cap sweeps) "
+                             "link_caps.png")
     args = parser.parse_args()
     out = args.out or args.results
     os.makedirs(out, exist_ok=True)

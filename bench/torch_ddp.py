@@ -41,6 +41,11 @@ depend on the values).
 Optional: needs Debian's python3-torch; the kit never requires it.
 ./kit bench runs it when `import torch` works. By hand:
     python3 bench/torch_ddp.py --out bench/results/torch_ddp.w2.json
+
+Launched (--init-method env://): one rank of a job that a launcher started
+(tools/tprun, torchrun), as bench_step's --init-method=env://: RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the environment, nothing
+spawned. bench/link_bench.py runs it so, one rank per host of a shaped link.
 """
 
 import argparse
@@ -137,12 +142,12 @@ def time_allreduce(torch, nbytes, iterations, warmup):
             "p50_us": quantile(us, 0.5), "p90_us": quantile(us, 0.9), "bytes": nbytes}
 
 
-def rank_main(rank, args, init_file):
+def rank_main(rank, args, init_method):
     import torch
     torch.set_num_threads(1)
     dist = torch.distributed
-    dist.init_process_group("gloo", init_method="file://" + init_file,
-                            rank=rank, world_size=args.world_size)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank,
+                            world_size=args.world_size)
     generator = torch.Generator().manual_seed(rank)
     batch = (torch.randn(args.batch, 16, generator=generator),
              torch.randn(args.batch, 4, generator=generator))
@@ -212,7 +217,19 @@ def main():
                              "./kit bench alternates with bench_step)")
     parser.add_argument("--smoke", action="store_true",
                         help="one iteration each, no warm-up (tests): the times mean nothing")
+    parser.add_argument("--init-method", choices=["env://"],
+                        help="one rank of a launched job (RANK, WORLD_SIZE, MASTER_ADDR and "
+                             "MASTER_PORT from the launcher); --world-size is then WORLD_SIZE")
     args = parser.parse_args()
+    launched = None
+    if args.init_method:
+        try:
+            launched = int(os.environ["RANK"])
+            args.world_size = int(os.environ["WORLD_SIZE"])
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        except (KeyError, ValueError) as e:
+            parser.error(f"--init-method env:// needs RANK, WORLD_SIZE, MASTER_ADDR and "
+                         f"MASTER_PORT from a launcher (tools/tprun): {e!r}")
     if not 1 <= args.world_size <= 16 or args.batch < 1:
         parser.error("--world-size must be 1 to 16 and --batch at least 1")
     try:
@@ -222,10 +239,13 @@ def main():
         print("torch_ddp.py: PyTorch is not installed (Debian: apt-get install python3-torch); "
               "nothing to compare with", file=sys.stderr)
         return 2
+    if launched is not None:
+        rank_main(launched, args, "env://")
+        return 0
     print(f"torch_ddp.py: {args.world_size} rank(s) on {os.cpu_count()} core(s), torch "
           f"{torch.__version__}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="tp-torch-ddp-") as tmp:
-        torch.multiprocessing.spawn(rank_main, args=(args, os.path.join(tmp, "init")),
+        torch.multiprocessing.spawn(rank_main, args=(args, "file://" + os.path.join(tmp, "init")),
                                     nprocs=args.world_size, join=True)
     return 0
 
