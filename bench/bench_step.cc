@@ -36,14 +36,14 @@
 //                            interleaved (one step of each per iteration):
 //                            how much of stage 02's sync stage 03 hides
 //                            ("hidden"), measured a moment apart.
-//   BM_CapSweepPair/cap_kib:C/batch:B
-//                            only with --cap-sweep=1 (bench/link_bench.py
+//   BM_CapSweep/batch:B      only with --cap-sweep=1 (bench/link_bench.py
 //                            --cap-sweep): BM_OverlapPair at --batch with
 //                            both caps C = 32 KiB (a bucket per layer) to
-//                            4096 KiB (one bucket), in factors of 2, 20
-//                            steps each: which cap gives stage 03 its
-//                            shortest step on a link, beside what the
-//                            alpha-beta fit predicts.
+//                            4096 KiB (one bucket), in factors of 2, all
+//                            interleaved, 20 steps of each stage at each
+//                            cap: which cap gives stage 03 its shortest
+//                            step on a link, beside what the alpha-beta fit
+//                            predicts.
 // cap_kib 0 stands for the default caps (first bucket 1 MiB, the others 25
 // MiB: two buckets here, the second three times the first); any other value
 // sets both caps to that many KiB (512: 8 buckets, 1024: 4, 2048: 2 equal).
@@ -156,7 +156,7 @@ constexpr int64_t kShareBatches[] = {1, 16, 64, 256};
 // Bucket caps of the stage 02 and 03 runs, in KiB; 0 is the default caps.
 constexpr int64_t kCapsKib[] = {0, 512, 1024, 2048};
 
-// The grid of BM_CapSweepPair (--cap-sweep=1), in KiB, and its steps per cap.
+// The grid of BM_CapSweep (--cap-sweep=1), in KiB, and its steps per cap.
 constexpr int64_t kSweepCapsKib[] = {32, 64, 128, 256, 512, 1024, 2048, 4096};
 constexpr int64_t kSweepIterations = 20;
 
@@ -300,54 +300,21 @@ void bm_stage03(benchmark::State& state, const Rank& rank) {
   state.counters["buckets"] = static_cast<double>(ddp.bucket_assignment().size());
 }
 
-// Stage 02 and stage 03 side by side, one step of each per iteration, in an
-// order swapped every iteration, on the same batch and caps: both meet the
-// machine at the same moments, so what stage 03 hides is measured against a
-// stage 02 step taken a moment apart, not minutes apart. Counters:
-// "s02_ms", "s03_ms" (step medians), "sync02_ms" (the median of stage 02's
-// sync_grads()), "fwd02_ms", "bwd02_ms", "fwd03_ms", "bwd03_ms" (the medians
-// of each stage's forward and backward; stage 03's backward includes its
-// hooks and its end-of-backward wait, so bwd03_ms - bwd02_ms is the part of
-// the sync it did not hide), "hidden": the median over the iterations of
-// (stage 02's step - stage 03's step), over sync02_ms, and "buckets".
-void bm_overlap_pair(benchmark::State& state, const Rank& rank) {
-  const Caps caps = caps_of(state.range(0));
-  stage02::DistributedDataParallel ddp02(
-      make_model(), rank.group,
-      {.bucket_cap_mb = caps.bucket_cap_mb, .first_bucket_cap_mb = caps.first_bucket_cap_mb});
-  stage03::DistributedDataParallel ddp03(
-      make_model(), rank.group,
-      {.bucket_cap_mb = caps.bucket_cap_mb, .first_bucket_cap_mb = caps.first_bucket_cap_mb});
-  tp::optim::SGD sgd02(ddp02.parameters(), {.lr = 1e-3});
-  tp::optim::SGD sgd03(ddp03.parameters(), {.lr = 1e-3});
-  const tp::data::Batch batch = batch_of(rank);
-  std::vector<double> s02, s03, sync02, saved, fwd02, bwd02, fwd03, bwd03;
-  auto step02 = [&] {
-    Phases phases;
-    const auto start = Clock::now();
-    step([&](const tp::Tensor& x) { return ddp02(x); }, [&] { ddp02.sync_grads(); }, sgd02,
-         batch, phases);
-    s02.push_back(ms_since(start));
-    sync02.push_back(phases.sync_ms);
-    fwd02.push_back(phases.forward_ms);
-    bwd02.push_back(phases.backward_ms);
-  };
-  auto step03 = [&] {
-    Phases phases;
-    const auto start = Clock::now();
-    step([&](const tp::Tensor& x) { return ddp03(x); }, [] {}, sgd03, batch, phases);
-    s03.push_back(ms_since(start));
-    fwd03.push_back(phases.forward_ms);
-    bwd03.push_back(phases.backward_ms);
-  };
-  for (int i = 0; i < tp::bench::warmup_iterations(); ++i) {
-    step02();
-    step03();
-  }
-  for (auto* times : {&s02, &s03, &sync02, &fwd02, &bwd02, &fwd03, &bwd03}) times->clear();
-  rank.group->barrier()->wait();
-  bool first02 = true;
-  for (auto _ : state) {
+// Stage 02 and stage 03 at the same caps, on the same batch, each with its
+// own copy of the model and its own SGD, keeping the medians of their steps
+// and phases: a pair that BM_OverlapPair and BM_CapSweep step a moment
+// apart, so that both stages meet the machine at the same moments.
+class StagePair {
+ public:
+  StagePair(const Rank& rank, int64_t cap_kib)
+      : ddp02_(make_model(), rank.group, options_of<stage02::Options>(cap_kib)),
+        ddp03_(make_model(), rank.group, options_of<stage03::Options>(cap_kib)),
+        sgd02_(ddp02_.parameters(), {.lr = 1e-3}),
+        sgd03_(ddp03_.parameters(), {.lr = 1e-3}),
+        batch_(batch_of(rank)) {}
+
+  // One step of each, stage 02's first when `first02`.
+  void step_both(bool first02) {
     if (first02) {
       step02();
       step03();
@@ -355,20 +322,113 @@ void bm_overlap_pair(benchmark::State& state, const Rank& rank) {
       step03();
       step02();
     }
-    first02 = !first02;
-    saved.push_back(s02.back() - s03.back());
+    saved_.push_back(s02_.back() - s03_.back());
   }
-  using tp::bench::quantile;
-  state.counters["s02_ms"] = quantile(s02, 0.5);
-  state.counters["s03_ms"] = quantile(s03, 0.5);
-  state.counters["sync02_ms"] = quantile(sync02, 0.5);
-  state.counters["fwd02_ms"] = quantile(fwd02, 0.5);
-  state.counters["bwd02_ms"] = quantile(bwd02, 0.5);
-  state.counters["fwd03_ms"] = quantile(fwd03, 0.5);
-  state.counters["bwd03_ms"] = quantile(bwd03, 0.5);
-  state.counters["hidden"] = quantile(saved, 0.5) / quantile(sync02, 0.5);
-  // The same caps give both stages the same buckets.
-  state.counters["buckets"] = static_cast<double>(ddp03.bucket_assignment().size());
+
+  // Forgets the steps so far (the warm-up's).
+  void clear() {
+    for (auto* times : {&s02_, &s03_, &sync02_, &saved_, &fwd02_, &bwd02_, &fwd03_, &bwd03_}) {
+      times->clear();
+    }
+  }
+
+  // The medians, as counters named NAME + suffix (see BM_OverlapPair).
+  void report(benchmark::State& state, const std::string& suffix) const {
+    using tp::bench::quantile;
+    state.counters["s02_ms" + suffix] = quantile(s02_, 0.5);
+    state.counters["s03_ms" + suffix] = quantile(s03_, 0.5);
+    state.counters["sync02_ms" + suffix] = quantile(sync02_, 0.5);
+    state.counters["fwd02_ms" + suffix] = quantile(fwd02_, 0.5);
+    state.counters["bwd02_ms" + suffix] = quantile(bwd02_, 0.5);
+    state.counters["fwd03_ms" + suffix] = quantile(fwd03_, 0.5);
+    state.counters["bwd03_ms" + suffix] = quantile(bwd03_, 0.5);
+    state.counters["hidden" + suffix] = quantile(saved_, 0.5) / quantile(sync02_, 0.5);
+    // The same caps give both stages the same buckets.
+    state.counters["buckets" + suffix] = static_cast<double>(ddp03_.bucket_assignment().size());
+  }
+
+ private:
+  template <typename Options>
+  static Options options_of(int64_t cap_kib) {
+    const Caps caps = caps_of(cap_kib);
+    return {.bucket_cap_mb = caps.bucket_cap_mb, .first_bucket_cap_mb = caps.first_bucket_cap_mb};
+  }
+
+  void step02() {
+    Phases phases;
+    const auto start = Clock::now();
+    step([&](const tp::Tensor& x) { return ddp02_(x); }, [&] { ddp02_.sync_grads(); }, sgd02_,
+         batch_, phases);
+    s02_.push_back(ms_since(start));
+    sync02_.push_back(phases.sync_ms);
+    fwd02_.push_back(phases.forward_ms);
+    bwd02_.push_back(phases.backward_ms);
+  }
+
+  void step03() {
+    Phases phases;
+    const auto start = Clock::now();
+    step([&](const tp::Tensor& x) { return ddp03_(x); }, [] {}, sgd03_, batch_, phases);
+    s03_.push_back(ms_since(start));
+    fwd03_.push_back(phases.forward_ms);
+    bwd03_.push_back(phases.backward_ms);
+  }
+
+  stage02::DistributedDataParallel ddp02_;
+  stage03::DistributedDataParallel ddp03_;
+  tp::optim::SGD sgd02_;
+  tp::optim::SGD sgd03_;
+  tp::data::Batch batch_;
+  std::vector<double> s02_, s03_, sync02_, saved_, fwd02_, bwd02_, fwd03_, bwd03_;
+};
+
+// Stage 02 and stage 03 side by side, one step of each per iteration, in an
+// order swapped every iteration, on the same batch and caps: what stage 03
+// hides is measured against a stage 02 step taken a moment apart, not
+// minutes apart. Counters: "s02_ms", "s03_ms" (step medians), "sync02_ms"
+// (the median of stage 02's sync_grads()), "fwd02_ms", "bwd02_ms",
+// "fwd03_ms", "bwd03_ms" (the medians of each stage's forward and backward;
+// stage 03's backward includes its hooks and its end-of-backward wait, so
+// bwd03_ms - bwd02_ms is the part of the sync it did not hide), "hidden":
+// the median over the iterations of (stage 02's step - stage 03's step),
+// over sync02_ms, and "buckets".
+void bm_overlap_pair(benchmark::State& state, const Rank& rank) {
+  StagePair pair(rank, state.range(0));
+  for (int i = 0; i < tp::bench::warmup_iterations(); ++i) pair.step_both(true);
+  pair.clear();
+  rank.group->barrier()->wait();
+  bool first02 = true;
+  for (auto _ : state) {
+    pair.step_both(first02);
+    first02 = !first02;
+  }
+  pair.report(state, "");
+}
+
+// Every cap of kSweepCapsKib at once: a StagePair per cap, and per
+// iteration one pair of steps at each cap, starting one cap further on each
+// time (and stage 02 or 03 first in turn), so that the caps, too, meet the
+// machine at the same moments and their medians can be ranked. Counters as
+// BM_OverlapPair's, per cap, suffixed "_cap" + KiB ("s03_ms_cap512").
+void bm_cap_sweep(benchmark::State& state, const Rank& rank) {
+  std::vector<std::unique_ptr<StagePair>> pairs;
+  for (int64_t cap : kSweepCapsKib) pairs.push_back(std::make_unique<StagePair>(rank, cap));
+  const size_t n = pairs.size();
+  for (int i = 0; i < tp::bench::warmup_iterations(); ++i) {
+    for (auto& pair : pairs) pair->step_both(true);
+  }
+  for (auto& pair : pairs) pair->clear();
+  rank.group->barrier()->wait();
+  size_t iteration = 0;
+  for (auto _ : state) {
+    for (size_t k = 0; k < n; ++k) {
+      pairs[(iteration + k) % n]->step_both((iteration + k) % 2 == 0);
+    }
+    ++iteration;
+  }
+  for (size_t k = 0; k < n; ++k) {
+    pairs[k]->report(state, "_cap" + std::to_string(kSweepCapsKib[k]));
+  }
 }
 
 // Gradient accumulation (lesson 04): one optimizer step made of K
@@ -465,10 +525,9 @@ void register_benchmarks(const Rank& rank, bool cap_sweep) {
     register_step("BM_OverlapPair", bm_overlap_pair, kIterations, sized)
         ->ArgNames({"cap_kib", "batch"})->Args({0, batch});
   }
-  if (!cap_sweep) return;
-  for (int64_t cap : kSweepCapsKib) {
-    register_step("BM_CapSweepPair", bm_overlap_pair, kSweepIterations, rank)
-        ->ArgNames({"cap_kib", "batch"})->Args({cap, rank.batch});
+  if (cap_sweep) {
+    register_step("BM_CapSweep", bm_cap_sweep, kSweepIterations, rank)
+        ->ArgName("batch")->Arg(rank.batch);
   }
 }
 
@@ -480,7 +539,7 @@ int main(int argc, char** argv) {
   return tp::bench::ranked_benchmark_main(
       argc, argv, "bench_step", kDefaultWorldSize,
       {{"batch", 1, 4096, "gives each rank N rows per step", &batch},
-       {"cap-sweep", 0, 1, "1 adds BM_CapSweepPair, stages 02 and 03 at caps of 32 KiB to "
+       {"cap-sweep", 0, 1, "1 adds BM_CapSweep, stages 02 and 03 at caps of 32 KiB to "
                            "4 MiB", &cap_sweep}},
       [&batch, &cap_sweep](const tp::bench::RankSetup& setup) {
         register_benchmarks({setup.group, batch}, cap_sweep == 1);

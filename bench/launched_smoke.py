@@ -11,7 +11,7 @@ its counters (BM_OverlapPair's per-stage phases, which bench/link_bench.py
 reads), and that the launch mistakes are refused before anything starts:
 RANK set without --init-method, --init-method=file://, and a --world-size
 that disagrees with the launcher's WORLD_SIZE. Then what bench/link_bench.py
-runs besides: bench_step --cap-sweep=1 (every cap of BM_CapSweepPair, whose
+runs besides: bench_step --cap-sweep=1 (every cap of BM_CapSweep, whose
 bucket counts must be those link_bench.py's prediction models),
 bench_allreduce launched (the kit's all-reduce alone, raw Gloo said to be
 not measured) and, where this python imports torch, torch_ddp.py launched.
@@ -96,19 +96,23 @@ with tempfile.TemporaryDirectory() as tmp:
 
     out = os.path.join(tmp, "sweep.json")
     sweep = results_of(launch(["--init-method=env://", "--cap-sweep=1"], out,
-                              bench_filter="--benchmark_filter=BM_CapSweepPair"), out,
+                              bench_filter="--benchmark_filter=BM_CapSweep/"), out,
                        "bench_step --cap-sweep=1")
-    caps = []
-    for b in sweep["benchmarks"]:
-        cap = int(b["name"].split("cap_kib:")[1].split("/")[0])
+    if [b["name"].split("/iterations")[0] for b in sweep["benchmarks"]] != \
+            ["BM_CapSweep/batch:64"]:
+        fail(f"bench_step --cap-sweep=1 ran {[b['name'] for b in sweep['benchmarks']]}")
+    caps = link_bench.sweep_caps(sweep["benchmarks"][0])
+    for cap, counters in caps.items():
         modelled = len(link_bench.buckets_for(cap << 10))
-        if b.get("buckets") != modelled:
-            fail(f"BM_CapSweepPair at {cap} KiB: the stages built {b.get('buckets')} buckets, "
+        if counters.get("buckets") != modelled:
+            fail(f"BM_CapSweep at {cap} KiB: the stages built {counters.get('buckets')} buckets, "
                  f"link_bench.buckets_for models {modelled}")
-        caps.append(cap)
-    if caps != [32, 64, 128, 256, 512, 1024, 2048, 4096]:
-        fail(f"BM_CapSweepPair ran at caps {caps}")
-    print(f"ok: BM_CapSweepPair at {caps} KiB, bucket counts as link_bench.py models them")
+        missing = {"s02_ms", "s03_ms", "sync02_ms", "bwd02_ms"} - set(counters)
+        if missing:
+            fail(f"BM_CapSweep at {cap} KiB lacks the counters {sorted(missing)}")
+    if sorted(caps) != [32, 64, 128, 256, 512, 1024, 2048, 4096]:
+        fail(f"BM_CapSweep ran at caps {sorted(caps)}")
+    print(f"ok: BM_CapSweep at {sorted(caps)} KiB, bucket counts as link_bench.py models them")
 
     out = os.path.join(tmp, "allreduce.json")
     allreduce = results_of(launch(["--init-method=env://"], out, program=ALLREDUCE,

@@ -35,8 +35,8 @@ On the same link, as separate jobs after bench_step:
               (or this python) imports torch; --no-torch skips it.
   alpha-beta  (--alpha-beta) bench_allreduce's kit all-reduce, 4 B to 64 MiB,
               fitted as report.py fits loopback: t(n) = alpha + beta * n.
-  cap sweep   (--cap-sweep) BM_CapSweepPair: stages 02 and 03 at both caps
-              32 KiB to 4 MiB, beside what the alpha-beta fit predicts for
+  cap sweep   (--cap-sweep) BM_CapSweep: stages 02 and 03 at both caps
+              32 KiB to 4 MiB, interleaved, beside what the alpha-beta fit predicts for
               each cap (predict_step03: the buckets of bench_step's model,
               filled as its gradients become ready during backward, sent one
               after the other on the communication thread).
@@ -48,6 +48,7 @@ Needs root, `ip` and `tc` (namespaces); without them it says why and exits
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -67,9 +68,9 @@ DEADLINE = 900.0  # seconds for one run of bench_step on a link
 
 def filter_for(batch, cap_sweep):
     # BM_OverlapPair is registered at batches 1, 16, 64 and 256 (bench_step.cc),
-    # BM_StepNoDDP and BM_CapSweepPair (--cap-sweep=1) at --batch.
+    # BM_StepNoDDP and BM_CapSweep (--cap-sweep=1) at --batch.
     return f"BM_StepNoDDP|BM_OverlapPair/cap_kib:0/batch:{batch}/" + \
-        ("|BM_CapSweepPair" if cap_sweep else "")
+        ("|BM_CapSweep/" if cap_sweep else "")
 
 
 def bench_args(build, batch, out, smoke, cap_sweep=False):
@@ -240,22 +241,51 @@ def allreduce_fit(result):
     return fit_alpha_beta(sizes, [b["kit_p50_us"] * 1e-6 for b in runs])
 
 
+def sweep_caps(run):
+    """{cap KiB: {"s02_ms": ..., "s03_ms": ..., "buckets": ...}} of a
+    BM_CapSweep run's counters ("s03_ms_cap512" and so on)."""
+    caps = {}
+    for key, value in run.items():
+        m = re.fullmatch(r"(\w+?)_cap(\d+)", key)
+        if m:
+            caps.setdefault(int(m.group(2)), {})[m.group(1)] = value
+    return caps
+
+
 def sweep_rows(result, fit, compute, bwd):
     """[(cap KiB, buckets, stage 02 ms, stage 03 ms, predicted stage 03 ms or
-    None)] of BM_CapSweepPair, by cap."""
+    None)] of BM_CapSweep, by cap."""
     rows = []
     for b in result["benchmarks"]:
-        if not b["name"].startswith("BM_CapSweepPair/"):
+        if not b["name"].startswith("BM_CapSweep/"):
             continue
-        cap_kib = int(b["name"].split("cap_kib:")[1].split("/")[0])
-        modelled = len(buckets_for(cap_kib << 10))
-        if b.get("buckets", modelled) != modelled:
-            raise RuntimeError(f"at a cap of {cap_kib} KiB the stages built {b['buckets']:.0f} "
-                               f"buckets and link_bench.py's model of them {modelled}: "
-                               f"MODEL_LAYERS or buckets_for no longer match bench_step.cc")
-        predicted = predict_step03(*fit, compute, bwd, cap_kib << 10) if fit else None
-        rows.append((cap_kib, modelled, b["s02_ms"], b["s03_ms"], predicted))
+        for cap_kib, c in sweep_caps(b).items():
+            modelled = len(buckets_for(cap_kib << 10))
+            if c["buckets"] != modelled:
+                raise RuntimeError(f"at a cap of {cap_kib} KiB the stages built "
+                                   f"{c['buckets']:.0f} buckets and link_bench.py's model of "
+                                   f"them {modelled}: MODEL_LAYERS or buckets_for no longer "
+                                   f"match bench_step.cc")
+            predicted = predict_step03(*fit, compute, bwd, cap_kib << 10) if fit else None
+            rows.append((cap_kib, modelled, c["s02_ms"], c["s03_ms"], predicted))
     return sorted(rows)
+
+
+def per_bucket_ms(result):
+    """The slope, ms per bucket, of stage 02's sync against its number of
+    buckets over BM_CapSweep (least squares; the bytes are the same at every
+    cap): what one more all-reduce costs inside a step, to set beside the
+    fit's alpha. None without a sweep."""
+    points = []
+    for b in result["benchmarks"]:
+        if b["name"].startswith("BM_CapSweep/"):
+            points += [(c["buckets"], c["sync02_ms"]) for c in sweep_caps(b).values()]
+    if len({k for k, _ in points}) < 2:
+        return None
+    mk = sum(k for k, _ in points) / len(points)
+    mt = sum(t for _, t in points) / len(points)
+    return (sum((k - mk) * (t - mt) for k, t in points) /
+            sum((k - mk) ** 2 for k, _ in points))
 
 
 def summary(result):
@@ -281,6 +311,7 @@ def summary(result):
     if "allreduce" in result:
         row["fit"] = allreduce_fit(result["allreduce"])
     row["sweep"] = sweep_rows(result, row["fit"], compute, bwd)
+    row["per_bucket_ms"] = per_bucket_ms(result)
     return row
 
 
@@ -328,7 +359,9 @@ def table(rows):
                   + " |" for c, k, m2, m3, p in r["sweep"]]
         if best[1] is not None:
             lines += ["", f"Best cap: measured {best[0]} KiB, predicted {best[1]} KiB, "
-                      f"{best[2]} grid step(s) apart."]
+                      f"{best[2]} grid step(s) apart. Stage 02's sync grows by "
+                      f"{r['per_bucket_ms']:.2f} ms per bucket across the sweep, against the "
+                      f"fit's alpha of {r['fit'][0] * 1e3:.2f} ms."]
     return "\n".join(lines)
 
 
