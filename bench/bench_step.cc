@@ -38,8 +38,8 @@
 //                            ("hidden"), measured a moment apart.
 //   BM_CapSweep/batch:B      only with --cap-sweep=1 (bench/link_bench.py
 //                            --cap-sweep): BM_OverlapPair at --batch with
-//                            both caps C = 32 KiB (a bucket per layer) to
-//                            4096 KiB (one bucket), in factors of 2, all
+//                            both caps C = 64 KiB (64 buckets for 65 layers)
+//                            to 4096 KiB (one bucket), in factors of 2, all
 //                            interleaved, 20 steps of each stage at each
 //                            cap: which cap gives stage 03 its shortest
 //                            step on a link, beside what the alpha-beta fit
@@ -101,6 +101,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -157,7 +158,9 @@ constexpr int64_t kShareBatches[] = {1, 16, 64, 256};
 constexpr int64_t kCapsKib[] = {0, 512, 1024, 2048};
 
 // The grid of BM_CapSweep (--cap-sweep=1), in KiB, and its steps per cap.
-constexpr int64_t kSweepCapsKib[] = {32, 64, 128, 256, 512, 1024, 2048, 4096};
+// 64 KiB makes 64 buckets for the 65 layers (a 64 KiB weight closes each;
+// the last two layers share one), 4096 KiB one bucket for all 4.2 MB.
+constexpr int64_t kSweepCapsKib[] = {64, 128, 256, 512, 1024, 2048, 4096};
 constexpr int64_t kSweepIterations = 20;
 
 struct Caps {
@@ -406,10 +409,13 @@ void bm_overlap_pair(benchmark::State& state, const Rank& rank) {
 }
 
 // Every cap of kSweepCapsKib at once: a StagePair per cap, and per
-// iteration one pair of steps at each cap, starting one cap further on each
-// time (and stage 02 or 03 first in turn), so that the caps, too, meet the
-// machine at the same moments and their medians can be ranked. Counters as
-// BM_OverlapPair's, per cap, suffixed "_cap" + KiB ("s03_ms_cap512").
+// iteration one pair of steps at each cap, the caps in a shuffled order
+// (a new one each iteration, so that no cap always follows the same
+// neighbour) and each cap's pair led by stage 02 and stage 03 in turn: the
+// caps, too, meet the machine at the same moments. Every rank draws the same
+// orders (the same generator, seeded with the iteration): their collectives
+// must pair up. Counters as BM_OverlapPair's, per cap, suffixed "_cap" + KiB
+// ("s03_ms_cap512").
 void bm_cap_sweep(benchmark::State& state, const Rank& rank) {
   std::vector<std::unique_ptr<StagePair>> pairs;
   for (int64_t cap : kSweepCapsKib) pairs.push_back(std::make_unique<StagePair>(rank, cap));
@@ -419,11 +425,15 @@ void bm_cap_sweep(benchmark::State& state, const Rank& rank) {
   }
   for (auto& pair : pairs) pair->clear();
   rank.group->barrier()->wait();
-  size_t iteration = 0;
+  std::vector<size_t> order(n);
+  for (size_t j = 0; j < n; ++j) order[j] = j;
+  uint32_t iteration = 0;
   for (auto _ : state) {
-    for (size_t k = 0; k < n; ++k) {
-      pairs[(iteration + k) % n]->step_both((iteration + k) % 2 == 0);
-    }
+    // Fisher-Yates with the generator's own output (std::shuffle's use of
+    // it is the library's choice; this one is the same on every rank).
+    std::mt19937 draw(iteration);
+    for (size_t j = n - 1; j > 0; --j) std::swap(order[j], order[draw() % (j + 1)]);
+    for (size_t j : order) pairs[j]->step_both((iteration + j) % 2 == 0);
     ++iteration;
   }
   for (size_t k = 0; k < n; ++k) {
@@ -539,7 +549,7 @@ int main(int argc, char** argv) {
   return tp::bench::ranked_benchmark_main(
       argc, argv, "bench_step", kDefaultWorldSize,
       {{"batch", 1, 4096, "gives each rank N rows per step", &batch},
-       {"cap-sweep", 0, 1, "1 adds BM_CapSweep, stages 02 and 03 at caps of 32 KiB to "
+       {"cap-sweep", 0, 1, "1 adds BM_CapSweep, stages 02 and 03 at caps of 64 KiB to "
                            "4 MiB", &cap_sweep}},
       [&batch, &cap_sweep](const tp::bench::RankSetup& setup) {
         register_benchmarks({setup.group, batch}, cap_sweep == 1);

@@ -110,7 +110,7 @@ with tempfile.TemporaryDirectory() as tmp:
         missing = {"s02_ms", "s03_ms", "sync02_ms", "bwd02_ms"} - set(counters)
         if missing:
             fail(f"BM_CapSweep at {cap} KiB lacks the counters {sorted(missing)}")
-    if sorted(caps) != [32, 64, 128, 256, 512, 1024, 2048, 4096]:
+    if sorted(caps) != [64, 128, 256, 512, 1024, 2048, 4096]:
         fail(f"BM_CapSweep ran at caps {sorted(caps)}")
     print(f"ok: BM_CapSweep at {sorted(caps)} KiB, bucket counts as link_bench.py models them")
 

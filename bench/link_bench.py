@@ -36,8 +36,8 @@ On the same link, as separate jobs after bench_step:
   alpha-beta  (--alpha-beta) bench_allreduce's kit all-reduce, 4 B to 64 MiB,
               fitted as report.py fits loopback: t(n) = alpha + beta * n.
   cap sweep   (--cap-sweep) BM_CapSweep: stages 02 and 03 at both caps
-              32 KiB to 4 MiB, interleaved, beside what the alpha-beta fit predicts for
-              each cap (predict_step03: the buckets of bench_step's model,
+              64 KiB to 4 MiB, interleaved, beside what the alpha-beta fit
+              predicts for each cap (predict_step03: the buckets of bench_step's model,
               filled as its gradients become ready during backward, sent one
               after the other on the communication thread).
 
@@ -106,13 +106,14 @@ def run_job(link, command, tmp, what):
         env = dict(os.environ, GLOO_SOCKET_IFNAME=shaped_link.INTERFACE)
         procs.append(host.popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
     start = time.monotonic()
+    late = False
+    # Until every host is done: past the deadline, or once a host failed
+    # (its peers would wait for it until their collective timeout), the
+    # others are ended after a grace.
     while any(p.poll() is None for p in procs):
-        if time.monotonic() - start > DEADLINE:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()  # tprun ends its rank and says so
-            for p in procs:
-                p.wait()
+        late = time.monotonic() - start > DEADLINE
+        if late or any(p.poll() not in (None, 0) for p in procs):
+            end(procs, grace=0 if late else 10)
             break
         time.sleep(0.2)
     failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
@@ -120,9 +121,24 @@ def run_job(link, command, tmp, what):
         for i, _ in failed:
             logs[i].seek(0)
             print(f"--- host {i} ---\n{logs[i].read()[-3000:]}", file=sys.stderr)
-        late = time.monotonic() - start > DEADLINE
         raise RuntimeError(f"{what} at {world_size} ranks failed: host (exit code): {failed}" +
                            (f" (ran past the {DEADLINE:.0f} s deadline)" if late else ""))
+
+
+def end(procs, grace):
+    """Waits up to `grace` s for `procs` to end, then SIGTERMs what is left
+    (tprun ends its rank and says so) and, 10 s later, SIGKILLs it."""
+    def wait_for(seconds):
+        deadline = time.monotonic() + seconds
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    wait_for(grace)
+    for stop in (subprocess.Popen.terminate, subprocess.Popen.kill):
+        for p in procs:
+            if p.poll() is None:
+                stop(p)
+        wait_for(10)
 
 
 def run_on_link(build, world_size, rate, batch, options):
@@ -303,11 +319,10 @@ def summary(result):
            "ideal": max(compute, sync),
            "hidden": (s02 - s03) / min(bwd, sync) if min(bwd, sync) > 0 else 0.0,
            "s03_over_ideal": s03 / max(compute, sync),
-           "torch": None, "fit": None, "sweep": []}
-    torch = [b for b in result.get("torch", {}).get("benchmarks", [])
-             if b["name"] == "BM_TorchStepDDP/cap_kib:0"]
-    if torch:
-        row["torch"] = torch[0]["p50_ms"]
+           "torch": None, "torch_no_ddp": None, "fit": None, "sweep": []}
+    torch = {b["name"]: b["p50_ms"] for b in result.get("torch", {}).get("benchmarks", [])}
+    row["torch"] = torch.get("BM_TorchStepDDP/cap_kib:0")
+    row["torch_no_ddp"] = torch.get("BM_TorchStepNoDDP")
     if "allreduce" in result:
         row["fit"] = allreduce_fit(result["allreduce"])
     row["sweep"] = sweep_rows(result, row["fit"], compute, bwd)
@@ -331,16 +346,18 @@ def best_caps(row):
 
 def table(rows):
     lines = ["| ranks | link | measured | batch | compute | fwd | bwd | sync | stage 02 | "
-             "stage 03 | ideal | hidden of min(bwd, sync) | stage 03 / ideal | PyTorch DDP | "
-             "stage 03 / PyTorch |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "stage 03 | ideal | hidden of min(bwd, sync) | stage 03 / ideal | no DDP | "
+             "PyTorch no DDP | PyTorch DDP | stage 03 / PyTorch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         measured = f"{r['measured_mbit']:.0f} Mbit/s" if r["measured_mbit"] else "-"
-        torch = (f"{r['torch']:.1f} | {r['s03'] / r['torch']:.2f}" if r["torch"] else "- | -")
+        torch = (f"{r['torch_no_ddp']:.1f} | {r['torch']:.1f} | {r['s03'] / r['torch']:.2f}"
+                 if r["torch"] and r["torch_no_ddp"] else "- | - | -")
         lines.append(f"| {r['world_size']} | {r['rate']} | {measured} | {r['batch']} | "
                      f"{r['compute']:.1f} | {r['fwd']:.1f} | {r['bwd']:.1f} | {r['sync']:.1f} | "
                      f"{r['s02']:.1f} | {r['s03']:.1f} | {r['ideal']:.1f} | "
-                     f"{100 * r['hidden']:.0f}% | {r['s03_over_ideal']:.2f} | {torch} |")
+                     f"{100 * r['hidden']:.0f}% | {r['s03_over_ideal']:.2f} | "
+                     f"{r['no_ddp']:.1f} | {torch} |")
     fitted = [r for r in rows if r["fit"]]
     if fitted:
         lines += ["", "| ranks | link | alpha | 1 / beta |", "|---|---|---|---|"]
@@ -379,7 +396,7 @@ def main():
     parser.add_argument("--alpha-beta", action="store_true",
                         help="also fit the kit's all-reduce on each link (bench_allreduce)")
     parser.add_argument("--cap-sweep", action="store_true",
-                        help="also sweep both caps, 32 KiB to 4 MiB, beside the fit's "
+                        help="also sweep both caps, 64 KiB to 4 MiB, beside the fit's "
                              "prediction (implies --alpha-beta)")
     parser.add_argument("--no-torch", action="store_true",
                         help="skip PyTorch's DDP on each link")
@@ -400,9 +417,10 @@ def main():
         parser.error(f"--batches takes 1, 16, 64 or 256 (BM_OverlapPair's); got {batches}")
     if any(not 2 <= w <= 16 for w in sizes):
         parser.error(f"--world-sizes takes 2 to 16; got {sizes}")
-    if not os.access(os.path.join(args.build, "bench", "bench_step"), os.X_OK):
-        parser.error(f"{args.build}/bench/bench_step is not built "
-                     f"(ninja -C {args.build} bench/bench_step)")
+    for program in ["bench_step"] + (["bench_allreduce"] if args.alpha_beta else []):
+        if not os.access(os.path.join(args.build, "bench", program), os.X_OK):
+            parser.error(f"{args.build}/bench/{program} is not built "
+                         f"(ninja -C {args.build} bench/{program})")
     clean_stale()  # namespaces of runs that were SIGKILLed
     results = []
     try:
@@ -419,7 +437,14 @@ def main():
         sys.exit(SKIP)
     if not args.no_torch and not args.torch:
         print("link_bench: no python here imports torch: PyTorch's DDP not measured")
-    rows = [summary(r) for r in results]
+    try:
+        rows = [summary(r) for r in results]
+    except Exception:
+        if args.out:  # minutes of measurement are not thrown away with the summary
+            kept = args.out + ".unsummarised"
+            write_text(kept, json.dumps({"runs": results}, indent=1) + "\n")
+            print(f"link_bench: summarising failed; the runs are in {kept}", file=sys.stderr)
+        raise
     print(table(rows))
     if args.smoke:
         print("(smoke run: one iteration each, the times mean nothing)")

@@ -445,10 +445,15 @@ int main(int argc, char** argv) {
   // One route per rank in every step: an error saying the graph changed
   // blames the record.
   for (train::Scenario s : {same_buckets_on_every_rank(), unused_everywhere_keeps_no_gradient(),
-                            replicas_stay_identical(), no_gradient_with_views(),
-                            evaluation_before_training()}) {
+                            replicas_stay_identical(), no_gradient_with_views()}) {
     s.if_a_rank_throws = static_graph_cause::kRecordNotGraph;
     spec.scenarios.push_back(std::move(s));
   }
+  // Here an error of the first synced step itself names what decides that
+  // it is the first (nothing is recorded yet).
+  train::Scenario evaluation = evaluation_before_training();
+  evaluation.if_a_rank_throws = "a rank failed: its message above says why. A forward without "
+                                "a backward came first here: " + evaluation.likely_cause;
+  spec.scenarios.push_back(std::move(evaluation));
   return train::run_checker<DDP>(argc, argv, spec);
 }

@@ -69,7 +69,7 @@ tp::train::Scenario static_graph_after_joining_first(typename DDP::Options optio
           "own contribution is zeros, the result is not), and reuses them when it trains "
           "again (Note [Static graph], Note [Join])",
           // Each rank's model takes one route throughout.
-          static_graph_cause::kRecordNotGraph};
+          static_graph_cause::kShadowedRecordNotGraph};
 }
 
 }  // namespace join_scenarios

@@ -6,7 +6,8 @@
 // ("the graph changed, or the record of the first iteration is not what it
 // found"). The rank cannot tell which; the checker can: in these cases the
 // graph never changes, so such an error blames the record the student's
-// finish_backward kept, not the model.
+// stage kept, not the model. Any other error of a rank is left to its own
+// message.
 #pragma once
 
 #include <string>
@@ -14,15 +15,30 @@
 
 namespace static_graph_cause {
 
-inline const std::string kRecordNotGraph =
-    "a rank failed: its message above says why. This case's model takes the same route in "
-    "every iteration on each rank, so static_graph's promise holds: if the message says the "
-    "graph changed, it did not; what the first synced iteration recorded is wrong. After it, "
-    "keep the parameters its forward left unused on this rank (first_unused_: the first hook "
-    "clears unused_) as static_unused_ and static_unused_here_, and the all-reduced used-map "
-    "as static_used_ (Note [Static graph])";
+// The likely cause, for CheckCase/Scenario::if_a_rank_throws: `record` says
+// where this case's record is made.
+inline std::string record_not_graph(const std::string& record) {
+  return "a rank failed: its message above says why. This case's model takes the same route "
+         "in every iteration on each rank, so static_graph's promise holds: if the message "
+         "says the graph changed, it did not, and what the first synced iteration recorded is "
+         "wrong. " + record + " (Note [Static graph])";
+}
 
-// Gives every static_graph case of `cases` that likely cause.
+// Where a rank that trained its first synced iteration records it.
+inline const std::string kRecordNotGraph = record_not_graph(
+    "After it, finish_backward keeps the parameters its forward left unused on this rank "
+    "(first_unused_: the first hook clears unused_) as static_unused_ and static_unused_here_, "
+    "and the all-reduced used-map as static_used_");
+
+// Where each rank records it when one rank joined before it (Join).
+inline const std::string kShadowedRecordNotGraph = record_not_graph(
+    "A rank that trained it records it in finish_backward (first_unused_ as static_unused_ "
+    "and static_unused_here_, the all-reduced used-map as static_used_); a rank that joined "
+    "before it, in the shadow step: static_used_ from that iteration's all-reduced used-map "
+    "(the active ranks' counts), static_unused_ empty and static_unused_here_ all zeros, as "
+    "it ran no forward (Note [Join])");
+
+// Gives every static_graph case of `cases` the likely cause kRecordNotGraph.
 template <typename Case>
 void blame_the_record(std::vector<Case>& cases) {
   for (Case& c : cases) {

@@ -1119,6 +1119,48 @@ TEST_CASE("a job whose every rank spins outside collectives is not blamed on a c
         "step), or waiting on something other than its peers");
 }
 
+TEST_CASE("a case's own likely cause is shown for a rank's own error, and only for that") {
+  namespace mp = tp::multiprocessing;
+  const std::string mine = "this case's graph never changes";
+  mp::SpawnOptions options;
+  options.kill_grace = std::chrono::milliseconds(200);
+  SUBCASE("a rank throws an error of its own: the case's cause") {
+    try {
+      mp::spawn(options, [](int rank) {
+        if (rank == 1) TP_THROW(tp::DistributedError, "stage06 DDP: static_graph: the graph changed");
+      }, 2);
+      FAIL("the job did not fail");
+    } catch (const mp::SpawnError& e) {
+      const train::Finding f = train::finding_from_error("06", e, mine);
+      CHECK(f.what.find("the graph changed") != std::string::npos);
+      CHECK(f.likely_cause == mine);
+      // Without one, the general cause.
+      CHECK(train::finding_from_error("06", e).likely_cause ==
+            "a rank failed: its message above says why and what to change");
+    }
+  }
+  SUBCASE("a stub, a timeout, a crash: their own causes, whatever the case says") {
+    const auto cause_of = [&](auto job) {
+      try {
+        mp::spawn(options, job, 2);
+      } catch (const mp::SpawnError& e) {
+        return train::finding_from_error("06", e, mine).likely_cause;
+      }
+      FAIL("the job did not fail");
+      return std::string();
+    };
+    CHECK(cause_of([](int rank) {
+            if (rank == 1) TP_THROW(tp::NotImplemented, "stage 06: forward is not implemented yet");
+          }).find("exercise stub") != std::string::npos);
+    CHECK(cause_of([](int rank) {
+            if (rank == 1) std::abort();
+          }).find("crashed") != std::string::npos);
+    options.timeout = std::chrono::milliseconds(500);
+    CHECK(cause_of([](int) { spin_forever(); }).find("no rank was in a collective") !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("a rank waiting in a collective that another rank never issued is still named so") {
   namespace mp = tp::multiprocessing;
   namespace dist = tp::distributed;

@@ -27,7 +27,8 @@
 //     timeout, a rank's own error), never its wording. For a rank's own
 //     error, a case or scenario may say more (if_a_rank_throws): what the
 //     checker knows and the rank did not, e.g. that the case's graph never
-//     changes, so a stage's "the graph changed" blames its own record.
+//     changes, so a stage's "the graph changed" blames its own record. (In
+//     launched mode the launcher reports a rank's error, not the checker.)
 //   - `--expect-fail FILE` turns it into a planted-bug test: FILE (a mutant,
 //     see tools/mutate.py) has `expect:` lines, each a phrase the report must
 //     contain, and `expect-first:` lines, each a phrase the first finding of
@@ -66,6 +67,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensorplay/cuda/runtime.h"
@@ -86,6 +88,11 @@ namespace tp::train {
 // case is for ("one bucket per parameter").
 template <typename Options>
 struct CheckCase {
+  CheckCase() = default;
+  // {config, options, label}, as the checkers write a case.
+  CheckCase(RunConfig config_, Options options_ = {}, std::string label_ = "")
+      : config(std::move(config_)), options(std::move(options_)), label(std::move(label_)) {}
+
   RunConfig config;
   Options options{};
   std::string label;  // may be empty
@@ -101,9 +108,19 @@ struct CheckCase {
 // all-reduces in a backward whose forward ran under no_sync; expected 0").
 // A rank's exception or hang becomes a finding as in a case.
 struct Scenario {
+  using Run =
+      std::function<std::string(int rank, std::shared_ptr<distributed::ProcessGroup> group)>;
+  Scenario() = default;
+  // {label, world_size, run, likely_cause[, if_a_rank_throws]}, as the
+  // checkers write a scenario.
+  Scenario(std::string label_, int world_size_, Run run_, std::string likely_cause_,
+           std::string if_a_rank_throws_ = "")
+      : label(std::move(label_)), world_size(world_size_), run(std::move(run_)),
+        likely_cause(std::move(likely_cause_)), if_a_rank_throws(std::move(if_a_rank_throws_)) {}
+
   std::string label;
   int world_size = 2;
-  std::function<std::string(int rank, std::shared_ptr<distributed::ProcessGroup> group)> run;
+  Run run;
   std::string likely_cause;  // in lesson terms, shown when `run` reports a fact
   std::string if_a_rank_throws;  // as CheckCase's
 };
