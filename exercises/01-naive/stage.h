@@ -17,15 +17,15 @@ inline tp::train::StageSpec<Options> stage_spec() {
   spec.title = "naive DDP, one all-reduce per parameter after backward";
   spec.advice.where_sync = "in sync_grads()";
   spec.advice.how_sync_runs = "by sync_grads() after loss.backward(), on every rank";
-  spec.flags = {{.name = "--no-broadcast-buffers",
-                 .help = "keep each rank's own buffers (try it with --model buffered)",
-                 .toggle = &Options::broadcast_buffers,
-                 .switch_to = false,
-                 // The reference must keep each rank's buffers too, or it would
-                 // disagree with a DDP that does what it is told.
-                 .plan = [](tp::train::RunConfig& config) {
-                   config.buffer_sync = tp::train::BufferSync::None;
-                 }}};
+  tp::train::OptionFlag<Options> keep_buffers = tp::train::switch_flag(
+      "--no-broadcast-buffers", &Options::broadcast_buffers,
+      "keep each rank's own buffers (try it with --model buffered)", /*switch_to=*/false);
+  // The reference must keep each rank's buffers too, or it would disagree
+  // with a DDP that does what it is told.
+  keep_buffers.plan = [](tp::train::RunConfig& config) {
+    config.buffer_sync = tp::train::BufferSync::None;
+  };
+  spec.flags = {keep_buffers};
   return spec;
 }
 

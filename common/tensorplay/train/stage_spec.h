@@ -166,8 +166,13 @@ std::vector<BoundFlag> bind_flags(const std::vector<OptionFlag<Options>>& flags,
              " must set exactly one member of the stage's Options (number, toggle or choice)");
     TP_CHECK((f.choice != nullptr) == !f.choices.empty(), "tp::train::bind_flags: flag ", f.name,
              " lists choices but sets no choice member, or the other way round");
-    BoundFlag b{f.name, f.help, f.number != nullptr, f.low, f.high,
-                f.number != nullptr ? options.*f.number : 0.0, nullptr};
+    BoundFlag b;
+    b.name = f.name;
+    b.help = f.help;
+    b.takes_number = f.number != nullptr;
+    b.low = f.low;
+    b.high = f.high;
+    b.initial = f.number != nullptr ? options.*f.number : 0.0;
     if (f.choice != nullptr) {
       b.choices = f.choices;
       b.initial_choice = options.*f.choice;
