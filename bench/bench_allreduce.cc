@@ -167,7 +167,9 @@ void bm_allreduce(benchmark::State& state, const std::shared_ptr<dist::ProcessGr
   std::vector<double> gloo_s;
   bool kit_first = true;
   for (auto _ : state) {
-    if (kit_first) {
+    if (gloo == nullptr) {
+      kit_s.push_back(seconds_of(kit));
+    } else if (kit_first) {
       kit_s.push_back(seconds_of(kit));
       gloo_s.push_back(seconds_of(raw));
     } else {

@@ -46,6 +46,7 @@ Needs root, `ip` and `tc` (namespaces); without them it says why and exits
 """
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -268,9 +269,15 @@ def sweep_caps(run):
     return caps
 
 
+# One cap of a sweep: the stages' bucket count there, the measured medians
+# (ms) of both steps and of stage 02's sync, and the predicted stage 03 step
+# (None without a fit).
+SweepRow = collections.namedtuple("SweepRow", "cap_kib buckets s02 s03 sync02 predicted")
+
+
 def sweep_rows(result, fit, compute, bwd):
-    """[(cap KiB, buckets, stage 02 ms, stage 03 ms, predicted stage 03 ms or
-    None)] of BM_CapSweep, by cap."""
+    """[SweepRow] of BM_CapSweep, by cap; raises where the stages' bucket
+    count is not the one buckets_for models."""
     rows = []
     for b in result["benchmarks"]:
         if not b["name"].startswith("BM_CapSweep/"):
@@ -283,25 +290,22 @@ def sweep_rows(result, fit, compute, bwd):
                                    f"them {modelled}: MODEL_LAYERS or buckets_for no longer "
                                    f"match bench_step.cc")
             predicted = predict_step03(*fit, compute, bwd, cap_kib << 10) if fit else None
-            rows.append((cap_kib, modelled, c["s02_ms"], c["s03_ms"], predicted))
+            rows.append(SweepRow(cap_kib, modelled, c["s02_ms"], c["s03_ms"], c["sync02_ms"],
+                                 predicted))
     return sorted(rows)
 
 
-def per_bucket_ms(result):
+def per_bucket_ms(rows):
     """The slope, ms per bucket, of stage 02's sync against its number of
-    buckets over BM_CapSweep (least squares; the bytes are the same at every
-    cap): what one more all-reduce costs inside a step, to set beside the
-    fit's alpha. None without a sweep."""
-    points = []
-    for b in result["benchmarks"]:
-        if b["name"].startswith("BM_CapSweep/"):
-            points += [(c["buckets"], c["sync02_ms"]) for c in sweep_caps(b).values()]
-    if len({k for k, _ in points}) < 2:
+    buckets over a sweep's rows (least squares; the bytes are the same at
+    every cap): what one more all-reduce costs inside a step, to set beside
+    the fit's alpha. None with fewer than two bucket counts."""
+    if len({r.buckets for r in rows}) < 2:
         return None
-    mk = sum(k for k, _ in points) / len(points)
-    mt = sum(t for _, t in points) / len(points)
-    return (sum((k - mk) * (t - mt) for k, t in points) /
-            sum((k - mk) ** 2 for k, _ in points))
+    mk = sum(r.buckets for r in rows) / len(rows)
+    mt = sum(r.sync02 for r in rows) / len(rows)
+    return (sum((r.buckets - mk) * (r.sync02 - mt) for r in rows) /
+            sum((r.buckets - mk) ** 2 for r in rows))
 
 
 def summary(result):
@@ -311,23 +315,20 @@ def summary(result):
     sync, s02, s03 = pair["sync02_ms"], pair["s02_ms"], pair["s03_ms"]
     fwd, bwd = pair["fwd02_ms"], pair["bwd02_ms"]
     compute = s02 - sync
-    row = {"rate": result["link"]["rate"], "world_size": result["link"]["world_size"],
-           "batch": result["link"]["batch"],
-           "measured_mbit": (result["link"]["measured_bits_per_second"] or 0) / 1e6,
-           "no_ddp": no_ddp["p50_ms"], "fwd": fwd, "bwd": bwd, "compute": compute,
-           "sync": sync, "s02": s02, "s03": s03, "bwd03": pair["bwd03_ms"],
-           "ideal": max(compute, sync),
-           "hidden": (s02 - s03) / min(bwd, sync) if min(bwd, sync) > 0 else 0.0,
-           "s03_over_ideal": s03 / max(compute, sync),
-           "torch": None, "torch_no_ddp": None, "fit": None, "sweep": []}
     torch = {b["name"]: b["p50_ms"] for b in result.get("torch", {}).get("benchmarks", [])}
-    row["torch"] = torch.get("BM_TorchStepDDP/cap_kib:0")
-    row["torch_no_ddp"] = torch.get("BM_TorchStepNoDDP")
-    if "allreduce" in result:
-        row["fit"] = allreduce_fit(result["allreduce"])
-    row["sweep"] = sweep_rows(result, row["fit"], compute, bwd)
-    row["per_bucket_ms"] = per_bucket_ms(result)
-    return row
+    fit = allreduce_fit(result["allreduce"]) if "allreduce" in result else None
+    sweep = sweep_rows(result, fit, compute, bwd)
+    return {"rate": result["link"]["rate"], "world_size": result["link"]["world_size"],
+            "batch": result["link"]["batch"],
+            "measured_mbit": (result["link"]["measured_bits_per_second"] or 0) / 1e6,
+            "no_ddp": no_ddp["p50_ms"], "fwd": fwd, "bwd": bwd, "compute": compute,
+            "sync": sync, "s02": s02, "s03": s03, "bwd03": pair["bwd03_ms"],
+            "ideal": max(compute, sync),
+            "hidden": (s02 - s03) / min(bwd, sync) if min(bwd, sync) > 0 else 0.0,
+            "s03_over_ideal": s03 / max(compute, sync),
+            "torch": torch.get("BM_TorchStepDDP/cap_kib:0"),
+            "torch_no_ddp": torch.get("BM_TorchStepNoDDP"),
+            "fit": fit, "sweep": sweep, "per_bucket_ms": per_bucket_ms(sweep)}
 
 
 def best_caps(row):
@@ -336,11 +337,11 @@ def best_caps(row):
     sweep = row["sweep"]
     if not sweep:
         return None
-    caps = [r[0] for r in sweep]
-    measured = min(sweep, key=lambda r: r[3])[0]
-    if sweep[0][4] is None:
+    caps = [r.cap_kib for r in sweep]
+    measured = min(sweep, key=lambda r: r.s03).cap_kib
+    if sweep[0].predicted is None:
         return measured, None, None
-    predicted = min(sweep, key=lambda r: r[4])[0]
+    predicted = min(sweep, key=lambda r: r.predicted).cap_kib
     return measured, predicted, abs(caps.index(measured) - caps.index(predicted))
 
 
@@ -371,9 +372,11 @@ def table(rows):
                   f"(both caps; medians per step, ms):", "",
                   "| cap KiB | buckets | stage 02 | stage 03 | predicted stage 03 |",
                   "|---|---|---|---|---|"]
-        lines += [f"| {c} | {k} | {m2:.1f} | {m3:.1f}{' (best)' if c == best[0] else ''} | "
-                  + (f"{p:.1f}{' (best)' if c == best[1] else ''}" if p is not None else "-")
-                  + " |" for c, k, m2, m3, p in r["sweep"]]
+        lines += [f"| {w.cap_kib} | {w.buckets} | {w.s02:.1f} | {w.s03:.1f}"
+                  f"{' (best)' if w.cap_kib == best[0] else ''} | "
+                  + (f"{w.predicted:.1f}{' (best)' if w.cap_kib == best[1] else ''}"
+                     if w.predicted is not None else "-")
+                  + " |" for w in r["sweep"]]
         if best[1] is not None:
             lines += ["", f"Best cap: measured {best[0]} KiB, predicted {best[1]} KiB, "
                       f"{best[2]} grid step(s) apart. Stage 02's sync grows by "

@@ -812,11 +812,11 @@ def plot_link(link, save, plt):
         ax = axes[row][placed[r["world_size"]]]
         placed[r["world_size"]] += 1
         ax.set_visible(True)
-        caps = [c for c, *_ in r["sweep"]]
-        ax.plot(caps, [m3 for _, _, _, m3, _ in r["sweep"]], "s-", label="stage 03, measured")
-        ax.plot(caps, [m2 for _, _, m2, _, _ in r["sweep"]], "o:", label="stage 02, measured")
-        if r["sweep"][0][4] is not None:
-            ax.plot(caps, [p for *_, p in r["sweep"]], "k--", label="stage 03, alpha-beta")
+        caps = [w.cap_kib for w in r["sweep"]]
+        ax.plot(caps, [w.s03 for w in r["sweep"]], "s-", label="stage 03, measured")
+        ax.plot(caps, [w.s02 for w in r["sweep"]], "o:", label="stage 02, measured")
+        if r["sweep"][0].predicted is not None:
+            ax.plot(caps, [w.predicted for w in r["sweep"]], "k--", label="stage 03, alpha-beta")
         ax.set_xscale("log", base=2)
         ax.set(xlabel="both caps, KiB", ylabel="per step, ms (medians)", ylim=(0, None),
                title=f"{r['world_size']} ranks, {r['rate']}, batch {r['batch']}")
