@@ -14,15 +14,17 @@ the last lines of the stage's idea, the student fills in blanks and learns
 little; lesson 07 was finished in a minute while the shadowing of a synced
 step, the heart of Join, was provided. So, per stage, this counts:
 
-  added      the lines of code the stage adds over the stage before it, as
-             `./kit diff NN` shows them: a `diff` of each of its sources
-             (.h and .cc, but not stage.h, the checker's description of the
-             stage) with the previous stage's file of the same name; a file
-             the previous stage lacks is added whole, and stage 01 is added
-             whole. The stage's namespace reads as stageNN on both sides (it
-             differs by design), and the exercise markup (the `// EXERCISE:`
-             comment and the BEGIN/END SOLUTION lines) is left out on both
-             sides, so that moving a region changes no count but its own.
+  added      the lines of code the stage adds over the stage before it:
+             exactly the lines `./kit diff NN` shows with '+', as both read
+             them from tools/stage_diff.py: every source of the stage (.h
+             and .cc, but not stage.h, the harness's description of the
+             stage) diffed with the previous stage's file of the same name;
+             a file the previous stage lacks is added whole, and stage 01 is
+             added whole. The stage's namespace reads as stageNN on both
+             sides (it differs by design), and the exercise markup (the
+             `// EXERCISE:` comment and the BEGIN/END SOLUTION lines) and
+             the carried-code markers are left out on both sides, so that
+             moving a region changes no count but its own.
   written    of those, the ones inside an EXERCISE region of the stage's
              solution: what the student writes.
 
@@ -34,64 +36,13 @@ and every stage must reach the floor (a third).
 """
 import os
 import re
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stage_diff  # noqa: E402  (the diff `./kit diff NN` prints, and what it adds)
 
 BEGIN, END = "// BEGIN SOLUTION", "// END SOLUTION"
 FLOOR = 1 / 3
-
-
-def stage_dirs(root):
-    base = os.path.join(root, "solutions")
-    return [d for d in sorted(os.listdir(base))
-            if re.match(r"^\d\d-", d) and os.path.isdir(os.path.join(base, d))]
-
-
-def sources(folder):
-    return [n for n in sorted(os.listdir(folder))
-            if n.endswith((".h", ".cc")) and n != "stage.h"]
-
-
-def lines_of(path, nn):
-    """[(text, in_region)]: the file with its exercise markup left out and
-    its namespace as stageNN; in_region says the line is a region's."""
-    out = []
-    in_region = in_comment = False
-    with open(path) as f:
-        text = f.read()
-    for line in text.splitlines():
-        s = line.strip()
-        if s.startswith("// EXERCISE:"):
-            in_comment = True
-        if in_comment:
-            if s.startswith("//") and s != BEGIN:
-                continue  # the EXERCISE comment
-            in_comment = False
-        if s == BEGIN:
-            in_region = True
-            continue
-        if s == END:
-            in_region = False
-            continue
-        out.append((re.sub(r"\bstage" + nn + r"\b", "stageNN", line), in_region))
-    return out
-
-
-def added_lines(old, new):
-    """Indices into `new` of the lines `diff old new` shows as added."""
-    with tempfile.NamedTemporaryFile("w", suffix=".old") as a, \
-            tempfile.NamedTemporaryFile("w", suffix=".new") as b:
-        a.write("".join(t + "\n" for t, _ in old))
-        b.write("".join(t + "\n" for t, _ in new))
-        a.flush()
-        b.flush()
-        run = subprocess.run(["diff", "--unchanged-line-format=", "--old-line-format=",
-                              "--new-line-format=%dn\n", a.name, b.name],
-                             capture_output=True, text=True)
-    if run.returncode not in (0, 1):
-        sys.exit(f"exercise_share: diff failed: {run.stderr.strip()}")
-    return [int(n) - 1 for n in run.stdout.split()]
 
 
 def is_code(text):
@@ -99,19 +50,15 @@ def is_code(text):
     return bool(s) and not s.startswith("//")
 
 
-def share(root, previous, topic):
-    """(written, added, per-file rows) for one stage."""
-    folder = os.path.join(root, "solutions", topic)
+def share(root, topic):
+    """(written, added, per-file rows) for one stage: the '+' lines of code of
+    `./kit diff NN` (tools/stage_diff.py), and those of them in a region."""
     written = added = 0
     rows = []
-    for name in sources(folder):
-        new = lines_of(os.path.join(folder, name), topic[:2])
-        old = []
-        if previous and os.path.exists(os.path.join(root, "solutions", previous, name)):
-            old = lines_of(os.path.join(root, "solutions", previous, name), previous[:2])
-        indices = [i for i in added_lines(old, new) if is_code(new[i][0])]
-        w = sum(1 for i in indices if new[i][1])
-        rows.append((name, w, len(indices)))
+    for d in stage_diff.stage_diff(root, topic)[1]:
+        indices = [j for j in d.added() if is_code(d.new[j].text)]
+        w = sum(1 for j in indices if d.new[j].in_region)
+        rows.append((d.name, w, len(indices)))
         written += w
         added += len(indices)
     return written, added, rows
@@ -122,16 +69,15 @@ def tracks(root):
     from-scratch track (every function the stage adds or changes, emptied by
     gen_exercise.py --from-scratch) leave to write: functions and lines of
     code (neither blank nor only a comment)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import gen_exercise  # noqa: E402  (the generator decides what a stub is)
-    for topic in stage_dirs(root):
+    for topic in stage_diff.stage_dirs(root):
         folder = os.path.join(root, "solutions", topic)
         stage = topic[:2]
         guided = [0, 0]  # regions, lines
         scratch = [0, 0]  # functions, lines
         prev = gen_exercise.previous_stage_dir(folder)
         known = gen_exercise.previous_functions(prev)
-        for name in sources(folder):
+        for name in stage_diff.sources(folder):
             if not name.endswith(".cc"):
                 continue
             with open(os.path.join(folder, name)) as f:
@@ -173,9 +119,8 @@ def main(argv):
     if not os.path.isdir(os.path.join(root, "solutions")):
         sys.exit(f"exercise_share: {root} has no solutions/ folder; pass the kit's root")
     low = []
-    previous = None
-    for topic in stage_dirs(root):
-        written, added, rows = share(root, previous, topic)
+    for topic in stage_diff.stage_dirs(root):
+        written, added, rows = share(root, topic)
         part = written / added if added else 1.0
         files = ", ".join(f"{n} {w}/{a}" for n, w, a in rows if a)
         mark = "ok" if part >= floor else "LOW"
@@ -183,7 +128,6 @@ def main(argv):
               f"exercises ({part:.0%}) {mark}  [{files}]")
         if part < floor:
             low.append(topic)
-        previous = topic
     if low:
         for topic in low:
             print(f"exercise_share: FAIL: stage {topic[:2]}'s guided exercise leaves the student "
