@@ -8,8 +8,8 @@ copied, as kit_reset_eof_test.py does), for one stage: after
 gen_exercise.py --from-scratch writes, every function stage 04 adds or
 changes is a stub (forward and the hook among them), and nothing of the
 guided track is left (no EXERCISE region's answer, no BEGIN SOLUTION);
-`./kit reset 04 --yes` then restores the committed guided exercise byte for
-byte. A bad option is refused by name.
+`./kit reset 04 --yes` then restores the guided exercise (as gen_exercise.py
+writes it, whatever the checkout's exercises/ holds) byte for byte. A bad option is refused by name.
 
 Usage: kit_reset_scratch_test.py PATH_TO_KIT
 """
@@ -36,7 +36,13 @@ def main():
             os.symlink(os.path.join(root, name), os.path.join(scratch, name))
         shutil.copytree(os.path.join(root, "exercises"), os.path.join(scratch, "exercises"))
         ddp = os.path.join(scratch, "exercises", "04-no-sync", "ddp.cc")
-        guided = read(os.path.join(root, "exercises", "04-no-sync", "ddp.cc"))
+        # The guided track as the generator writes it, not as the checkout
+        # holds it: a student who took the from-scratch track has their own
+        # exercises/04-no-sync/ddp.cc, which is not what reset restores.
+        guided = subprocess.run(
+            [sys.executable, os.path.join(root, "tools", "gen_exercise.py"), "--one", "ddp.cc",
+             os.path.join(root, "solutions", "04-no-sync"), "/dev/stdout"],
+            capture_output=True, text=True, timeout=60, check=True).stdout
         env = dict(os.environ, TP_BUILD_DIR=os.path.join(scratch, "build"))
 
         def kit_run(*args):

@@ -448,6 +448,14 @@ void DistributedDataParallel::register_comm_hook(CommHook hook) {
   throw tp::NotImplemented("stage 08: DistributedDataParallel::register_comm_hook is not implemented yet (exercises/08-comm-hooks/ddp.cc)");
 }
 
+void DistributedDataParallel::check_builtin_hook(const tp::distributed::ProcessGroup& group,
+                                                 BuiltinHook hook) {
+  // EXERCISE: refuse bf16_compress_hook where `group` cannot reduce
+  // bfloat16 (ProcessGroup::can_reduce), naming the backend and the hook to
+  // use instead.
+  throw tp::NotImplemented("stage 08: DistributedDataParallel::check_builtin_hook is not implemented yet (exercises/08-comm-hooks/ddp.cc)");
+}
+
 GradBucket DistributedDataParallel::grad_bucket(size_t b) const {
   // EXERCISE: what a comm hook sees of bucket b (grad_bucket.h): its index,
   // whether it is the last bucket, the flat buffer itself (not a copy: the
@@ -696,7 +704,9 @@ void DistributedDataParallel::shadow_synced_step() {
   // a synced step launches it (through the hook when there is one) and take
   // each result as finish_backward does, so that whatever the hook issues
   // pairs with the active ranks' (Note [Comm hooks]); then the used-map,
-  // the first step's bookkeeping and the rebuild, as stage 07.
+  // the first step's bookkeeping and the rebuild, as stage 07 does them
+  // (its shadow_synced_step, in solutions/07-join/ddp.cc: the exercise of
+  // stage 07 has it as a stub).
   throw tp::NotImplemented("stage 08: DistributedDataParallel::shadow_synced_step is not implemented yet (exercises/08-comm-hooks/ddp.cc)");
 }
 

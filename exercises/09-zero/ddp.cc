@@ -468,6 +468,15 @@ std::shared_ptr<tp::distributed::Future> noop_hook(tp::distributed::ProcessGroup
   return future;
 }
 
+void DistributedDataParallel::check_builtin_hook(const tp::distributed::ProcessGroup& group,
+                                                 BuiltinHook hook) {
+  TP_CHECK(hook != &bf16_compress_hook || group.can_reduce(tp::kBFloat16),
+           "stage09 DDP: register_comm_hook: bf16_compress_hook all-reduces bfloat16, and the '",
+           group.backend_name(), "' backend has no bfloat16 reduction; use fp16_compress_hook "
+           "(the same bytes) on it, or a backend that reduces bfloat16 (nccl, on GPUs). PyTorch "
+           "refuses it at registration too");
+}
+
 GradBucket DistributedDataParallel::grad_bucket(size_t b) const {
   const Bucket& bucket = buckets_[b];
   std::vector<Tensor> gradients;

@@ -13,6 +13,7 @@
 #include "ddp.h"
 #include "default_hooks.h"
 #include "join.h"
+#include "powersgd_hook.h"
 #include "tensorplay/error.h"
 #include "tensorplay/optim/sgd.h"
 #include "tensorplay/train/stage_spec.h"
@@ -71,16 +72,30 @@ inline tp::train::StageSpec<Options> stage_spec() {
                                        {"allgather", "broadcast"},
                                        "how the updated shards reach every rank"),
        tp::train::choice_flag<Options>("--comm-hook", &Options::comm_hook,
-                                       {"none", "allreduce", "fp16", "bf16"},
-                                       "the built-in comm hook to register")});
+                                       {"none", "allreduce", "fp16", "bf16", "powersgd"},
+                                       "the built-in comm hook to register"),
+       tp::train::number_flag<Options>("--powersgd-rank", &Options::powersgd_rank, 1, 1e6,
+                                       "PowerSGD's matrix approximation rank (a whole number)"),
+       tp::train::number_flag<Options>("--powersgd-start-iteration",
+                                       &Options::powersgd_start_iteration, 0, 1e9,
+                                       "iterations of plain all-reduce before PowerSGD starts"),
+       tp::train::number_flag<Options>("--powersgd-min-compression-rate",
+                                       &Options::powersgd_min_compression_rate, 0, 1e9,
+                                       "compress a matrix only if it shrinks more than this")});
   // --divide-by-active-ranks (a flag every demo has) sets the plan's divisor;
   // the Join must divide the same way.
   spec.adapt = [](const tp::train::RunConfig& config, Options& options) {
     options.divide_by_initial_world_size = config.divisor == tp::train::Divisor::InitialWorldSize;
   };
+  // allreduce_hook promises the reference's numbers; compression does not.
   spec.approximation = [](const Options& options) -> std::string {
     if (options.comm_hook == "fp16") return "fp16_compress_hook rounds each average to float16";
     if (options.comm_hook == "bf16") return "bf16_compress_hook rounds each average to bfloat16";
+    if (options.comm_hook == "powersgd") {
+      return tp::detail::cat("PowerSGD sends each weight's gradient as an approximation of "
+                             "matrix rank ", options.powersgd_rank, " from iteration ",
+                             options.powersgd_start_iteration, " on");
+    }
     return "";
   };
   return spec;

@@ -455,6 +455,20 @@ void DistributedDataParallel::register_comm_hook(CommHook hook) {
   // END SOLUTION
 }
 
+void DistributedDataParallel::check_builtin_hook(const tp::distributed::ProcessGroup& group,
+                                                 BuiltinHook hook) {
+  // EXERCISE: refuse bf16_compress_hook where `group` cannot reduce
+  // bfloat16 (ProcessGroup::can_reduce), naming the backend and the hook to
+  // use instead.
+  // BEGIN SOLUTION
+  TP_CHECK(hook != &bf16_compress_hook || group.can_reduce(tp::kBFloat16),
+           "stage08 DDP: register_comm_hook: bf16_compress_hook all-reduces bfloat16, and the '",
+           group.backend_name(), "' backend has no bfloat16 reduction; use fp16_compress_hook "
+           "(the same bytes) on it, or a backend that reduces bfloat16 (nccl, on GPUs). PyTorch "
+           "refuses it at registration too");
+  // END SOLUTION
+}
+
 GradBucket DistributedDataParallel::grad_bucket(size_t b) const {
   // EXERCISE: what a comm hook sees of bucket b (grad_bucket.h): its index,
   // whether it is the last bucket, the flat buffer itself (not a copy: the
@@ -750,7 +764,9 @@ void DistributedDataParallel::shadow_synced_step() {
   // a synced step launches it (through the hook when there is one) and take
   // each result as finish_backward does, so that whatever the hook issues
   // pairs with the active ranks' (Note [Comm hooks]); then the used-map,
-  // the first step's bookkeeping and the rebuild, as stage 07.
+  // the first step's bookkeeping and the rebuild, as stage 07 does them
+  // (its shadow_synced_step, in solutions/07-join/ddp.cc: the exercise of
+  // stage 07 has it as a stub).
   // BEGIN SOLUTION
   tp::NoGradGuard no_grad;
   // Nothing to add: the active ranks' sum is theirs. Each bucket is

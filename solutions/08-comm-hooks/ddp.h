@@ -49,6 +49,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "grad_bucket.h"
@@ -59,6 +60,13 @@
 #include "tensorplay/train/capabilities.h"
 
 namespace stage08 {
+
+// The bfloat16 compression hook (default_hooks.h; defined in
+// default_hooks.cc), named here so that register_comm_hook can refuse it
+// where the group cannot reduce bfloat16 (Gloo), before any rank issues a
+// collective, as PyTorch's register_comm_hook refuses it by name.
+std::shared_ptr<tp::distributed::Future> bf16_compress_hook(
+    tp::distributed::ProcessGroup& process_group, GradBucket& bucket);
 
 struct Options {
   // Also copy rank 0's buffers (running statistics) at construction.
@@ -97,7 +105,10 @@ struct Options {
   // "powersgd"; the PowerSGD knobs are PowerSGDState's (powersgd_hook.h).
   std::string comm_hook = "none";
   double powersgd_rank = 1;               // matrix_approximation_rank
-  double powersgd_start_iteration = 10;   // start_powerSGD_iter
+  // start_powerSGD_iter. PyTorch's default is 1000, for runs of many
+  // thousand steps; the kit's runs are ten steps long, so it starts at the
+  // earliest iteration error feedback allows (powersgd_hook.h).
+  double powersgd_start_iteration = 2;
   double powersgd_min_compression_rate = 2;
 };
 
@@ -184,15 +195,29 @@ class DistributedDataParallel {
   // PyTorch's form, register_comm_hook(state, hook): hook(*state, bucket)
   // is called for each bucket; the DDP keeps `state` alive. State is what
   // the hook remembers between calls (a process group, PowerSGD's
-  // matrices).
+  // matrices). bf16_compress_hook on a group that cannot reduce bfloat16
+  // throws tp::Error naming the backend.
   template <typename State, typename Hook>
   void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
+    if constexpr (std::is_convertible_v<Hook, BuiltinHook> &&
+                  std::is_base_of_v<tp::distributed::ProcessGroup, State>) {
+      check_builtin_hook(*state, hook);
+    }
     register_comm_hook(CommHook([state = std::move(state), hook](GradBucket& bucket) {
       return hook(*state, bucket);
     }));
   }
 
  private:
+  // A hook of the built-in hooks' form, hook(process_group, bucket).
+  using BuiltinHook = std::shared_ptr<tp::distributed::Future> (*)(
+      tp::distributed::ProcessGroup& process_group, GradBucket& bucket);
+  // Registration's rule for the built-in hooks, as PyTorch's
+  // _check_comm_hook: bf16_compress_hook where `group` cannot reduce
+  // bfloat16 throws tp::Error now, naming the backend, rather than at the
+  // first backward on every rank.
+  static void check_builtin_hook(const tp::distributed::ProcessGroup& group, BuiltinHook hook);
+
   // One parameter's place in its bucket (as in stage 02).
   struct Slot {
     int64_t param = 0;   // index into params_

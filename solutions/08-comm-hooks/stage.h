@@ -46,8 +46,8 @@ inline tp::train::StageSpec<Options> stage_spec() {
     if (options.comm_hook == "fp16") return "fp16_compress_hook rounds each average to float16";
     if (options.comm_hook == "bf16") return "bf16_compress_hook rounds each average to bfloat16";
     if (options.comm_hook == "powersgd") {
-      return tp::detail::cat("PowerSGD sends each weight's gradient as a rank-",
-                             options.powersgd_rank, " approximation from iteration ",
+      return tp::detail::cat("PowerSGD sends each weight's gradient as an approximation of "
+                             "matrix rank ", options.powersgd_rank, " from iteration ",
                              options.powersgd_start_iteration, " on");
     }
     return "";

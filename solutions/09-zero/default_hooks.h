@@ -46,8 +46,8 @@ std::shared_ptr<Future> bf16_compress_hook(ProcessGroup& process_group, GradBuck
 // capability comm_hooks): registers the built-in hook options.comm_hook
 // names ("none" registers nothing), on ddp.process_group(), or noop_hook
 // when options.reduce_scatter is set. Throws tp::Error for a name it does
-// not know, listing the ones it does, and for a hook next to
-// reduce_scatter.
+// not know, listing the ones it does, for PowerSGD settings PowerSGDState
+// refuses, and for a hook next to reduce_scatter.
 void register_builtin_hook(DistributedDataParallel& ddp, const Options& options);
 
 }  // namespace stage09

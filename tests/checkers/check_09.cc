@@ -132,6 +132,27 @@ std::vector<Case> cases() {
   hooked.comm_hook = "allreduce";
   out.push_back(uneven_case(momentum, {5, 2, 4}, hooked, false,
                             "uneven inputs, allreduce_hook: the hook's average, divided once"));
+  // PowerSGD, carried from stage 08, next to the sharded optimizer: at full
+  // rank (every matrix compressed, at the rank of MiniMLP's largest, 32) it
+  // is the average, so the reference's numbers; in float32 to the bound
+  // checker 08 justifies (2e-07; this solution: 4.5e-08).
+  Options powersgd = zero_form(false);
+  powersgd.comm_hook = "powersgd";
+  powersgd.powersgd_rank = 32;
+  powersgd.powersgd_start_iteration = 2;
+  powersgd.powersgd_min_compression_rate = 0;
+  train::RunConfig psgd32 = momentum;
+  psgd32.world_size = 2;
+  psgd32.steps = 20;
+  psgd32.lr = 0.2;
+  Case exact{psgd32, powersgd, "PowerSGD at full rank, float32, W = 2, momentum 0.9"};
+  exact.tolerance = 2e-7;
+  out.push_back(exact);
+  train::RunConfig psgd64 = momentum;
+  psgd64.dtype = tp::kFloat64;
+  out.push_back(uneven_case(psgd64, {6, 0, 4}, powersgd, false,
+                            "PowerSGD at full rank, float64, uneven inputs: joined ranks run "
+                            "the hook on zeros and step their shards"));
   train::RunConfig uneven_accumulate = momentum;
   uneven_accumulate.micro_batches = 2;
   Options view_uneven = zero_form(false);
@@ -401,7 +422,10 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
   const auto initial = train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb);
   const int64_t k = c.config.micro_batches;
   const size_t final_count = run.ranks[0].buckets.size();
-  if (out.empty()) {
+  // PowerSGD's all-reduces per bucket depend on what it compresses (checker
+  // 08 counts them); here its numbers against the reference are the check.
+  const bool one_per_bucket = o.comm_hook != "powersgd";
+  if (out.empty() && one_per_bucket) {
     out = train::check_counts_per_micro(
         run, train::Collective::AllReduce,
         [&](int64_t step, int64_t micro) -> uint64_t {
@@ -443,7 +467,7 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
             : "the shards travel in the all-gather; nothing else is broadcast but the "
               "bucket rebuild's order (stage 06)");
   }
-  if (out.empty()) {
+  if (out.empty() && one_per_bucket) {
     out = train::check_allreduce_sizes(
         run,
         [&](int64_t step) {

@@ -93,6 +93,13 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual std::string backend_name() const = 0;
+  // Whether all-reduce and reduce-scatter take tensors of `dtype` on this
+  // backend (the dtypes bullet of the contract), so that a caller can
+  // refuse a plan before any rank issues a collective (stage 08's
+  // register_comm_hook refuses bf16_compress_hook so). The default, every
+  // dtype but bfloat16, is Gloo's answer; NCCL's is every dtype. A wrapper
+  // group answers for the group it wraps.
+  virtual bool can_reduce(Dtype dtype) const { return dtype != kBFloat16; }
   // Where the small tensors the kit moves for its own bookkeeping belong
   // (the model check's tables, a launched job's gathered results): the CPU
   // for Gloo, which also takes CUDA tensors; this rank's GPU for NCCL, which

@@ -109,6 +109,7 @@ class ProcessGroupNCCL : public ProcessGroup {
   ~ProcessGroupNCCL() override;
 
   std::string backend_name() const override { return "nccl"; }
+  bool can_reduce(Dtype) const override { return true; }  // bfloat16 included
   std::chrono::milliseconds timeout() const override { return options_.timeout; }
   std::shared_ptr<Work> allreduce(const Tensor& tensor,
                                   ReduceOp op = ReduceOp::SUM) override;

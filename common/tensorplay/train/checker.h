@@ -99,7 +99,18 @@ struct CheckCase {
   // The likely cause when a rank of this case throws an error of its own
   // (not a stub, a timeout or a crash); "" for the general one.
   std::string if_a_rank_throws;
+  // The bound on |ddp - ref| (Note [Tolerance] in compare.cc); 0: the
+  // dtype's default_tolerance. A case sets a tighter one where a bug's
+  // whole effect is smaller than the default allows, with the rounding it
+  // measured written beside it.
+  double tolerance = 0;
 };
+
+// The bound a case's numbers are held to: its own, or its dtype's default.
+template <typename Options>
+double tolerance_of(const CheckCase<Options>& c) {
+  return c.tolerance > 0 ? c.tolerance : default_tolerance(c.config.dtype);
+}
 
 // A property the training plan cannot express, checked on `world_size`
 // spawned ranks. `run` is one rank's part: it gets the rank and a connected
@@ -238,7 +249,7 @@ std::vector<Finding> judge_case(const CheckCase<typename D::Options>& c,
                                 const CheckerSpec<typename D::Options>& spec,
                                 const std::shared_ptr<distributed::ProcessGroup>& launched,
                                 Comparison& comparison) {
-  const double tolerance = default_tolerance(c.config.dtype);
+  const double tolerance = tolerance_of(c);
   const ReferenceResult reference = train_reference(c.config);
   const std::vector<RankResult> ranks = run_case_ranks<D>(c, launched);
   std::vector<Finding> findings = check_results_complete(c.config, reference, ranks);
