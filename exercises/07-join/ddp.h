@@ -15,7 +15,9 @@
 //   - Every rank constructs it with the same architecture and options; a
 //     mismatch of the model throws tp::DistributedError on every rank.
 //   - Inside join(), every synced forward all-reduces one number (is this
-//     rank still training?). divide_by_initial_world_size (default true)
+//     rank still training?): a float32 tensor of one element, 1 where the
+//     rank trains, 0 from a joined rank (PyTorch's torch.ones(1)); 4 bytes,
+//     which the checker counts. divide_by_initial_world_size (default true)
 //     divides the summed gradients by the world size; false divides by the
 //     ranks still training in that step. throw_on_early_termination makes
 //     every rank throw tp::DistributedError at the first synced step after

@@ -100,9 +100,10 @@ int notify_join_context(Joinable& joinable) {
   Join* join = joinable.join_context();
   if (join == nullptr) return joinable.join_process_group().size();  // not in a Join
   // EXERCISE: only the first joinable communicates: it counts this rank
-  // as training. Every joinable gets the count. A first joinable that
-  // notifies while this rank shadows (from its main hook) is listed in the
-  // wrong place: say so (join.h's contract).
+  // as training. Every joinable gets the count. A joinable that notifies
+  // twice with no count of the ranks in between (the optimizer listed
+  // before the DDP) is listed in the wrong place: say so, before any
+  // collective, on every rank (join.h's contract).
   throw tp::NotImplemented("stage 09: notify_join_context is not implemented yet (exercises/09-zero/join.cc)");
 }
 

@@ -78,7 +78,8 @@ void ZeroRedundancyOptimizer::check_partition_agrees() {
   // step can hang on it: on this rank, every parameter must be in exactly
   // one shard (name the parameter otherwise); across ranks, the owners must
   // agree: gather every rank's list of owners with one all-gather and name
-  // the first parameter two ranks give to different owners.
+  // the first parameter two ranks give to different owners. A parameter no
+  // rank owns, or owners that differ, is tp::DistributedError (zero.h).
   throw tp::NotImplemented("stage 09: ZeroRedundancyOptimizer::check_partition_agrees is not implemented yet (exercises/09-zero/zero.cc)");
 }
 

@@ -517,9 +517,9 @@ void DistributedDataParallel::rebuild_buckets() {
 // does this stage.) With throw_on_early_termination, the first synced step
 // that counts fewer ranks than the world size throws on every rank instead.
 void DistributedDataParallel::notify_join() {
-  // EXERCISE: all-reduce this rank's "still training" (1) with the joined
-  // ranks' 0s, keep the count for divisor(), and honour
-  // throw_on_early_termination.
+  // EXERCISE: all-reduce this rank's "still training" (1, a float32 tensor
+  // of one element: ddp.h's contract) with the joined ranks' 0s, keep the
+  // count for divisor(), and honour throw_on_early_termination.
   // BEGIN SOLUTION
   Tensor active = tp::ones({1}, tp::kFloat32);
   process_group_->allreduce(active, ReduceOp::SUM)->wait();

@@ -513,7 +513,8 @@ void DistributedDataParallel::take_hook_result(size_t b) {
   Bucket& bucket = buckets_[b];
   // EXERCISE: wait for bucket b's future, but not forever: at most the
   // process group's timeout (a tp::TimeoutError naming the bucket). Check
-  // that value()[0] can be the bucket's gradients, then make the bucket
+  // that value()[0] can be the bucket's gradients (a tp::DistributedError
+  // naming the bucket otherwise: ddp.h's contract), then make the bucket
   // hold them. The future's error, if it failed, is what the caller sees.
   // BEGIN SOLUTION
   std::shared_ptr<tp::distributed::Future> future = std::move(bucket.future);

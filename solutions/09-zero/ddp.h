@@ -25,10 +25,11 @@
 //   - With a hook, the DDP neither all-reduces nor divides a bucket: the
 //     hook's future delivers the bucket's final gradients (an average, for
 //     the built-in hooks). Its value()[0] must be a tensor of the bucket's
-//     shape and dtype: anything else, or a future that does not complete
-//     within the process group's timeout (tp::TimeoutError), throws naming
-//     the bucket. A future that failed rethrows its own error (a collective's
-//     TimeoutError or PeerFailedError, which name the collective and rank).
+//     shape and dtype: anything else throws tp::DistributedError naming the
+//     bucket, and a future that does not complete within the process
+//     group's timeout tp::TimeoutError naming the bucket. A future that
+//     failed rethrows its own error (a collective's TimeoutError or
+//     PeerFailedError, which name the collective and rank).
 //   - Without a hook: stage 07 exactly (all-reduce SUM, divide).
 //   - Inside a Join (join.h; join() is Join over the DDP alone): every
 //     synced forward notifies the Join first (the DDP must be the first

@@ -119,7 +119,8 @@ void ZeroRedundancyOptimizer::check_partition_agrees() {
   // step can hang on it: on this rank, every parameter must be in exactly
   // one shard (name the parameter otherwise); across ranks, the owners must
   // agree: gather every rank's list of owners with one all-gather and name
-  // the first parameter two ranks give to different owners.
+  // the first parameter two ranks give to different owners. A parameter no
+  // rank owns, or owners that differ, is tp::DistributedError (zero.h).
   // BEGIN SOLUTION
   const int world = process_group_->size();
   const int64_t n = static_cast<int64_t>(params_.size());
@@ -142,8 +143,11 @@ void ZeroRedundancyOptimizer::check_partition_agrees() {
     for (int64_t p = 0; p < n; ++p) {
       const double mine = owners.data_ptr<double>()[p];
       const double theirs = all[static_cast<size_t>(r)].data_ptr<double>()[p];
-      TP_CHECK(mine >= 0, "stage09 ZeroRedundancyOptimizer: no shard holds parameter ", p,
-               "; every parameter belongs to exactly one rank (Note [Partition])");
+      if (mine < 0) {
+        TP_THROW(tp::DistributedError, "stage09 ZeroRedundancyOptimizer: rank ",
+                 process_group_->rank(), ": no shard holds parameter ", p, "; every parameter "
+                 "belongs to exactly one rank (Note [Partition])");
+      }
       if (mine == theirs) continue;
       TP_THROW(tp::DistributedError, "stage09 ZeroRedundancyOptimizer: rank ",
                process_group_->rank(), " gives parameter ", p, " to rank ", mine,

@@ -12,6 +12,7 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -96,6 +97,14 @@ std::vector<Case> cases() {
     out.push_back({even, zero_form(true), cat("W = ", w, ", momentum 0.9, ",
                                                form_label(zero_form(true)))});
   }
+  // throw_on_early_termination with even inputs: no rank runs out early, so
+  // nothing throws (the last count, every rank joined at once, finds 0).
+  train::RunConfig even_three = momentum;
+  even_three.world_size = 3;
+  Options strict = zero_form(false);
+  strict.throw_on_early_termination = true;
+  out.push_back({even_three, strict, "W = 3, even inputs, throw_on_early_termination: nobody "
+                                     "ran out early, nothing throws"});
   train::RunConfig three = momentum;
   three.world_size = 3;
   out.push_back({three, zero_form(false, "broadcast"),
@@ -725,6 +734,125 @@ train::Scenario disagreeing_partitions() {
           "before a step can go wrong (Note [Partition])"};
 }
 
+// The group it wraps, as another object: a second process group over the
+// same ranks, for a Join that must refuse joinables of different groups.
+class AnotherGroup : public tp::distributed::ProcessGroup {
+ public:
+  explicit AnotherGroup(Group inner)
+      : ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
+  std::string backend_name() const override { return inner_->backend_name(); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  std::shared_ptr<tp::distributed::Work> allreduce(const tp::Tensor& t,
+                                                   tp::distributed::ReduceOp op) override {
+    return inner_->allreduce(t, op);
+  }
+  std::shared_ptr<tp::distributed::Work> broadcast(const tp::Tensor& t, int root) override {
+    return inner_->broadcast(t, root);
+  }
+  std::shared_ptr<tp::distributed::Work> allgather(const std::vector<tp::Tensor>& outputs,
+                                                   const tp::Tensor& input) override {
+    return inner_->allgather(outputs, input);
+  }
+  std::shared_ptr<tp::distributed::Work> barrier() override { return inner_->barrier(); }
+
+ private:
+  Group inner_;
+};
+
+// A joinable with nothing to shadow, on the group it is given.
+class Bystander : public stage09::Joinable {
+ public:
+  explicit Bystander(tp::distributed::ProcessGroup& group) : group_(group) {}
+  std::unique_ptr<stage09::JoinHook> join_hook(const JoinOptions&) override {
+    return std::make_unique<stage09::JoinHook>();
+  }
+  tp::distributed::ProcessGroup& join_process_group() override { return group_; }
+
+ private:
+  tp::distributed::ProcessGroup& group_;
+};
+
+train::Scenario invalid_joins() {
+  return {"a Join it cannot count is refused at construction, naming the problem: no "
+          "joinables, one listed twice, joinables of two process groups",
+          2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            DDP ddp(train::make_model({}), group, kSeveral);
+            ZeroRedundancyOptimizer zero(ddp.parameters(), group, {.lr = 0.05});
+            AnotherGroup another(group);
+            Bystander elsewhere(another);
+            const std::vector<std::pair<std::string, std::vector<stage09::Joinable*>>> invalid = {
+                {"Join({})", {}},
+                {"Join({&ddp, &zero, &ddp})", {&ddp, &zero, &ddp}},
+                {"Join({&ddp, &zero, &joinable_of_another_group})", {&ddp, &zero, &elsewhere}}};
+            for (const auto& [what, joinables] : invalid) {
+              try {
+                Join join(joinables);
+              } catch (const tp::NotImplemented&) {
+                throw;  // a stub, named as such
+              } catch (const tp::Error&) {
+                continue;
+              }
+              return cat("rank ", rank, ": ", what, " was accepted");
+            }
+            return "";
+          },
+          "Join's constructor refuses, naming the joinable, an empty list, an object listed "
+          "twice (it would shadow and notify twice per iteration) and joinables of different "
+          "process groups (a Join counts the ranks of one group) (join.h)"};
+}
+
+// Head c of scenario_models::Forked is never used, so under static_graph
+// the first iteration records it unused by every rank. A joined rank's
+// shadow step must then leave it without a gradient, as the active ranks
+// do (Note [A joined rank's gradients]): given the zero average, its shard's
+// optimizer (rank 0 owns c here) would create momentum state for a
+// parameter the reference never steps.
+train::Scenario shadow_keeps_static_unused() {
+  return {"static_graph with a parameter no rank uses, rank 0 joining first: its shadow step "
+          "leaves that parameter without a gradient and without optimizer state",
+          2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            auto model = std::make_shared<scenario_models::Forked>(/*spare=*/true);
+            Options options = kSeveral;
+            options.static_graph = true;
+            DDP ddp(model, group, options);
+            ZeroRedundancyOptimizer zero(ddp.parameters(), group, {.lr = 0.05, .momentum = 0.9});
+            const int steps = rank == 0 ? 1 : 3;
+            Join({&ddp, &zero}).run([&] {
+              for (int s = 0; s < steps; ++s) train_step(ddp, zero, rank);
+            });
+            const std::vector<tp::Tensor> params = ddp.parameters();  // a, b, c: 4 and 5 are c's
+            for (const size_t p : {4u, 5u}) {
+              if (params[p].grad().defined()) {
+                return cat("rank ", rank, ": parameter ", p, " (c, never used) has a gradient "
+                           "after training; no rank used it, so none should");
+              }
+            }
+            for (const int64_t p : zero.params_with_state()) {
+              if (p == 4 || p == 5) {
+                return cat("rank ", rank, ": the optimizer holds state for parameter ", p,
+                           " (c, never used): it stepped a parameter no rank used");
+              }
+            }
+            return "";
+          },
+          "under static_graph the shadow step reads which parameters the active ranks used "
+          "from what the first iteration recorded (static_used_), as finish_backward does: a "
+          "parameter no rank used gets no gradient (Note [A joined rank's gradients])",
+          static_graph_cause::kShadowedRecordNotGraph};
+}
+
+// What a Join's own error can mean in a case, all of which list the DDP
+// first (Join({&ddp, &zero}), the trainer's join_with_optimizer).
+const std::string kDdpListedFirst =
+    "If the message says a joinable notified twice with no count of the ranks in between: "
+    "this case lists the DDP first, as join.h asks, so a count did come between its "
+    "notifies, unless Join does not count its counts (counts_, incremented at every count in "
+    "count_active_ranks).";
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -732,10 +860,16 @@ int main(int argc, char** argv) {
   spec.stage = stage09::stage_spec();
   spec.cases = cases();
   static_graph_cause::blame_the_record(spec.cases);
+  for (Case& c : spec.cases) {
+    c.if_a_rank_throws = c.if_a_rank_throws.empty()
+                             ? "a rank failed: its message above says why. " + kDdpListedFirst
+                             : c.if_a_rank_throws + " " + kDdpListedFirst;
+  }
   spec.stage_checks = stage_checks;
   for (train::Scenario scenario :
        {early_termination(), disabled_join(), empty_shards(), join_alone(),
-        optimizer_listed_first(), disagreeing_partitions(),
+        optimizer_listed_first(), disagreeing_partitions(), invalid_joins(),
+        shadow_keeps_static_unused(),
         join_scenarios::static_graph_after_joining_first<DDP>(kSeveral)}) {
     spec.scenarios.push_back(std::move(scenario));
   }

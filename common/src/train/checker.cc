@@ -207,9 +207,11 @@ std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scen
   } catch (const std::exception& error) {
     return {finding_from_error(stage, error, scenario.if_a_rank_throws)};
   }
+  // Each rank's fact, the scenario's likely cause once: it is the same for
+  // every rank.
   std::vector<Finding> out;
   for (const std::string& fact : facts) {
-    if (!fact.empty()) out.push_back({fact, scenario.likely_cause});
+    if (!fact.empty()) out.push_back({fact, out.empty() ? scenario.likely_cause : "as above"});
   }
   return out;
 }

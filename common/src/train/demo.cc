@@ -534,12 +534,18 @@ void print_header(const DemoReport& report) {
   // broadcast works, so the header is where it shows.
   extra += config.per_rank_seed ? ", per-rank seeds" : ", shared seed";
   if (report.args->worker) extra += ", the lesson's worker";
-  std::printf("stage %s: %s. %d rank%s, %lld steps, batch %lld per rank, lr %g%s, %s%s\n\n",
+  std::printf("stage %s: %s. %d rank%s, %lld steps, batch %lld per rank, lr %g%s, %s%s\n",
               report.stage.c_str(), report.title.c_str(), config.world_size,
               config.world_size == 1 ? "" : "s", static_cast<long long>(total_steps(config)),
               static_cast<long long>(config.batch_size), config.lr,
               config.momentum > 0 ? detail::cat(", momentum ", config.momentum).c_str() : "",
               tp::to_string(config.dtype).c_str(), extra.c_str());
+  // Whose code ran: the solution's demo says nothing more.
+  if (!report.args->mine.empty()) {
+    std::printf("your code ran: %s (./kit demo %s --mine), not the stage's solution\n",
+                report.args->mine.c_str(), report.stage.c_str());
+  }
+  std::printf("\n");
 }
 
 void print_step_table(const DemoReport& report) {

@@ -729,9 +729,20 @@ std::vector<Finding> check_allreduce_sizes(
                              list(carried), " bytes, in the order launched; ", what, " hold ",
                              list(want), " (in any order)");
       if (stray == nullptr) return {{fact, cause}};
+      const int64_t got = arg_of(*stray->queued, "bytes");
+      // Queued before the step's backward began: in forward, so no bucket's.
+      // The one all-reduce a stage issues there is join's count of the ranks
+      // still training.
+      if (s.last_backward != nullptr && stray->queued->begin_order < s.last_backward->begin_order) {
+        return {{cat(fact, ". All-reduce #", seq_of(*stray->queued), " carried ", got,
+                     " bytes and was queued in forward, before the step's backward began: it is "
+                     "no bucket's"),
+                 "what a stage all-reduces in forward is join's count of the ranks still training, "
+                 "one float32 element (4 bytes; ddp.h's contract, PyTorch's torch.ones(1)): is "
+                 "the count's tensor of another dtype or size?"}};
+      }
       // A flat tensor with an element per byte of its parameters: right
       // numbers, element_size times the data on the wire.
-      const int64_t got = arg_of(*stray->queued, "bytes");
       for (const int64_t bucket : want) {
         for (const int64_t factor : {4, 8, 2}) {
           if (bucket * factor != got) continue;

@@ -16,7 +16,8 @@
 //     and a numeric guess after one says it may only follow from it.
 //   - Then its scenarios, if any: properties the training plan cannot
 //     express (a no_sync guard that covers only the forward, say), each run
-//     once on its own spawned ranks with a connected group.
+//     once on its own spawned ranks with a connected group. A scenario
+//     marked before_cases runs before the cases instead.
 //   - Then, for a lesson that has the student write the rank's worker too
 //     (stage 01), that worker on each of worker_cases: run as a whole job
 //     and compared with the reference (worker.h).
@@ -134,6 +135,11 @@ struct Scenario {
   Run run;
   std::string likely_cause;  // in lesson terms, shown when `run` reports a fact
   std::string if_a_rank_throws;  // as CheckCase's
+  // Run before the cases (still numbered after them): a property of a
+  // piece later cases rely on without showing it (what a comm hook is
+  // handed, say), so that a broken piece is named as itself and not blamed
+  // on the first case whose numbers it moves.
+  bool before_cases = false;
 };
 
 // Runs one scenario; its findings (none when it held on every rank).
@@ -295,11 +301,13 @@ int check_cases(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
 
 // The scenarios, each on ranks and a group of its own: skipped in a
 // launched job and on CUDA (they run on the CPU).
+// `before_cases`: those that run before the cases, or the others.
 template <typename Options>
 void check_scenarios(CheckerRun& run, const CheckerSpec<Options>& spec, bool launched,
-                     PassTally& tally) {
+                     PassTally& tally, bool before_cases) {
   const size_t first = spec.cases.size();  // --list numbers them after the cases
   for (size_t i = 0; i < spec.scenarios.size() && tally.passed; ++i) {
+    if (spec.scenarios[i].before_cases != before_cases) continue;
     if (run.only >= 0 && static_cast<size_t>(run.only) != first + i) continue;
     if (launched || run.device != kCPU) {
       ++tally.skipped;
@@ -348,8 +356,9 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
                const std::shared_ptr<distributed::ProcessGroup>& launched) {
   run.print("stage " + spec.stage.number + " checker (" + spec.stage.title + ")\n");
   PassTally tally;
+  check_scenarios(run, spec, launched != nullptr, tally, /*before_cases=*/true);
   if (const int code = check_cases<D>(run, spec, launched, tally); code != 0) return code;
-  check_scenarios(run, spec, launched != nullptr, tally);
+  check_scenarios(run, spec, launched != nullptr, tally, /*before_cases=*/false);
   check_worker_cases(run, spec, launched != nullptr, tally);
   return finish_pass(run, spec.stage.number, launched.get(), tally);
 }

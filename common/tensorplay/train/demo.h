@@ -57,6 +57,10 @@ struct DemoArgs {
   std::string json_path;   // empty: no JSON
   std::string trace_path;  // empty: no trace
   bool worker = false;     // --worker: the ranks ran the lesson's own worker
+  // Empty: the stage's solution runs. Else the folder of the code that runs
+  // instead, named in the header: the demo built against the student's
+  // exercise (demo_NN_mine, `./kit demo NN --mine`, built with TP_DEMO_MINE).
+  std::string mine;
 };
 
 // Parses the shared flags and the stage's own (defaults: 4 ranks, 10
@@ -119,6 +123,9 @@ int demo_main(int argc, char** argv, const StageSpec<typename D::Options>& spec,
                                   [](const RunConfig& config) {
                                     check_plan_fits_stage<D>(config);
                                   });
+#ifdef TP_DEMO_MINE
+  args.mine = TP_DEMO_MINE;
+#endif
   if (args.worker && args.config.trace) {
     std::fprintf(stderr, "demo %s: --trace needs the kit's trainer; drop --worker\n",
                  spec.number.c_str());
