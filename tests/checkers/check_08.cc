@@ -611,60 +611,76 @@ stage08::CommHook twice_the_mean_hook(const Group& group, bool fresh,
 // Runs before the cases: PowerSGD (and any hook that reads gradients())
 // relies on what a hook is handed, and a bucket handed as a copy, or
 // gradients() that are not views of it, would otherwise first show as
-// PowerSGD's numbers.
-train::Scenario twice_the_mean() {
+// PowerSGD's numbers. Only what the hook is handed: the numbers a hook's
+// result gives are the cases' and twice_the_mean's, which name more.
+train::Scenario what_a_hook_is_handed() {
   train::Scenario scenario{
-      "what a hook is handed (each bucket once, in order, gradients() views of buffer()), and "
-      "a hook that returns twice the mean, as the bucket or as a new tensor, gives twice the "
-      "gradient",
+      "what a hook is handed: each bucket once, in order, is_last() on the last only, "
+      "buffer() the bucket itself and gradients() views of it",
       2,
       [](int rank, Group group) -> std::string {
-        auto plain = make_ddp(group);
-        const std::vector<Tensor> mean = gradients_after_backward(*plain, rank);
-        for (const bool fresh : {false, true}) {
-          auto doubled = make_ddp(group);
-          auto seen = std::make_shared<std::vector<Seen>>();
-          doubled->register_comm_hook(twice_the_mean_hook(group, fresh, seen));
-          const std::vector<Tensor> got = gradients_after_backward(*doubled, rank);
-          const auto buckets = doubled->bucket_assignment();
-          if (seen->size() != buckets.size()) {
-            return cat("rank ", rank, ": the hook was called ", seen->size(),
-                       " times in a backward with ", buckets.size(), " buckets");
+        auto ddp = make_ddp(group);
+        auto seen = std::make_shared<std::vector<Seen>>();
+        ddp->register_comm_hook(twice_the_mean_hook(group, /*fresh=*/false, seen));
+        gradients_after_backward(*ddp, rank);
+        const auto buckets = ddp->bucket_assignment();
+        if (seen->size() != buckets.size()) {
+          return cat("rank ", rank, ": the hook was called ", seen->size(),
+                     " times in a backward with ", buckets.size(), " buckets");
+        }
+        for (size_t b = 0; b < seen->size(); ++b) {
+          const Seen& s = (*seen)[b];
+          if (s.index != b || s.is_last != (b + 1 == buckets.size())) {
+            return cat("rank ", rank, ": call ", b, " of the hook got bucket index() ", s.index,
+                       " and is_last() ", s.is_last ? "true" : "false", "; expected ", b,
+                       " and ", b + 1 == buckets.size() ? "true" : "false");
           }
-          for (size_t b = 0; b < seen->size(); ++b) {
-            const Seen& s = (*seen)[b];
-            if (s.index != b || s.is_last != (b + 1 == buckets.size())) {
-              return cat("rank ", rank, ": call ", b, " of the hook got bucket index ", s.index,
-                         " and is_last ", s.is_last, "; expected ", b, " and ",
-                         b + 1 == buckets.size());
-            }
-            if (s.numels.size() != buckets[b].size() || !s.views_alias_buffer ||
-                !s.parameters_match) {
-              return cat("rank ", rank, ": bucket ", b, "'s gradients() are not views of its "
-                         "buffer() with its parameters' shapes, one per parameter (is buffer() "
-                         "the bucket's flat tensor itself, not a copy, and is each gradient a "
-                         "view of it?)");
-            }
-          }
-          for (size_t p = 0; p < mean.size(); ++p) {
-            const double d = tp::max_abs_diff(got[p], tp::mul(mean[p], 2.0));
-            if (d <= 1e-6) continue;
-            return cat("rank ", rank, ": parameter ", p, "'s gradient is not twice the mean "
-                       "with a hook that returns twice the mean ",
-                       fresh ? "as a new tensor (not bucket.buffer()): is a result that is not "
-                               "the bucket itself copied into the bucket?"
-                             : "in bucket.buffer()",
-                       " (off by ", d, ")");
+          if (s.numels.size() != buckets[b].size() || !s.views_alias_buffer ||
+              !s.parameters_match) {
+            return cat("rank ", rank, ": bucket ", b, "'s gradients() are not views of its "
+                       "buffer() with its parameters' shapes, one per parameter (is buffer() "
+                       "the bucket's flat tensor itself, not a copy, and is each gradient a "
+                       "view of it?)");
           }
         }
         return "";
       },
-      "the DDP hands each complete bucket to the hook, in bucket order: its flat tensor "
-      "itself as buffer(), and gradients() as views of it (Note [Comm hooks]); it takes the "
-      "future's value as the bucket's gradients without dividing again, copying it into the "
-      "bucket when it is another tensor"};
+      "the DDP hands each complete bucket to the hook, in bucket order, is_last() true for "
+      "the last bucket only: its flat tensor itself as buffer(), and gradients() as views of "
+      "it (Note [Comm hooks])"};
   scenario.before_cases = true;
   return scenario;
+}
+
+// At W = 3, so that a result left uncopied (the bucket then holds the sum,
+// 3 times the mean) cannot pass for twice the mean.
+train::Scenario twice_the_mean() {
+  return {"a hook that returns twice the mean, as the bucket or as a new tensor, gives twice "
+          "the gradient, W = 3",
+          3,
+          [](int rank, Group group) -> std::string {
+            auto plain = make_ddp(group);
+            const std::vector<Tensor> mean = gradients_after_backward(*plain, rank);
+            for (const bool fresh : {false, true}) {
+              auto doubled = make_ddp(group);
+              auto seen = std::make_shared<std::vector<Seen>>();
+              doubled->register_comm_hook(twice_the_mean_hook(group, fresh, seen));
+              const std::vector<Tensor> got = gradients_after_backward(*doubled, rank);
+              for (size_t p = 0; p < mean.size(); ++p) {
+                const double d = tp::max_abs_diff(got[p], tp::mul(mean[p], 2.0));
+                if (d <= 1e-6) continue;
+                return cat("rank ", rank, ": parameter ", p, "'s gradient is not twice the "
+                           "mean with a hook that returns twice the mean ",
+                           fresh ? "as a new tensor (not bucket.buffer()): is a result that is "
+                                   "not the bucket itself copied into the bucket?"
+                                 : "in bucket.buffer()",
+                           " (off by ", d, ")");
+              }
+            }
+            return "";
+          },
+          "the DDP takes the future's value as the bucket's gradients without dividing again, "
+          "copying it into the bucket when it is another tensor (Note [Comm hooks])"};
 }
 
 train::Scenario registration_rules() {
@@ -1308,7 +1324,8 @@ int main(int argc, char** argv) {
   static_graph_cause::blame_the_record(spec.cases);
   spec.stage_checks = stage_checks;
   spec.scenarios = no_sync_scenarios::all<DDP>(/*first_sync_extra=*/1);  // the rebuild's broadcast
-  for (train::Scenario scenario : {allreduce_hook_bit_identical(), twice_the_mean(),
+  for (train::Scenario scenario : {what_a_hook_is_handed(), allreduce_hook_bit_identical(),
+                                   twice_the_mean(),
                                    registration_rules(), future_never_completes(),
                                    wrong_result(), ignored_tensors(), fp16_within_bound(3, false),
                                    fp16_within_bound(4, false), fp16_within_bound(4, true),
