@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "forwarding_group.h"
 #include "join_scenarios.h"
 #include "no_sync_scenarios.h"
 #include "scenario_models.h"
@@ -715,28 +716,10 @@ train::Scenario registration_rules() {
 
 // The group it wraps, with a short timeout(): what the DDP waits for a
 // comm hook's future, so that a future that never completes fails fast.
-class ShortTimeout : public tp::distributed::ProcessGroup {
+class ShortTimeout : public forwarding_group::ForwardingGroup {
  public:
-  explicit ShortTimeout(Group inner)
-      : ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
-  std::string backend_name() const override { return inner_->backend_name(); }
-  bool can_reduce(tp::Dtype dtype) const override { return inner_->can_reduce(dtype); }
+  using ForwardingGroup::ForwardingGroup;
   std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(300); }
-  std::shared_ptr<tp::distributed::Work> allreduce(const Tensor& t,
-                                                   tp::distributed::ReduceOp op) override {
-    return inner_->allreduce(t, op);
-  }
-  std::shared_ptr<tp::distributed::Work> broadcast(const Tensor& t, int root) override {
-    return inner_->broadcast(t, root);
-  }
-  std::shared_ptr<tp::distributed::Work> allgather(const std::vector<Tensor>& outputs,
-                                                   const Tensor& input) override {
-    return inner_->allgather(outputs, input);
-  }
-  std::shared_ptr<tp::distributed::Work> barrier() override { return inner_->barrier(); }
-
- private:
-  Group inner_;
 };
 
 // The backward runs on a thread of its own, so that a DDP that waits

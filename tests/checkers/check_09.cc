@@ -12,7 +12,6 @@
 #endif
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -20,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "forwarding_group.h"
 #include "join_scenarios.h"
 #include "scenario_models.h"
 #include "static_graph_cause.h"
@@ -734,31 +734,6 @@ train::Scenario disagreeing_partitions() {
           "before a step can go wrong (Note [Partition])"};
 }
 
-// The group it wraps, as another object: a second process group over the
-// same ranks, for a Join that must refuse joinables of different groups.
-class AnotherGroup : public tp::distributed::ProcessGroup {
- public:
-  explicit AnotherGroup(Group inner)
-      : ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
-  std::string backend_name() const override { return inner_->backend_name(); }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
-  std::shared_ptr<tp::distributed::Work> allreduce(const tp::Tensor& t,
-                                                   tp::distributed::ReduceOp op) override {
-    return inner_->allreduce(t, op);
-  }
-  std::shared_ptr<tp::distributed::Work> broadcast(const tp::Tensor& t, int root) override {
-    return inner_->broadcast(t, root);
-  }
-  std::shared_ptr<tp::distributed::Work> allgather(const std::vector<tp::Tensor>& outputs,
-                                                   const tp::Tensor& input) override {
-    return inner_->allgather(outputs, input);
-  }
-  std::shared_ptr<tp::distributed::Work> barrier() override { return inner_->barrier(); }
-
- private:
-  Group inner_;
-};
-
 // A joinable with nothing to shadow, on the group it is given.
 class Bystander : public stage09::Joinable {
  public:
@@ -780,7 +755,7 @@ train::Scenario invalid_joins() {
             tp::manual_seed(0);
             DDP ddp(train::make_model({}), group, kSeveral);
             ZeroRedundancyOptimizer zero(ddp.parameters(), group, {.lr = 0.05});
-            AnotherGroup another(group);
+            forwarding_group::ForwardingGroup another(group);  // another group object
             Bystander elsewhere(another);
             const std::vector<std::pair<std::string, std::vector<stage09::Joinable*>>> invalid = {
                 {"Join({})", {}},
