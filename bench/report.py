@@ -529,8 +529,10 @@ def report_step(results, report):
 
 
 # Stage 08's hooks, in the order bench_hooks.cc and hook_losses.py run them.
+# PowerSGD's rank is the matrix rank of its low-rank approximation, said in
+# full: its labels sit beside world sizes ("2 ranks", "4 ranks").
 HOOKS = [("none", "no hook"), ("allreduce", "allreduce_hook"), ("fp16", "fp16_compress_hook"),
-         ("powersgd_r1", "PowerSGD rank 1"), ("powersgd_r4", "PowerSGD rank 4")]
+         ("powersgd_r1", "PowerSGD, matrix rank 1"), ("powersgd_r4", "PowerSGD, matrix rank 4")]
 
 
 def hook_runs(result):
@@ -1016,7 +1018,7 @@ def plot_hooks(results, losses, save, plt):
                                                     bar.get_height()),
                                    ha="center", va="bottom", fontsize=7)
         for ax in (left, right):
-            ax.set_xticks(range(len(HOOKS)), [name.replace(" rank", "\nrank").replace(
+            ax.set_xticks(range(len(HOOKS)), [name.replace(", matrix", "\nmatrix").replace(
                 "_compress_hook", "\ncompress").replace("_hook", "\nhook") for name in labels],
                 fontsize=8)
             ax.legend(fontsize=7, loc="upper left" if ax is right else "upper right")
