@@ -5,6 +5,7 @@ each host's egress limited to a rate with tc's token bucket filter.
     with ShapedLink(2, "1gbit") as link:        # link.hosts[i]: namespaces.Host
         link.hosts[0].popen([...])              # a process on host 0
         throughput(link, 0, 1, 8 << 20)         # bits/s measured host 0 -> 1
+        tc_rate(link.qdisc(0))                  # bits/s host 0's tbf is set to
 
 Over loopback an all-reduce is CPU work: it competes with backward for the
 same cores, and there is no idle time for overlap to hide (lesson 03). On a
@@ -37,6 +38,7 @@ Raises namespaces.Unavailable (not root, no `ip`, no `tc`, no tbf): callers
 skip, and tests exit namespaces.SKIP (77).
 """
 
+import collections
 import os
 import re
 import shutil
@@ -110,7 +112,24 @@ class ShapedLink(Namespaces):
         return self.hosts[i].run(["tc", "-s", "qdisc", "show", "dev", INTERFACE]).stdout
 
 
-# The receiving and sending ends of throughput(), run inside the namespaces.
+def tc_rate(qdisc):
+    """The rate of the tbf in `tc qdisc show` output ("... tbf ... rate
+    100Mbit ..."), in bits per second, or None when there is no tbf."""
+    m = re.search(r"\btbf\b.*?\brate (\d+(?:\.\d+)?)([KMG]?)bit\b", qdisc)
+    if not m:
+        return None
+    return float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)]
+
+
+def tc_sent_bytes(qdisc):
+    """What the qdisc counted as sent (`tc -s qdisc show`: " Sent N bytes"),
+    headers included, or None."""
+    m = re.search(r"\bSent (\d+) bytes\b", qdisc)
+    return int(m.group(1)) if m else None
+
+
+# The receiving and sending ends of transfer(), run inside the namespaces.
+# Their times are CLOCK_MONOTONIC, which every network namespace shares.
 _RECEIVE = r"""
 import socket, sys, time
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -122,33 +141,60 @@ while True:
     if not b: break
     if first is None: first = time.monotonic()
     n += len(b); last = time.monotonic()
-print(n, last - first, flush=True)
+print(n, repr(first), repr(last), flush=True)
 """
 _SEND = r"""
-import socket, sys
+import socket, sys, time
+print(repr(time.monotonic()), flush=True)
 c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
 c.sendall(bytes(int(sys.argv[3]))); c.close()
 """
+
+
+class Transfer(collections.namedtuple("Transfer", "nbytes started first last")):
+    """One transfer of nbytes: `started` when the sender began to connect,
+    `first` and `last` when the receiver had its first and its last bytes
+    (seconds, CLOCK_MONOTONIC)."""
+
+    @property
+    def receiver_rate(self):
+        """bits/s from the first byte received to the last: the connection's
+        set-up is not in it, but a receiver scheduled late (a loaded machine)
+        finds bytes already queued and so may see more than the link carried."""
+        return self.nbytes * 8 / (self.last - self.first)
+
+    @property
+    def end_to_end_rate(self):
+        """bits/s from the sender's start to the receiver's last byte: the
+        bytes took at least this long, so the link carried them at this rate
+        or faster. Load can only lower it; a shaper bounds it from above."""
+        return self.nbytes * 8 / (self.last - self.started)
+
+
+def transfer(link, src, dst, nbytes, port=5201):
+    """Sends nbytes over TCP from host src to host dst; returns its Transfer.
+    The first burst_bytes leave at memory speed: send many times that."""
+    recv = link.hosts[dst].popen([sys.executable, "-c", _RECEIVE, link.hosts[dst].address,
+                                  str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        if recv.stdout.readline().strip() != "listening":
+            raise RuntimeError("throughput: the receiver did not start")
+        sent = link.hosts[src].run([sys.executable, "-c", _SEND, link.hosts[dst].address,
+                                    str(port), str(nbytes)])
+        out, _ = recv.communicate(timeout=120)
+    finally:
+        if recv.poll() is None:
+            recv.kill()
+            recv.wait()
+    received, first, last = out.split()
+    if int(received) != nbytes:
+        raise RuntimeError(f"throughput: sent {nbytes} bytes, {received} arrived")
+    return Transfer(nbytes, float(sent.stdout.split()[0]), float(first), float(last))
 
 
 def throughput(link, src, dst, nbytes, port=5201):
     """Sends nbytes over TCP from host src to host dst; returns the rate the
     receiver saw, in bits per second, from its first byte to its last (so the
     connection's set-up is not in it; the first burst_bytes arrive at memory
-    speed: send many times that)."""
-    recv = link.hosts[dst].popen([sys.executable, "-c", _RECEIVE, link.hosts[dst].address,
-                                  str(port)], stdout=subprocess.PIPE, text=True)
-    try:
-        if recv.stdout.readline().strip() != "listening":
-            raise RuntimeError("throughput: the receiver did not start")
-        link.hosts[src].run([sys.executable, "-c", _SEND, link.hosts[dst].address, str(port),
-                             str(nbytes)])
-        out, _ = recv.communicate(timeout=120)
-    finally:
-        if recv.poll() is None:
-            recv.kill()
-            recv.wait()
-    received, seconds = out.split()
-    if int(received) != nbytes:
-        raise RuntimeError(f"throughput: sent {nbytes} bytes, {received} arrived")
-    return int(received) * 8 / float(seconds)
+    speed: send many times that). Transfer.receiver_rate."""
+    return transfer(link, src, dst, nbytes, port).receiver_rate

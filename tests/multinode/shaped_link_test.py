@@ -3,11 +3,15 @@
 
     shaped_link_test.py
 
-  1. Three hosts at 100mbit: 4 MB sent over TCP from host 0 to host 1 and
-     from host 2 to host 0 (through the switch both ways) arrive at 70% to
-     110% of the rate (tbf counts the headers, the receiver only the
-     payload; unshaped, a veth carries gigabits per second here), and each
-     sender's tbf qdisc counted what it sent.
+  1. Three hosts at 100mbit: each sender's egress qdisc is a tbf at that
+     rate; 4 MB sent over TCP from host 0 to host 1 and from host 2 to host
+     0 (through the switch both ways) arrive no faster than 110% of the
+     rate, from the sender's start to the last byte (unshaped, a veth
+     carries gigabits per second here; load can only slow a transfer, so
+     this holds on a busy machine too), and, the best of three, no slower
+     than a fifth of it (a rate off by a unit; how near the rate a link
+     comes is measured by bench/link_bench.py); and each sender's tbf
+     counted at least the bytes it carried.
   2. After a normal exit, after SIGTERM, after SIGHUP and after SIGINT to a
      process holding a link with a process running on one of its hosts: no
      namespace of the run is left (and with them no veth, bridge or qdisc),
@@ -32,6 +36,18 @@ import shaped_link  # noqa: E402
 
 RATE = "100mbit"
 MEGABYTES = 4
+# A shaper bounds the rate from above, whatever the load: the end-to-end rate
+# (never more than the link carried) may exceed the rate only by the tbf's
+# burst, which leaves at memory speed (64 KiB of 4 MiB). A loaded machine
+# starves the sender and receiver and so slows a transfer (63 Mbit/s seen in
+# a student's ./kit test; 34 Mbit/s with the test held to 5% of a CPU); the
+# floor is loose, and met by the best of TRIES transfers, there only to
+# catch a rate off by a unit (bytes for bits: 8x; kbit for mbit: 1000x). How
+# close the link comes to its rate is bench/link_bench.py's to measure
+# (link.md's "measured" column).
+CEILING = 1.1
+FLOOR = 0.2
+TRIES = 3
 
 
 def fail(message):
@@ -58,15 +74,36 @@ def check_gone(tag, what):
 def check_rate():
     with shaped_link.ShapedLink(3, RATE) as link:
         want = shaped_link.parse_rate(RATE)
+        nbytes = MEGABYTES << 20
         for src, dst in ((0, 1), (2, 0)):
-            got = shaped_link.throughput(link, src, dst, MEGABYTES << 20)
-            print(f"host {src} -> host {dst}: {got / 1e6:.1f} Mbit/s on a {RATE} link")
-            if not 0.7 * want <= got <= 1.1 * want:
-                fail(f"host {src} -> {dst} ran at {got / 1e6:.1f} Mbit/s, not within 70% to "
-                     f"110% of {want / 1e6:.0f} Mbit/s: the link is not shaped as asked")
             qdisc = link.qdisc(src)
-            if "tbf" not in qdisc or f" Sent 0 bytes" in qdisc:
-                fail(f"host {src}'s egress qdisc is not a tbf that sent the bytes:\n{qdisc}")
+            if shaped_link.tc_rate(qdisc) != want:
+                fail(f"host {src}'s egress qdisc is not a tbf at {RATE}:\n{qdisc}")
+            # Every transfer within the ceiling; the best of up to TRIES above the floor.
+            rates = []
+            for _ in range(TRIES):
+                t = shaped_link.transfer(link, src, dst, nbytes)
+                got = t.end_to_end_rate
+                rates.append(got)
+                print(f"host {src} -> host {dst}: {got / 1e6:.1f} Mbit/s from the sender's "
+                      f"start to the last byte received ({t.receiver_rate / 1e6:.1f} Mbit/s "
+                      f"from the first byte) on a {RATE} link")
+                if got > CEILING * want:
+                    fail(f"host {src} -> {dst}: {nbytes} bytes took {t.last - t.started:.3f} s "
+                         f"from the sender's start to the last byte, {got / 1e6:.1f} Mbit/s, "
+                         f"above {CEILING:.0%} of {want / 1e6:.0f} Mbit/s: the link is not "
+                         f"shaped")
+                if got >= FLOOR * want:
+                    break
+            else:
+                fail(f"host {src} -> {dst} ran at {', '.join(f'{r / 1e6:.1f}' for r in rates)} "
+                     f"Mbit/s in {TRIES} transfers, all below {FLOOR:.0%} of "
+                     f"{want / 1e6:.0f} Mbit/s, more than load explains: is the tbf's rate or "
+                     f"burst wrong?\n{link.qdisc(src)}")
+            sent = shaped_link.tc_sent_bytes(link.qdisc(src))
+            if sent is None or sent < nbytes:
+                fail(f"host {src}'s tbf counted {sent} bytes sent, fewer than the {nbytes} "
+                     f"it carried: the bytes went round the shaper\n{link.qdisc(src)}")
         tag = link.tag
         if our_devices(tag):
             fail(f"the link put devices in the machine's own namespace: {our_devices(tag)}")
