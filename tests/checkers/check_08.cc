@@ -984,7 +984,7 @@ std::vector<tp::Shape> shapes_of(const std::vector<Tensor>& params) {
 }
 
 train::Scenario powersgd_rank1_trains() {
-  return {"PowerSGD at rank 1 trains (the loss falls), sends what it says, W = 2", 2,
+  return {"PowerSGD at matrix rank 1 trains (the loss falls), sends what it says, W = 2", 2,
           [](int rank, Group group) -> std::string {
             auto ddp = make_ddp(group);
             stage08::PowerSGDOptions o;
@@ -1092,8 +1092,8 @@ double distance(const Matrix& a, const Matrix& b) {
 }
 
 train::Scenario powersgd_recovers_rank1_average() {
-  return {"PowerSGD at rank 1 rebuilds an average of rank 1 exactly, though no rank's own "
-          "gradient has rank 1 (one bucket by hand, float64, W = 2)",
+  return {"PowerSGD at matrix rank 1 rebuilds an average of matrix rank 1 exactly, though no "
+          "rank's own gradient has matrix rank 1 (one bucket by hand, float64, W = 2)",
           2,
           [](int rank, Group group) -> std::string {
             stage08::PowerSGDOptions o;
@@ -1249,7 +1249,7 @@ train::Scenario powersgd_error_feedback() {
 }
 
 train::Scenario hook_bad_inputs() {
-  return {"bad hook settings are refused with the rule: PowerSGD rank 0 or above every matrix, "
+  return {"bad hook settings are refused with the rule: PowerSGD matrix rank 0 or above every matrix, "
           "start iteration 1 with error feedback, bf16 on gloo, an unknown hook",
           2,
           [](int rank, Group group) -> std::string {
