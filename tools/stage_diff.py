@@ -246,6 +246,9 @@ def render(root, topic, color=False):
 
 
 def main(argv):
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     color = "auto"
     while argv and (argv[0] == "--color" or argv[0].startswith("--color=")):
         color = argv.pop(0).partition("=")[2] or "always"

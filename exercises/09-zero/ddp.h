@@ -75,7 +75,8 @@ namespace stage09 {
 // The bfloat16 compression hook (default_hooks.h; defined in
 // default_hooks.cc), named here so that register_comm_hook can refuse it
 // where the group cannot reduce bfloat16 (Gloo), before any rank issues a
-// collective, as PyTorch's register_comm_hook refuses it by name.
+// collective. (PyTorch's register_comm_hook also names it, but asks of the
+// build, CUDA 11 and NCCL 2.10, not of the group: lesson 08.)
 std::shared_ptr<tp::distributed::Future> bf16_compress_hook(
     tp::distributed::ProcessGroup& process_group, GradBucket& bucket);
 
@@ -242,10 +243,9 @@ class DistributedDataParallel : public Joinable {
   // A hook of the built-in hooks' form, hook(process_group, bucket).
   using BuiltinHook = std::shared_ptr<tp::distributed::Future> (*)(
       tp::distributed::ProcessGroup& process_group, GradBucket& bucket);
-  // Registration's rule for the built-in hooks, as PyTorch's
-  // _check_comm_hook: bf16_compress_hook where `group` cannot reduce
-  // bfloat16 throws tp::Error now, naming the backend, rather than at the
-  // first backward on every rank.
+  // Registration's rule for the built-in hooks: bf16_compress_hook where
+  // `group` cannot reduce bfloat16 throws tp::Error now, naming the
+  // backend, rather than at the first backward on every rank.
   static void check_builtin_hook(const tp::distributed::ProcessGroup& group, BuiltinHook hook);
 
   // One parameter's place in its bucket (as in stage 02).

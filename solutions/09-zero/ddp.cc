@@ -471,8 +471,7 @@ void DistributedDataParallel::check_builtin_hook(const tp::distributed::ProcessG
   TP_CHECK(hook != &bf16_compress_hook || group.can_reduce(tp::kBFloat16),
            "stage09 DDP: register_comm_hook: bf16_compress_hook all-reduces bfloat16, and the '",
            group.backend_name(), "' backend has no bfloat16 reduction; use fp16_compress_hook "
-           "(the same bytes) on it, or a backend that reduces bfloat16 (nccl, on GPUs). PyTorch "
-           "refuses it at registration too");
+           "(the same bytes) on it, or a backend that reduces bfloat16 (nccl, on GPUs)");
 }
 
 GradBucket DistributedDataParallel::grad_bucket(size_t b) const {

@@ -19,7 +19,8 @@
 //     lesson 08.
 //   - bf16_compress_hook: the same with bfloat16 (float32's range, 8 bits of
 //     precision). The Gloo backend has no bfloat16 reduction: on it the
-//     hook's all-reduce throws tp::DistributedError saying so.
+//     DDP's register_comm_hook refuses the hook (tp::Error naming the
+//     backend), before any collective.
 //   - noop_hook, the hook that sends nothing, is grad_bucket.h's: the DDP
 //     itself registers it for the reduce-scatter form of ZeRO.
 //   - The hooks hold no state but the process group: they are safe to use

@@ -641,6 +641,15 @@ void ProcessGroupNCCL::synchronize() {
   }
 }
 
+bool ProcessGroupNCCL::can_reduce(Dtype dtype) const {
+#if defined(__CUDA_BF16_TYPES_EXIST__)
+  (void)dtype;
+  return true;
+#else
+  return dtype != kBFloat16;  // nccl_dtype refuses it: no ncclBfloat16 in this build
+#endif
+}
+
 // ---- the collectives --------------------------------------------------------------
 
 std::shared_ptr<Work> ProcessGroupNCCL::allreduce(const Tensor& tensor, ReduceOp op) {

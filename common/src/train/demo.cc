@@ -14,6 +14,7 @@
 #include "tensorplay/distributed/launcher_env.h"
 #include "tensorplay/trace.h"
 #include "tensorplay/train/compare.h"
+#include "tensorplay/train/predicates.h"
 #include "tensorplay/util/file.h"
 
 namespace tp::train {
@@ -492,14 +493,7 @@ void print_launches(const RunConfig& config, const RankResult& rank0) {
       }
       break;
     }
-    const trace::Event* in = nullptr;  // the innermost span around it
-    for (const trace::Event& span : rank0.events) {
-      if (span.phase != 'X' || span.tid != e.tid || span.name == "step" ||
-          span.begin_order >= e.begin_order || span.end_order <= e.begin_order) {
-        continue;
-      }
-      if (in == nullptr || span.begin_order > in->begin_order) in = &span;
-    }
+    const trace::Event* in = span_around(rank0.events, e);
     std::string where = in == nullptr ? "the step itself" : in->name;
     if (in != nullptr && in->name == "hook") {
       const int64_t p = event_arg(*in, "param");

@@ -181,6 +181,18 @@ int64_t arg_of(const trace::Event& e, const char* name) {
   return -1;
 }
 
+const trace::Event* span_around(const std::vector<trace::Event>& events, const trace::Event& e) {
+  const trace::Event* in = nullptr;
+  for (const trace::Event& span : events) {
+    if (span.phase != 'X' || span.tid != e.tid || span.name == "step" ||
+        span.begin_order >= e.begin_order || span.end_order <= e.begin_order) {
+      continue;
+    }
+    if (in == nullptr || span.begin_order > in->begin_order) in = &span;
+  }
+  return in;
+}
+
 std::vector<Finding> check_construction_counts(const CaseRun& run, uint64_t broadcasts,
                                                uint64_t allreduces,
                                                const std::string& broadcast_cause,
@@ -730,13 +742,12 @@ std::vector<Finding> check_allreduce_sizes(
                              list(want), " (in any order)");
       if (stray == nullptr) return {{fact, cause}};
       const int64_t got = arg_of(*stray->queued, "bytes");
-      // Queued before the step's backward began: in forward, so no bucket's.
-      // The one all-reduce a stage issues there is join's count of the ranks
-      // still training.
-      if (s.last_backward != nullptr && stray->queued->begin_order < s.last_backward->begin_order) {
+      // Queued in forward, so no bucket's: the one all-reduce a stage issues
+      // there is join's count of the ranks still training.
+      const trace::Event* in = span_around(r.events, *stray->queued);
+      if (in != nullptr && in->name == "forward") {
         return {{cat(fact, ". All-reduce #", seq_of(*stray->queued), " carried ", got,
-                     " bytes and was queued in forward, before the step's backward began: it is "
-                     "no bucket's"),
+                     " bytes and was queued in forward: it is no bucket's"),
                  "what a stage all-reduces in forward is join's count of the ranks still training, "
                  "one float32 element (4 bytes; ddp.h's contract, PyTorch's torch.ones(1)): is "
                  "the count's tensor of another dtype or size?"}};

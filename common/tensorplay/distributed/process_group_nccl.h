@@ -109,7 +109,9 @@ class ProcessGroupNCCL : public ProcessGroup {
   ~ProcessGroupNCCL() override;
 
   std::string backend_name() const override { return "nccl"; }
-  bool can_reduce(Dtype) const override { return true; }  // bfloat16 included
+  // Every dtype, bfloat16 where this build's nccl.h declares ncclBfloat16
+  // (CUDA 11 and later).
+  bool can_reduce(Dtype dtype) const override;
   std::chrono::milliseconds timeout() const override { return options_.timeout; }
   std::shared_ptr<Work> allreduce(const Tensor& tensor,
                                   ReduceOp op = ReduceOp::SUM) override;

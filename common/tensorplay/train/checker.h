@@ -340,7 +340,7 @@ void check_worker_cases(CheckerRun& run, const CheckerSpec<Options>& spec, bool 
           run_workers(c.config, [&](int rank, const std::string& init_method) {
             return spec.worker(rank, c.config, init_method, c.options);
           });
-      findings = check_workers(c.config, reference, ranks, default_tolerance(c.config.dtype));
+      findings = check_workers(c.config, reference, ranks, tolerance_of(c));
     } catch (const std::exception& error) {
       findings.push_back(finding_from_error(spec.stage.number, error, c.if_a_rank_throws));
     }

@@ -173,14 +173,20 @@ std::vector<int64_t> bucket_bytes(const Snapshot& params,
 // The value of argument `name` of a trace event, or -1 when it has none.
 int64_t arg_of(const trace::Event& e, const char* name);
 
+// The innermost span of `events` around the event `e`, on e's thread, other
+// than the step's own ("forward", "hook", "callbacks", ...); null when none.
+const trace::Event* span_around(const std::vector<trace::Event>& events, const trace::Event& e);
+
 // The size of every all-reduce: in each step a rank ran, its all-reduces
 // carry, in any order, exactly the bytes of `expected(step)` (bucket_bytes
 // of the step's buckets, and whatever else the stage all-reduces then: the
 // join notify, the used-map), read from the trace's "allreduce queued"
 // events. A bucket's flat tensor must hold its parameters' elements and no
 // more: one sized in bytes gives the right averages while every all-reduce
-// moves 4x (float64: 8x) the data, which the finding then says. `what`
-// names the expected list in the fact ("the 3 buckets").
+// moves 4x (float64: 8x) the data, which the finding then says; an
+// all-reduce queued in forward is no bucket's (join's count), and the
+// finding says that instead. `what` names the expected list in the fact
+// ("the 3 buckets").
 std::vector<Finding> check_allreduce_sizes(
     const CaseRun& run, const std::function<std::vector<int64_t>(int64_t step)>& expected,
     const std::string& what, const std::string& cause);
