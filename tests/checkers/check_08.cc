@@ -346,11 +346,9 @@ std::vector<train::Finding> check_powersgd_steps(const Case& c, const train::Cas
     return {{cat(where, ", by more than rounding (this case's bound, ", c.tolerance,
                  ") but less than the default tolerance"),
              "at full rank P Q^T is the average to rounding only if P's and Q's columns are "
-             "orthonormal to working precision and span all of M: one Gram-Schmidt pass in "
-             "float32 leaves columns that lay mostly along the earlier ones visibly "
-             "non-orthogonal (remove the earlier components twice), and a cut-off far above "
-             "epsilon (sqrt(epsilon), say) zeroes columns that hold a real, if small, part of M "
-             "(keep it near epsilon) (Note [Orthogonalization])"}};
+             "orthonormal to working precision: one Gram-Schmidt pass in float32 leaves "
+             "columns that lay mostly along the earlier ones visibly non-orthogonal; remove the "
+             "earlier components twice (Note [Orthogonalization])"}};
   }
   if (update == start) {
     return {{cat(where, "; it is the first PowerSGD step (a random Q), which at full rank "
@@ -366,7 +364,10 @@ std::vector<train::Finding> check_powersgd_steps(const Case& c, const train::Cas
            "the Q that warm start reuses is M^T P: neither orthonormal nor free of empty columns "
            "(a rank's gradient has lower rank than r here: 8 rows); orthonormalise Q, refilling "
            "the columns that hold nothing, before P = M Q in every step, not only when it is "
-           "fresh (Note [Orthogonalization]), or P = M Q loses precision and directions"}};
+           "fresh, and to working precision (remove the earlier components twice: one "
+           "Gram-Schmidt pass leaves columns that lay mostly along the earlier ones "
+           "non-orthogonal in float32) (Note [Orthogonalization]), or P = M Q loses precision "
+           "and directions"}};
 }
 
 // The all-reduces a syncing backward queues (one per bucket, for the
