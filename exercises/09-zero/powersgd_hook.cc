@@ -61,9 +61,11 @@ namespace {
 // longer a projection, and even a rank that should reconstruct M exactly
 // does not. Measured: `./kit demo 08 --world-size 2 --comm-hook powersgd
 // --powersgd-rank 32 --powersgd-min-compression-rate 0` (MiniMLP, every
-// weight whole, 10 steps) ends 2.4e-07 from the reference with one removal
-// and 1.5e-08 with two; with --dtype float64, 1.9e-10 and 5.6e-17 (the
-// plain all-reduce is exact there: 0 at W = 2). So the
+// weight whole, 10 steps) ended 2.4e-07 from the reference with one removal
+// (and the sqrt(epsilon) cut-off the kit first had; with the cut-off below,
+// one removal is far worse) and ends 1.5e-08 with two; with --dtype
+// float64, 1.9e-10 and 5.6e-17 (the plain all-reduce is exact there: 0 at
+// W = 2). So the
 // removal runs twice ("twice is enough": the second removes what rounding
 // left of the first, and leaves the column orthogonal to working precision,
 // as Householder QR would). PyTorch orthogonalises with Householder QR
