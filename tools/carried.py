@@ -157,12 +157,15 @@ def parse(text, stage, path, problems):
     return regions
 
 
-def normalise(lines, stage):
-    """[(1-based line, text)] of `lines` as compared: stage `stage`'s own
-    namespace as stageNN, no exercise markup, trailing whitespace dropped."""
+def normalised_lines(lines, stage, drop_markers=False):
+    """[(1-based line, text, in_region)] of `lines` as compared: stage
+    `stage`'s own namespace as stageNN, no exercise markup, trailing
+    whitespace dropped; in_region says the line is inside an EXERCISE
+    region. drop_markers leaves out the carried-code marker lines too (the
+    stage diff, tools/stage_diff.py, shows ideas, not markers)."""
     own = re.compile(r"\b(stage)" + stage + r"\b")
     out = []
-    in_exercise = False
+    in_exercise = in_region = False
     for n, line in enumerate(lines, 1):
         s = line.strip()
         if s.startswith("// EXERCISE:"):
@@ -175,9 +178,17 @@ def normalise(lines, stage):
             else:
                 in_exercise = False
         if s in (BEGIN, END):
+            in_region = s == BEGIN
             continue
-        out.append((n, own.sub(lambda m: m.group(1) + "NN", line.rstrip())))
+        if drop_markers and (OPEN.match(line) or CLOSE.match(line)):
+            continue
+        out.append((n, own.sub(lambda m: m.group(1) + "NN", line.rstrip()), in_region))
     return out
+
+
+def normalise(lines, stage):
+    """[(1-based line, text)] of `lines` as compared (normalised_lines)."""
+    return [(n, text) for n, text, _ in normalised_lines(lines, stage)]
 
 
 def normalised(region):

@@ -51,7 +51,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from carried import BEGIN, CLOSE, END, OPEN  # noqa: E402  (one definition of the markers)
+from carried import normalised_lines  # noqa: E402  (one definition of the markers)
 
 LEFT_OUT = "stage.h"
 CONTEXT = 3
@@ -99,28 +99,9 @@ def sources(folder):
 
 def normalise(text, nn):
     """[Line] of a stage NN file: its namespace as stageNN, no exercise
-    markup, no carried-code markers."""
-    own = re.compile(r"\bstage" + nn + r"\b")
-    out = []
-    in_region = in_comment = False
-    for line in text.splitlines():
-        s = line.strip()
-        if s.startswith("// EXERCISE:"):
-            in_comment = True
-        if in_comment:
-            if s.startswith("//") and s != BEGIN:
-                continue  # the EXERCISE comment
-            in_comment = False
-        if s == BEGIN:
-            in_region = True
-            continue
-        if s == END:
-            in_region = False
-            continue
-        if OPEN.match(line) or CLOSE.match(line):
-            continue
-        out.append(Line(own.sub("stageNN", line), in_region))
-    return out
+    markup, no carried-code markers (carried.normalised_lines: one
+    definition of what is compared)."""
+    return [Line(t, r) for _, t, r in normalised_lines(text.splitlines(), nn, drop_markers=True)]
 
 
 class FileDiff:
