@@ -12,15 +12,17 @@ that guessed that way configured fine and then failed to link
 This test recreates that machine: a wrapper `nvcc` in a scratch folder
 first on PATH, no CUDA_HOME, CUDA_PATH or LIBRARY_PATH. It configures the
 kit into a scratch build folder and checks that Meson's summary says CUDA
-was found and that libtensorplay's link line names libcudart and libcublas
-by paths that exist. (Configuring only: linking would mean compiling the
-whole library.)
+was found, that libtensorplay's link line names libcudart by a path that
+exists, and that cuBLAS, opened on first use rather than linked
+(common/src/cuda/cublas_library.h), is looked for in a folder that holds it.
+(Configuring only: linking would mean compiling the whole library.)
 
 Skipped (exit 77, with the reason) where no CUDA toolkit is installed, or
 nvcc is installed without the runtime and cuBLAS.
 
 Usage: cuda_toolkit_find_test.py SOURCE_DIR
 """
+import glob
 import os
 import re
 import shutil
@@ -99,13 +101,21 @@ def main():
         if not summary or not summary.group(1).startswith("CUDA "):
             sys.exit("FAIL: Meson's summary does not say CUDA was found:\n" + p.stdout[-3000:])
         args = link_line(os.path.join(build, "build.ninja"))
-        for lib in ("cudart", "cublas"):
-            paths = re.findall(r"(/\S*/lib%s\.so)\b" % lib, args)
-            existing = [x for x in paths if os.path.exists(x)]
-            if not existing:
-                sys.exit(f"FAIL: libtensorplay's link line does not name lib{lib}.so by a path "
-                         f"that exists (g++ would not find it: 'cannot find -l{lib}'):\n{args}")
-            print(f"ok: lib{lib} linked as {existing[0]}")
+        paths = re.findall(r"(/\S*/libcudart\.so)\b", args)
+        existing = [x for x in paths if os.path.exists(x)]
+        if not existing:
+            sys.exit(f"FAIL: libtensorplay's link line does not name libcudart.so by a path "
+                     f"that exists (g++ would not find it: 'cannot find -lcudart'):\n{args}")
+        print(f"ok: libcudart linked as {existing[0]}")
+        if "cublas" in args:
+            sys.exit("FAIL: libtensorplay links cuBLAS, which costs every process 0.45 s "
+                     f"at start; it is to be opened on first use:\n{args}")
+        dirs = re.search(r"-DTP_CUBLAS_DIRS=\\?\"([^\"\\]*)", open(os.path.join(build, "build.ninja")).read())
+        if not dirs or not any(glob.glob(os.path.join(d, "libcublas.so.*"))
+                               for d in dirs.group(1).split(":") if d):
+            sys.exit("FAIL: libtensorplay is not told a folder that holds libcublas.so.N "
+                     "(TP_CUBLAS_DIRS): " + (dirs.group(1) if dirs else "no TP_CUBLAS_DIRS"))
+        print(f"ok: cuBLAS opened on first use, from {dirs.group(1)}")
         print(f"ok: with nvcc a wrapper in a folder of its own, Meson says "
               f"'{summary.group(1).strip()}'")
     return 0

@@ -6,13 +6,13 @@
 // gemm with the operands swapped (B first), m and n swapped, and each
 // operand's transpose flag exactly as the CPU path gives it to cblas with
 // CblasRowMajor. A transposed view (t()) is passed as a flag, never copied.
-#include <cublas_v2.h>
-
+// cuBLAS is opened on first use, not linked (cublas_library.h says why).
 #include <algorithm>
 #include <climits>
 #include <vector>
 
 #include "check.h"
+#include "cublas_library.h"
 #include "kernels.h"
 #include "tensorplay/cuda/runtime.h"
 
@@ -24,8 +24,8 @@ namespace {
     const cublasStatus_t tp_cublas_status_ = (call);                                  \
     if (tp_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                 \
       TP_THROW(::tp::Error, "tp::cuda: ", #call, " failed: ",                         \
-               cublasGetStatusString(tp_cublas_status_), " (",                        \
-               cublasGetStatusName(tp_cublas_status_), ")");                          \
+               cublas().status_string(tp_cublas_status_), " (",                       \
+               cublas().status_name(tp_cublas_status_), ")");                         \
     }                                                                                 \
   } while (0)
 
@@ -41,10 +41,10 @@ cublasHandle_t thread_handle(int device) {
   if (handles.size() <= index) handles.resize(index + 1, nullptr);
   if (handles[index] == nullptr) {
     cublasHandle_t handle = nullptr;
-    TP_CUBLAS_CHECK(cublasCreate(&handle));
+    TP_CUBLAS_CHECK(cublas().create(&handle));
     // Plain FP32 for float32: results are compared with the CPU's to float
     // rounding, and TF32 (10-bit mantissa) would be off by ~1e-3.
-    TP_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+    TP_CUBLAS_CHECK(cublas().set_math_mode(handle, CUBLAS_DEFAULT_MATH));
     handles[index] = handle;
   }
   return handles[index];
@@ -92,7 +92,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   cublasHandle_t handle = thread_handle(a.device().index);
   // The handle may have been used on another stream since; this call's work
   // must be ordered with the rest of this thread's work.
-  TP_CUBLAS_CHECK(cublasSetStream(handle, current_stream().handle()));
+  TP_CUBLAS_CHECK(cublas().set_stream(handle, current_stream().handle()));
   const int in = static_cast<int>(n);
   const int im = static_cast<int>(m);
   const int ik = static_cast<int>(k);
@@ -100,15 +100,15 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (a.dtype() == kFloat32) {
     const float alpha = 1.0f;
     const float beta = 0.0f;
-    TP_CUBLAS_CHECK(cublasSgemm(handle, B.op, A.op, im, in, ik, &alpha,
-                                B.values.data_ptr<float>(), B.ld, A.values.data_ptr<float>(),
-                                A.ld, &beta, out.data_ptr<float>(), im));
+    TP_CUBLAS_CHECK(cublas().sgemm(handle, B.op, A.op, im, in, ik, &alpha,
+                                   B.values.data_ptr<float>(), B.ld, A.values.data_ptr<float>(),
+                                   A.ld, &beta, out.data_ptr<float>(), im));
   } else {
     const double alpha = 1.0;
     const double beta = 0.0;
-    TP_CUBLAS_CHECK(cublasDgemm(handle, B.op, A.op, im, in, ik, &alpha,
-                                B.values.data_ptr<double>(), B.ld, A.values.data_ptr<double>(),
-                                A.ld, &beta, out.data_ptr<double>(), im));
+    TP_CUBLAS_CHECK(cublas().dgemm(handle, B.op, A.op, im, in, ik, &alpha,
+                                   B.values.data_ptr<double>(), B.ld, A.values.data_ptr<double>(),
+                                   A.ld, &beta, out.data_ptr<double>(), im));
   }
   return out;
 }
