@@ -66,18 +66,30 @@ def main():
             fail("the kit as committed (if only the record is stale, run "
                  "`python3 tools/carried.py --record .` and commit tools/carried.lock)", clean)
         # The stages and the region the drift is planted in: the first region
-        # of the last stage's ddp.cc that the stage before also carries.
+        # of a stage's ddp.cc that the stage before also carries, in the last
+        # stage that has one (stage 10, FSDP, carries no DDP code over).
         stages = sorted(d for d in os.listdir(os.path.join(pristine, "solutions"))
                         if re.match(r"^\d\d-", d))
-        last, before = stages[-1], stages[-2]
+        newest = stages[-1]
+
+        def carried_region(stage, previous):
+            path = os.path.join(pristine, "solutions", stage, "ddp.cc")
+            if not os.path.isfile(path):
+                return None, None
+            with open(path) as f:
+                text = f.read().splitlines()
+            return text, next((i for i, l in enumerate(text)
+                               if (m := re.match(r"^\s*// SAME FROM STAGE (\d\d): ", l))
+                               and m.group(1) <= previous[:2]), None)
+
+        for k in range(len(stages) - 1, 0, -1):
+            last, before = stages[k], stages[k - 1]
+            lines, opening = carried_region(last, before)
+            if opening is not None:
+                break
+        else:
+            sys.exit("FAIL: no stage's ddp.cc carries a region over from the stage before")
         last_cc = os.path.join("solutions", last, "ddp.cc")
-        with open(os.path.join(pristine, last_cc)) as f:
-            lines = f.read().splitlines()
-        opening = next((i for i, l in enumerate(lines)
-                        if (m := re.match(r"^\s*// SAME FROM STAGE (\d\d): ", l))
-                        and m.group(1) <= before[:2]), None)
-        if opening is None:
-            sys.exit(f"FAIL: {last_cc} carries no region over from stage {before[:2]}")
         body = next(i for i in range(opening + 1, len(lines)) if lines[i].strip()
                     and not lines[i].strip().startswith("//"))
 
@@ -87,26 +99,29 @@ def main():
             change(root)
             return run(tool, root)
 
-        # A new stage, a copy of the last one: nothing else to change.
+        # A new stage, a copy of the newest one: nothing else to change.
+        nn = f"{int(newest[:2]) + 1:02d}"
+        first_cc = sorted(n for n in os.listdir(os.path.join(pristine, "solutions", newest))
+                          if n.endswith(".cc"))[0]
+
         def new_stage(root):
-            nn = f"{int(last[:2]) + 1:02d}"
             new = os.path.join(root, "solutions", f"{nn}-copy")
-            shutil.copytree(os.path.join(root, "solutions", last), new)
+            shutil.copytree(os.path.join(root, "solutions", newest), new)
             for name in os.listdir(new):
                 path = os.path.join(new, name)
                 with open(path) as f:
                     text = f.read()
                 with open(path, "w") as f:
-                    f.write(text.replace(f"stage{last[:2]}", f"stage{nn}"))
+                    f.write(text.replace(f"stage{newest[:2]}", f"stage{nn}"))
         result = planted("new_stage", new_stage)
-        nn = f"{int(last[:2]) + 1:02d}"
-        if result.returncode != 1 or f"{nn}-copy/ddp.cc <- {last}/ddp.cc" not in result.stdout or \
+        if result.returncode != 1 or \
+                f"{nn}-copy/{first_cc} <- {newest}/{first_cc}" not in result.stdout or \
                 "is stale" not in result.stdout or "drift" in result.stdout:
-            fail("a new stage copied from the last one, before --record", result)
+            fail("a new stage copied from the newest one, before --record", result)
         recorded = record(tool, os.path.join(tmp, "new_stage"))
         result = run(tool, os.path.join(tmp, "new_stage"))
         if recorded.returncode != 0 or result.returncode != 0:
-            fail("a new stage copied from the last one, after --record", result)
+            fail("a new stage copied from the newest one, after --record", result)
 
         # A fix made in the last stage only.
         def drift(root):

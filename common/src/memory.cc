@@ -1,6 +1,8 @@
 // tp::memory: the per-kind byte counters behind tp::Storage (see memory.h).
 #include "tensorplay/memory.h"
 
+#include <algorithm>
+
 #include <atomic>
 
 namespace tp::memory {
@@ -72,6 +74,13 @@ Stats stats() {
 void reset_peaks() {
   for (std::size_t k = 0; k < kKinds; ++k) g_peak[k].store(g_live[k].load());
   g_model_state_peak.store(g_model_state_live.load());
+}
+
+Stats combine_spans(const Stats& earlier, const Stats& later) {
+  Stats out = later;
+  for (std::size_t k = 0; k < kKinds; ++k) out.peak[k] = std::max(earlier.peak[k], later.peak[k]);
+  out.model_state_peak = std::max(earlier.model_state_peak, later.model_state_peak);
+  return out;
 }
 
 namespace detail {

@@ -118,37 +118,62 @@ Strides contiguous_strides(const Shape& shape) {
 static constexpr std::align_val_t kStorageAlignment{64};
 
 Storage::Storage(std::size_t nbytes, Device device)
-    : data_(nullptr), nbytes_(nbytes), device_(device), memory_kind_(memory::current_kind()) {
+    : data_(nullptr), nbytes_(0), device_(device), memory_kind_(memory::current_kind()) {
   if (device.type == DeviceType::CPU) {
     device_ = kCPU;  // one spelling of the CPU, so == compares devices
-    data_ = ::operator new(nbytes, kStorageAlignment);
-    // Counted once the bytes exist: a failed allocation counts nothing.
-    memory::detail::record_allocation(memory_kind_, nbytes_);
-    return;
+  } else {
+    TP_CHECK(cuda::is_available(), "tp::Storage: ", tp::to_string(device),
+             " requested, but ", cuda::unavailable_reason());
+    const int current = cuda::current_device();
+    device_ = Device{DeviceType::CUDA, device.index < 0 ? current : device.index};
   }
-  TP_CHECK(cuda::is_available(), "tp::Storage: ", tp::to_string(device),
-           " requested, but ", cuda::unavailable_reason());
-  const int current = cuda::current_device();
-  const int index = device.index < 0 ? current : device.index;
-  // Memory is ordered on the current stream, which belongs to the current
-  // device: allocating for another device would need a stream of that one.
-  TP_CHECK(index == current, "tp::Storage: cuda:", index,
-           " requested while this thread's current device is cuda:", current,
-           "; call tp::cuda::set_device(", index, ") first");
-  const cuda::Allocation allocation = cuda::allocate(nbytes);  // 256-byte aligned
-  data_ = allocation.data;
-  cuda_stream_ = allocation.stream;
-  device_ = Device{DeviceType::CUDA, index};
+  allocate(nbytes);
+}
+
+Storage::~Storage() { release(); }
+
+void Storage::allocate(std::size_t nbytes) {
+  if (device_.type == DeviceType::CPU) {
+    data_ = ::operator new(nbytes, kStorageAlignment);
+  } else {
+    // Memory is ordered on the current stream, which belongs to the current
+    // device: allocating for another device would need a stream of that one.
+    const int current = cuda::current_device();
+    TP_CHECK(device_.index == current, "tp::Storage: cuda:", device_.index,
+             " requested while this thread's current device is cuda:", current,
+             "; call tp::cuda::set_device(", device_.index, ") first");
+    const cuda::Allocation allocation = cuda::allocate(nbytes);  // 256-byte aligned
+    data_ = allocation.data;
+    cuda_stream_ = allocation.stream;
+  }
+  nbytes_ = nbytes;
+  // Counted once the bytes exist: a failed allocation counts nothing.
   memory::detail::record_allocation(memory_kind_, nbytes_);
 }
 
-Storage::~Storage() {
+void Storage::release() {
+  if (freed_) return;  // resize_(0) already did
   memory::detail::record_free(memory_kind_, nbytes_);
   if (device_.type == DeviceType::CPU) {
     ::operator delete(data_, kStorageAlignment);
   } else {
     cuda::deallocate({data_, cuda_stream_, device_.index});
   }
+  data_ = nullptr;
+  nbytes_ = 0;
+  freed_ = true;
+}
+
+void Storage::resize_(std::size_t nbytes) {
+  if (nbytes == 0) {
+    release();
+    return;
+  }
+  TP_CHECK(freed_, "tp::Storage::resize_: asked for ", nbytes, " bytes while ", nbytes_,
+           " are live; free them first (resize_(0)): growing live bytes in place would move "
+           "them under every view");
+  allocate(nbytes);
+  freed_ = false;
 }
 
 void Storage::set_memory_kind(memory::Kind kind) {
@@ -269,9 +294,25 @@ void for_each_index(const TensorImpl& t, F&& f) {
                       [&](int64_t i, int64_t) { f(i); });
 }
 
+// A view of a freed storage (Storage::resize_(0)) has nothing to read or
+// write: what it names, and the usual reason.
+[[noreturn]] void throw_freed_storage(const TensorImpl& t, const char* fn) {
+  TP_THROW(Error, fn, ": a ", tp::to_string(t.shape), " ", tp::to_string(t.dtype),
+           " tensor views a storage whose bytes were freed (Storage::resize_(0)), so there "
+           "is nothing to read or write; allocate them again first (FSDP frees a unit's "
+           "gathered parameters after use and gathers them again before the next: use "
+           "summon_full_params() to read them in between)");
+}
+
+bool views_freed_storage(const TensorImpl& t) {
+  return t.storage->is_freed() && numel_of(t.shape) > 0;
+}
+
 // Typed pointer to element 0 of the storage (not of the view: add offset).
+// Throws for a view of a freed storage.
 template <typename T>
 T* storage_base(const TensorImpl& t) {
+  if (views_freed_storage(t)) throw_freed_storage(t, "tp::Tensor");
   return static_cast<T*>(t.storage->data());
 }
 
@@ -543,6 +584,7 @@ bool Tensor::is_alias_of(const Tensor& other) const {
 
 void* Tensor::data_ptr() const {
   const TensorImpl& t = checked(*this, "tp::Tensor::data_ptr");
+  if (views_freed_storage(t)) throw_freed_storage(t, "tp::Tensor::data_ptr");
   return static_cast<char*>(t.storage->data()) +
          t.offset * static_cast<int64_t>(tp::element_size(t.dtype));
 }

@@ -87,6 +87,10 @@ struct Stats {
 Stats stats();
 // Every peak := the bytes live now (the model-state peak too).
 void reset_peaks();
+// Two readings of spans of time one after the other (reset_peaks() in
+// between) as one: each peak the larger of the two, live bytes the later's.
+// How a caller leaves a span out of the peaks (read, do it, reset, go on).
+Stats combine_spans(const Stats& earlier, const Stats& later);
 
 namespace detail {
 // For tp::Storage only: count nbytes allocated as, freed from, or moved

@@ -102,7 +102,8 @@ int64_t numel_of(const Shape& shape);
 Strides contiguous_strides(const Shape& shape);
 
 // A block of bytes owned jointly by every tensor that views it.
-// Invariant: nbytes never changes after construction; data is 64-byte aligned.
+// Invariant: data is 64-byte aligned; nbytes changes only through resize_,
+// which frees the bytes or allocates them again (FSDP's free and re-gather).
 // On a CUDA device the bytes are device memory (tp::cuda::allocate: ordered
 // on the current stream, freed on it with tp::cuda::deallocate); device()
 // then names the device concretely (cuda:0, never index -1). A CUDA device
@@ -120,6 +121,20 @@ class Storage {
 
   void* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
+
+  // Frees the bytes (resize_(0)) or allocates `nbytes` of them anew,
+  // uninitialized, on the same device and counted under the same memory
+  // kind, keeping this Storage object: every tensor that views it stays a
+  // view of it. FSDP frees a unit's gathered parameters this way after use
+  // and allocates them again before the next gather (PyTorch's
+  // storage().resize_(0) and resize_(n)), so the views the autograd graph
+  // saved in forward see the bytes gathered for backward. While freed,
+  // reading or writing any non-empty view throws tp::Error (tensor.cc).
+  // REQUIRES: nbytes == 0 or is_freed(): growing live bytes in place would
+  // move them under the views (throws tp::Error).
+  void resize_(std::size_t nbytes);
+  // True after resize_(0), until the next resize_(n).
+  bool is_freed() const { return freed_; }
   Device device() const { return device_; }
   // What tp::memory counts these bytes as.
   memory::Kind memory_kind() const { return memory_kind_; }
@@ -143,9 +158,13 @@ class Storage {
   Device device_;
   memory::Kind memory_kind_;
   std::atomic<uint64_t> bytes_copied_in_{0};
+  bool freed_ = false;  // resize_(0) was called and no resize_(n) since
   // CUDA only: the stream data_ was allocated on (and is freed on), kept
   // alive as long as this storage.
   cuda::Stream cuda_stream_;
+
+  void allocate(std::size_t nbytes);  // data_, nbytes_, counted
+  void release();                     // uncounted, data_ null, freed_
 };
 
 namespace autograd {

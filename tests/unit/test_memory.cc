@@ -174,3 +174,32 @@ TEST_CASE("the model-state peak is the most parameters + gradients + state live 
   memory::reset_peaks();
   CHECK(memory::stats().model_state_peak == after.model_state_live());
 }
+
+TEST_CASE("Storage::resize_ frees the bytes under every view and allocates them again") {
+  tp::Tensor flat = [] {
+    memory::KindScope parameters(Kind::Parameter);
+    return tp::ones({8});
+  }();
+  const tp::Tensor view = flat.narrow(0, 2, 4).view({2, 2});
+  const memory::Stats before = memory::stats();
+  flat.storage()->resize_(0);
+  CHECK(flat.storage()->is_freed());
+  CHECK(live_change(before, Kind::Parameter) == -32);  // under its own kind
+  CHECK_THROWS_WITH_AS(view.to_vector(), doctest::Contains("views a storage whose bytes were freed"),
+                       tp::Error);
+  CHECK_THROWS_AS(flat.data_ptr<float>(), tp::Error);
+  flat.storage()->resize_(0);  // freeing twice frees nothing more
+  CHECK(live_change(before, Kind::Parameter) == -32);
+  flat.storage()->resize_(32);  // the same Storage: the view sees the new bytes
+  CHECK(live_change(before, Kind::Parameter) == 0);
+  flat.fill_(3.0);
+  CHECK(view.to_vector() == std::vector<double>{3, 3, 3, 3});
+  CHECK_THROWS_WITH_AS(flat.storage()->resize_(64), doctest::Contains("free them first"),
+                       tp::Error);
+  memory::Stats a = memory::stats(), b = a;
+  a.peak[0] = 10;
+  b.peak[0] = 5;
+  b.live[0] = 7;
+  CHECK(memory::combine_spans(a, b).peak[0] == 10);
+  CHECK(memory::combine_spans(a, b).live[0] == 7);
+}

@@ -848,3 +848,29 @@ TEST_CASE("ReorderedMLP registers fc2, fc1, fc3 but computes fc3(relu(fc2(relu(f
   CHECK(ready == std::vector<std::string>{"fc3.bias", "fc3.weight", "fc2.bias", "fc2.weight",
                                           "fc1.bias", "fc1.weight"});
 }
+
+TEST_CASE("forward hooks run around a submodule's forward, may replace its output, and go with their handle") {
+  tp::manual_seed(0);
+  tp::nn::MiniMLP model;
+  std::vector<std::string> calls;
+  tp::nn::ModuleHookHandle pre = model.fc2->register_forward_pre_hook(
+      [&](tp::nn::Module&, const tp::Tensor& x) { calls.push_back("pre " + std::to_string(x.size(1))); });
+  tp::nn::ModuleHookHandle post = model.fc2->register_forward_hook(
+      [&](tp::nn::Module&, const tp::Tensor&, const tp::Tensor& y) {
+        calls.push_back("post");
+        return tp::mul(y, 0.0);  // replaces fc2's output
+      });
+  const tp::Tensor x = tp::randn({2, 16});
+  const tp::Tensor hooked = model(x);
+  CHECK(calls == std::vector<std::string>{"pre 32", "post"});
+  // fc2's output zeroed: the model's output is fc3's bias on every row.
+  const std::vector<double> bias = model.fc3->bias.to_vector();
+  const std::vector<double> out = hooked.to_vector();
+  for (size_t i = 0; i < out.size(); ++i) CHECK(out[i] == doctest::Approx(bias[i % bias.size()]));
+  pre.remove();
+  post = tp::nn::ModuleHookHandle();  // move-assigning removes the hook it held
+  calls.clear();
+  const tp::Tensor plain = model(x);
+  CHECK(calls.empty());
+  CHECK(plain.to_vector() != out);
+}

@@ -79,8 +79,12 @@ StridedView view_of(const Tensor& t) {
 }
 
 // Typed pointer to element 0 of the storage (not of the view: add offset).
+// Refuses a view of a freed storage (Storage::resize_(0)), as tensor.cc does.
 template <typename T>
 T* storage_base(const Tensor& t) {
+  TP_CHECK(!(t.storage()->is_freed() && t.numel() > 0), "tp::cuda: a ", to_string(t.shape()),
+           " tensor views a storage whose bytes were freed (Storage::resize_(0)); allocate "
+           "them again first");
   return static_cast<T*>(t.storage()->data());
 }
 

@@ -24,9 +24,9 @@ MiniMLP::MiniMLP(MiniMLPOptions options) {
 
 // x is (B, in) -> (B, hidden) -> (B, hidden) -> (B, out).
 Tensor MiniMLP::forward(const Tensor& input) {
-  Tensor h = fc1->forward(input).relu();
-  h = fc2->forward(h).relu();
-  return fc3->forward(h);
+  Tensor h = (*fc1)(input).relu();
+  h = (*fc2)(h).relu();
+  return (*fc3)(h);
 }
 
 // ---- BranchyMLP -----------------------------------------------------------------
@@ -58,9 +58,9 @@ BranchyMLP::Route BranchyMLP::route(const Tensor& x) {
 
 // x is (B, in) -> h (B, hidden) -> branch_a or branch_b (B, hidden) -> (B, out).
 Tensor BranchyMLP::forward(const Tensor& input) {
-  Tensor h = fc1->forward(input).relu();
-  h = (route(input) == Route::A ? branch_a : branch_b)->forward(h).relu();
-  return head->forward(h);
+  Tensor h = (*fc1)(input).relu();
+  h = (*(route(input) == Route::A ? branch_a : branch_b))(h).relu();
+  return (*head)(h);
 }
 
 // ---- RunningMean ----------------------------------------------------------------
@@ -113,9 +113,9 @@ BufferedMLP::BufferedMLP(MiniMLPOptions options) {
 
 // x is (B, in) -> (B, hidden) -> norm (B, hidden) -> (B, hidden) -> (B, out).
 Tensor BufferedMLP::forward(const Tensor& input) {
-  Tensor h = norm->forward(fc1->forward(input)).relu();
-  h = fc2->forward(h).relu();
-  return fc3->forward(h);
+  Tensor h = (*norm)((*fc1)(input)).relu();
+  h = (*fc2)(h).relu();
+  return (*fc3)(h);
 }
 
 // ---- ReorderedMLP ----------------------------------------------------------------
@@ -130,9 +130,9 @@ ReorderedMLP::ReorderedMLP(MiniMLPOptions options) {
 
 // x is (B, in) -> fc1 (B, hidden) -> fc2 (B, hidden) -> fc3 (B, out).
 Tensor ReorderedMLP::forward(const Tensor& input) {
-  Tensor h = fc1->forward(input).relu();
-  h = fc2->forward(h).relu();
-  return fc3->forward(h);
+  Tensor h = (*fc1)(input).relu();
+  h = (*fc2)(h).relu();
+  return (*fc3)(h);
 }
 
 // ---- MixedMLP -------------------------------------------------------------------
@@ -147,9 +147,9 @@ MixedMLP::MixedMLP(MiniMLPOptions options) {
 
 // x is (B, in) -> fc1 (B, hidden) -> [fc2's dtype] fc2 (B, hidden) -> [back] fc3 (B, out).
 Tensor MixedMLP::forward(const Tensor& input) {
-  Tensor h = fc1->forward(input).relu();
-  h = fc2->forward(h.to(fc2->weight.dtype())).relu();
-  return fc3->forward(h.to(input.dtype()));
+  Tensor h = (*fc1)(input).relu();
+  h = (*fc2)(h.to(fc2->weight.dtype())).relu();
+  return (*fc3)(h.to(input.dtype()));
 }
 
 // ---- deep_mlp -------------------------------------------------------------------

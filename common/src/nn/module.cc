@@ -38,6 +38,53 @@ void move_in_place(const Tensor& t, Device device) {
 
 }  // namespace
 
+ModuleHookHandle::ModuleHookHandle(ModuleHookHandle&& other) noexcept
+    : hooks_(std::move(other.hooks_)), id_(other.id_) {
+  other.hooks_.reset();
+}
+
+ModuleHookHandle& ModuleHookHandle::operator=(ModuleHookHandle&& other) noexcept {
+  if (this != &other) {
+    remove();
+    hooks_ = std::move(other.hooks_);
+    id_ = other.id_;
+    other.hooks_.reset();
+  }
+  return *this;
+}
+
+void ModuleHookHandle::remove() noexcept {
+  if (std::shared_ptr<ModuleHooks> hooks = hooks_.lock()) {
+    std::erase_if(hooks->pre, [&](const auto& entry) { return entry.first == id_; });
+    std::erase_if(hooks->post, [&](const auto& entry) { return entry.first == id_; });
+  }
+  hooks_.reset();
+}
+
+ModuleHookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+  const uint64_t id = hooks_->next_id++;
+  hooks_->pre.emplace_back(id, std::move(hook));
+  return ModuleHookHandle(hooks_, id);
+}
+
+ModuleHookHandle Module::register_forward_hook(ForwardHook hook) {
+  const uint64_t id = hooks_->next_id++;
+  hooks_->post.emplace_back(id, std::move(hook));
+  return ModuleHookHandle(hooks_, id);
+}
+
+// The hooks run from copies of the lists, so a hook that removes itself (or
+// another) changes the next call, not this one.
+Tensor Module::operator()(const Tensor& input) {
+  if (hooks_->pre.empty() && hooks_->post.empty()) return forward(input);
+  const auto pre = hooks_->pre;
+  for (const auto& [id, hook] : pre) hook(*this, input);
+  Tensor output = forward(input);
+  const auto post = hooks_->post;
+  for (const auto& [id, hook] : post) output = hook(*this, input, output);
+  return output;
+}
+
 std::vector<Tensor> Module::parameters() const {
   std::vector<Tensor> out;
   for (auto& [name, t] : named_parameters()) out.push_back(t);

@@ -30,6 +30,22 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
   momentum_buffers_.resize(params_.size());
 }
 
+void SGD::load_momentum_buffers(std::vector<Tensor> buffers) {
+  TP_CHECK(buffers.size() == params_.size(), "tp::optim::SGD::load_momentum_buffers: got ",
+           buffers.size(), " buffers for ", params_.size(), " parameters");
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const Tensor& b = buffers[i];
+    if (!b.defined()) continue;
+    const Tensor& p = params_[i];
+    TP_CHECK(b.shape() == p.shape() && b.dtype() == p.dtype() && b.device() == p.device(),
+             "tp::optim::SGD::load_momentum_buffers: buffer ", i, " is ", to_string(b.shape()),
+             " ", to_string(b.dtype()), " on ", to_string(b.device()), " but its parameter is ",
+             to_string(p.shape()), " ", to_string(p.dtype()), " on ", to_string(p.device()));
+    b.storage()->set_memory_kind(memory::Kind::OptimizerState);
+  }
+  momentum_buffers_ = std::move(buffers);
+}
+
 void SGD::step() {
   // The update must not become part of any autograd graph.
   NoGradGuard no_grad;

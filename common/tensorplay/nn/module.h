@@ -7,7 +7,14 @@
 //     being the same on every rank.
 //   - Returned tensors are handles: changing their data changes the module.
 //   - forward() takes one tensor and returns one tensor (all kit models are
-//     feed-forward); operator() calls forward.
+//     feed-forward). operator() calls it between the module's forward hooks,
+//     as PyTorch's __call__ does: the pre-hooks, in registration order, then
+//     forward, then the forward hooks, each of which may replace the output.
+//     The kit's models call their submodules through operator(), so a hook
+//     on any submodule runs; forward() called directly runs none. (FSDP
+//     gathers a unit's parameters in a pre-hook and frees them in a hook.)
+//     A hook lives as long as its ModuleHookHandle; removing it from inside
+//     a hook takes effect at the next call.
 //   - to(device) moves every parameter and buffer in place: each keeps its
 //     Tensor handle (the same TensorImpl), whose storage is replaced by a
 //     contiguous copy on the device, so hooks, optimizers and DDP holding the
@@ -18,6 +25,8 @@
 //   - Not thread-safe.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,12 +38,53 @@ namespace tp::nn {
 
 using NamedTensor = std::pair<std::string, Tensor>;
 
+class Module;
+
+// Runs before forward with the module and its input.
+using ForwardPreHook = std::function<void(Module& module, const Tensor& input)>;
+// Runs after forward with the module, its input and its output; returns the
+// output the caller gets (the same tensor, or one that replaces it).
+using ForwardHook =
+    std::function<Tensor(Module& module, const Tensor& input, const Tensor& output)>;
+
+// The hooks of one module, shared with their handles (weakly).
+struct ModuleHooks {
+  std::vector<std::pair<uint64_t, ForwardPreHook>> pre;
+  std::vector<std::pair<uint64_t, ForwardHook>> post;
+  uint64_t next_id = 1;  // never reused, so a stale handle removes nothing
+};
+
+// The registration of one forward (pre-)hook: the hook lives as long as the
+// handle, like Tensor's RemovableHandle (tensor.h). Move-only; outliving
+// the module is harmless.
+class ModuleHookHandle {
+ public:
+  ModuleHookHandle() = default;
+  ModuleHookHandle(std::weak_ptr<ModuleHooks> hooks, uint64_t id)
+      : hooks_(std::move(hooks)), id_(id) {}
+  ~ModuleHookHandle() { remove(); }
+  ModuleHookHandle(const ModuleHookHandle&) = delete;
+  ModuleHookHandle& operator=(const ModuleHookHandle&) = delete;
+  ModuleHookHandle(ModuleHookHandle&& other) noexcept;
+  ModuleHookHandle& operator=(ModuleHookHandle&& other) noexcept;
+  // Unregisters the hook now; safe to call twice.
+  void remove() noexcept;
+
+ private:
+  std::weak_ptr<ModuleHooks> hooks_;  // empty once removed or moved from
+  uint64_t id_ = 0;
+};
+
 class Module {
  public:
   virtual ~Module() = default;
 
   virtual Tensor forward(const Tensor& input) = 0;
-  Tensor operator()(const Tensor& input) { return forward(input); }
+  // forward() between the hooks (see the contract).
+  Tensor operator()(const Tensor& input);
+
+  [[nodiscard]] ModuleHookHandle register_forward_pre_hook(ForwardPreHook hook);
+  [[nodiscard]] ModuleHookHandle register_forward_hook(ForwardHook hook);
 
   // All parameters, registration order, recursive.
   std::vector<Tensor> parameters() const;
@@ -77,6 +127,7 @@ class Module {
   std::vector<NamedTensor> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  std::shared_ptr<ModuleHooks> hooks_ = std::make_shared<ModuleHooks>();
 };
 
 }  // namespace tp::nn

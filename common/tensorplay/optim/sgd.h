@@ -29,6 +29,11 @@ class SGD {
   // checker reads to see which state a rank really holds).
   const std::vector<Tensor>& params() const { return params_; }
   const std::vector<Tensor>& momentum_buffers() const { return momentum_buffers_; }
+  // Replaces the momentum buffers (a checkpoint's, PyTorch's
+  // load_state_dict): one per parameter, each undefined or of its
+  // parameter's shape, dtype and device; they are counted as optimizer
+  // state from then on. Throws tp::Error naming the first that is not.
+  void load_momentum_buffers(std::vector<Tensor> buffers);
 
  private:
   std::vector<Tensor> params_;

@@ -58,6 +58,13 @@ struct Capabilities {
   // optimizer, options, body)` instead of ddp.join(body), since a joined
   // rank must shadow the optimizer's collectives too.
   bool sharded_optimizer = false;
+  // Stage 10 (FSDP): the parameters themselves are sharded. parameters() are
+  // this rank's shards (the optimizer, the kit's SGD, steps them), and
+  // named_parameters() the model's own parameters, whose values exist only
+  // while gathered: the trainer reads them inside `auto full =
+  // ddp.summon_full_params();`, a collective every rank makes at the same
+  // points (after construction, after the first step, at the end).
+  bool fully_sharded = false;
 };
 
 }  // namespace tp::train

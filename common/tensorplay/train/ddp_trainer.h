@@ -92,6 +92,7 @@ concept DataParallelModel =
        join_with_optimizer(ddp, *make_optimizer(ddp, optim::SGDOptions{}, options), options,
                            body);
      }) &&
+    (!D::capabilities.fully_sharded || requires(D ddp) { ddp.summon_full_params(); }) &&
     (!D::capabilities.buckets || requires(D ddp) {
       { ddp.bucket_assignment() } -> std::convertible_to<std::vector<std::vector<int64_t>>>;
     });
@@ -140,6 +141,27 @@ void check_plan_fits_stage(const RunConfig& config) {
   }
 }
 
+// The values of ddp's named parameters. A fully sharded stage's are
+// gathered first (a collective: every rank calls it at the same point), all
+// at once, which its training never does: so the memory peaks so far are
+// folded into `peaks` and the counters' peaks reset after, leaving the
+// gather out of RankResult::memory.
+template <DataParallelModel D>
+Snapshot snapshot_parameters(D& ddp, memory::Stats& peaks) {
+  if constexpr (D::capabilities.fully_sharded) {
+    peaks = memory::combine_spans(peaks, memory::stats());
+    Snapshot values;
+    {
+      auto full = ddp.summon_full_params();
+      values = snapshot(ddp.named_parameters());
+    }
+    memory::reset_peaks();
+    return values;
+  } else {
+    return snapshot(ddp.named_parameters());
+  }
+}
+
 // One rank's training loop. Seeds and builds the plan's model, wraps it,
 // then per optimizer step: zero_grad; per micro-batch forward on this rank's
 // shard, mse loss, backward of loss / K (under no_sync for all but the last
@@ -181,7 +203,13 @@ RankResult train_rank(int rank, const RunConfig& config,
   result.construction_allreduces = group->counters().allreduce;
   result.construction_broadcasts = group->counters().broadcast;
   result.construction_allgathers = group->counters().allgather;
-  result.initial_params = snapshot(ddp.named_parameters());
+  // Every rank builds the whole model before a fully sharded stage shards
+  // it (the kit has no meta-device construction), so for such a stage
+  // RankResult::memory counts from after this snapshot: `construction`
+  // takes the peaks before it, and is dropped.
+  memory::Stats construction;
+  result.initial_params = snapshot_parameters(ddp, construction);
+  memory::Stats peaks;  // fully sharded: the peaks before the last snapshot
   if constexpr (caps.buckets) result.initial_buckets = ddp.bucket_assignment();
   for (const nn::NamedTensor& p : ddp.named_parameters()) {
     result.param_ids.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(p.second.impl())));
@@ -247,7 +275,7 @@ RankResult train_rank(int rank, const RunConfig& config,
         record_micro_batch(result, group->counters(), ddp.parameters());  // what it did
       }
       if (step == 0) {
-        result.after_first_step = snapshot(ddp.named_parameters());
+        result.after_first_step = snapshot_parameters(ddp, peaks);
         if (config.trace_first_step && !config.trace) trace::disable();  // (demo.cc)
       }
     }
@@ -263,8 +291,8 @@ RankResult train_rank(int rank, const RunConfig& config,
   // On a GPU the last step's collectives may still be finishing (an NCCL
   // wait() only orders streams): a failure among them is thrown here.
   group->synchronize();
-  result.memory = memory::stats();
-  result.final_params = snapshot(ddp.named_parameters());
+  result.memory = memory::combine_spans(peaks, memory::stats());
+  result.final_params = snapshot_parameters(ddp, peaks);
   result.final_buffers = snapshot(model->named_buffers());
   result.grad_storage = grad_storage_groups(ddp.parameters());
   if constexpr (caps.buckets) result.buckets = ddp.bucket_assignment();

@@ -99,7 +99,8 @@ struct RankResult {
   std::vector<int64_t> params_with_state;
   // This rank's tensor bytes by kind (tp::memory), read after the last step
   // (before the final snapshot); the peaks count from just before the model
-  // was built. Empty when the lesson's own worker ran the rank (--worker): it
+  // was built (for a fully sharded stage, from its first snapshot, and
+  // without the snapshots' gathers: train_rank). Empty when the lesson's own worker ran the rank (--worker): it
   // measures nothing.
   std::optional<memory::Stats> memory;
   std::vector<trace::Event> events;  // when RunConfig::trace is set
