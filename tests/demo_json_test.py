@@ -55,7 +55,21 @@ def main(demo):
     # final.allreduces_per_step lists each rank's count in step 0.
     counts = data["final"]["allreduces_per_step"] + [c for r in data["ranks"] for c in r["allreduces_per_micro"]]
     n = counts[0] if counts else 0
-    if any(c != n for c in counts) or not 1 <= n <= data["final"]["num_parameters"]:
+    # A fully sharded stage (FSDP) all-reduces nothing: it all-gathers each
+    # unit and reduce-scatters its gradient instead, the same counts on every
+    # rank in every step, and the demo prints them.
+    sharded = [c for r in data["ranks"] for c in r["reduce_scatters_per_micro"]]
+    if n == 0 and sharded and all(c == sharded[0] > 0 for c in sharded):
+        gathers = [c for r in data["ranks"] for c in r["allgathers_per_micro"]]
+        if any(c != gathers[0] for c in gathers) or gathers[0] < sharded[0]:
+            fail(f"all-gathers per step and rank {gathers}: expected one count, at least the "
+                 f"{sharded[0]} reduce-scatters (a unit is gathered before it is reduced)")
+        if "all-gathers and reduce-scatters in step 0 on rank 0: " \
+                f"{gathers[0]} of" not in run.stdout:
+            fail("the demo does not print step 0's all-gathers and reduce-scatters")
+        print(f"ok: no all-reduces; {gathers[0]} all-gathers and {sharded[0]} reduce-scatters "
+              "per step on every rank")
+    elif any(c != n for c in counts) or not 1 <= n <= data["final"]["num_parameters"]:
         fail(f"all-reduces per step and rank {counts}: expected one count, from 1 to "
              f"{data['final']['num_parameters']} (one per parameter, or per bucket)")
 
@@ -312,20 +326,24 @@ def check_accumulation(demo, k=3, steps=2):
     for rank in data["ranks"]:
         if len(rank["micro_batch_losses"]) != k * steps:
             fail(f"rank {rank['rank']}: {len(rank['micro_batch_losses'])} micro-batch losses, expected {k * steps}")
-        # The syncing micro-batch's count (6 parameters: from 1 to 6 all-reduces).
-        n = rank["allreduces_per_micro"][k - 1] if len(rank["allreduces_per_micro"]) >= k else 0
+        # The syncing micro-batch's count (6 parameters: from 1 to 6 all-reduces;
+        # a fully sharded stage reduce-scatters each unit instead).
+        key, what = "allreduces_per_micro", "all-reduces"
+        if not any(rank[key]) and any(rank["reduce_scatters_per_micro"]):
+            key, what = "reduce_scatters_per_micro", "reduce-scatters"
+        n = rank[key][k - 1] if len(rank[key]) >= k else 0
         if not 1 <= n <= 6:
-            fail(f"rank {rank['rank']}: {n} all-reduces on the syncing micro-batch, expected 1 to 6")
+            fail(f"rank {rank['rank']}: {n} {what} on the syncing micro-batch, expected 1 to 6")
         expected = ([0] * (k - 1) + [n]) * steps
-        if rank["allreduces_per_micro"] != expected:
-            fail(f"rank {rank['rank']}: all-reduces per micro-batch {rank['allreduces_per_micro']}, expected {expected}")
+        if rank[key] != expected:
+            fail(f"rank {rank['rank']}: {what} per micro-batch {rank[key]}, expected {expected}")
         for s, step in enumerate(data["steps"]):
             mean = sum(rank["micro_batch_losses"][s * k:(s + 1) * k]) / k
             if abs(mean - step["ddp_rank_losses"][rank["rank"]]) > 1e-12:
                 fail(f"step {s}: the step loss of rank {rank['rank']} is not the mean of its micro-batches")
     if not data["final"]["matches_reference"]:
         fail("with accumulation and buffers the demo says DDP does not match the reference")
-    print(f"ok: K = {k} micro-batches per step recorded on every rank, all-reduces only on the last")
+    print(f"ok: K = {k} micro-batches per step recorded on every rank, {what} only on the last")
 
 
 def check_cuda_refusal(demo):

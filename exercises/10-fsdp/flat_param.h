@@ -14,7 +14,7 @@
 // freed and the parameters view nothing (Note [Freed, not dropped]).
 //
 // What it is not: it issues no collective and decides nothing about when to
-// gather or free (fully_sharded_data_parallel.cc does); it holds no
+// gather or free (ddp.cc does); it holds no
 // gradient but the one handed to it.
 //
 // Contract:

@@ -41,7 +41,7 @@
 #include <string>
 #include <vector>
 
-#include "fully_sharded_data_parallel.h"
+#include "ddp.h"
 #include "tensorplay/nn/module.h"
 #include "tensorplay/optim/sgd.h"
 

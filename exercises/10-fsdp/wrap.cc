@@ -44,13 +44,13 @@ std::vector<tp::nn::NamedTensor> visit(tp::nn::Module& module, const std::string
 }  // namespace
 
 AutoWrapPolicy linear_wrap_policy() {
-  return [](const tp::nn::Module& module, int, int64_t) {
-    return dynamic_cast<const tp::nn::Linear*>(&module) != nullptr;
-  };
+  return {"linear", [](const tp::nn::Module& module, int, int64_t) {
+            return dynamic_cast<const tp::nn::Linear*>(&module) != nullptr;
+          }};
 }
 
 AutoWrapPolicy children_wrap_policy() {
-  return [](const tp::nn::Module&, int depth, int64_t) { return depth == 1; };
+  return {"children", [](const tp::nn::Module&, int depth, int64_t) { return depth == 1; }};
 }
 
 AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params) {

@@ -50,7 +50,7 @@ std::vector<tp::nn::NamedTensor> visit(tp::nn::Module& module, const std::string
       rest.push_back(std::move(p));
     }
   }
-  if (depth > 0 && !rest.empty() && policy(module, depth, numel_of(rest))) {
+  if (depth > 0 && !rest.empty() && policy.should_wrap(module, depth, numel_of(rest))) {
     std::string path = prefix.substr(0, prefix.size() - 1);
     units.push_back(UnitPlan{std::move(path), &module, std::move(rest)});
     return {};
@@ -62,13 +62,13 @@ std::vector<tp::nn::NamedTensor> visit(tp::nn::Module& module, const std::string
 }  // namespace
 
 AutoWrapPolicy linear_wrap_policy() {
-  return [](const tp::nn::Module& module, int, int64_t) {
-    return dynamic_cast<const tp::nn::Linear*>(&module) != nullptr;
-  };
+  return {"linear", [](const tp::nn::Module& module, int, int64_t) {
+            return dynamic_cast<const tp::nn::Linear*>(&module) != nullptr;
+          }};
 }
 
 AutoWrapPolicy children_wrap_policy() {
-  return [](const tp::nn::Module&, int depth, int64_t) { return depth == 1; };
+  return {"children", [](const tp::nn::Module&, int depth, int64_t) { return depth == 1; }};
 }
 
 AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params) {
@@ -76,9 +76,10 @@ AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params) {
            min_num_params, "; give a number of elements >= 1");
   // EXERCISE: the policy (wrap.h).
   // BEGIN SOLUTION
-  return [min_num_params](const tp::nn::Module&, int, int64_t nonwrapped_numel) {
-    return nonwrapped_numel >= min_num_params;
-  };
+  return {tp::detail::cat("size >= ", min_num_params),
+          [min_num_params](const tp::nn::Module&, int, int64_t nonwrapped_numel) {
+            return nonwrapped_numel >= min_num_params;
+          }};
   // END SOLUTION
 }
 
@@ -90,7 +91,8 @@ std::vector<UnitPlan> plan_units(tp::nn::Module& root, const AutoWrapPolicy& pol
   // of their first parameter in root.named_parameters().
   // BEGIN SOLUTION
   std::vector<tp::nn::NamedTensor> rest = visit(root, "", 0, policy, units);
-  TP_CHECK(!units.empty(), "stage10 FSDP: the auto_wrap_policy made no unit below the root, so "
+  TP_CHECK(!units.empty(), "stage10 FSDP: the auto_wrap_policy '", policy.name, "' made no unit "
+           "below the root, so "
            "the whole model (", numel_of(rest), " elements) would be one unit, gathered whole "
            "before every forward: nothing would be saved. Choose a policy that wraps layers "
            "(linear_wrap_policy(), children_wrap_policy(), or size_based_auto_wrap_policy with a "

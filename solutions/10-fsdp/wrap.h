@@ -32,21 +32,25 @@
 
 namespace stage10 {
 
-// Whether `module`, `depth` levels below the root (its children are at
-// depth 1), becomes a unit, given `nonwrapped_numel`, the elements of its
-// parameters that no unit below it has taken. PyTorch's auto_wrap_policy
-// (module, recurse, nonwrapped_numel), without recurse: the kit always
-// recurses.
-using AutoWrapPolicy =
-    std::function<bool(const tp::nn::Module& module, int depth, int64_t nonwrapped_numel)>;
+// A policy: its name, for messages and the demo ("linear", "size >= 1000"),
+// and should_wrap(module, depth, nonwrapped_numel): whether `module`,
+// `depth` levels below the root (its children are at depth 1), becomes a
+// unit, given the elements of its parameters that no unit below it has
+// taken. PyTorch's auto_wrap_policy is the function alone (module,
+// recurse, nonwrapped_numel), without recurse: the kit always recurses.
+struct AutoWrapPolicy {
+  std::string name;
+  std::function<bool(const tp::nn::Module& module, int depth, int64_t nonwrapped_numel)>
+      should_wrap;
+};
 
-// Each Linear is a unit (PyTorch: ModuleWrapPolicy({nn.Linear})).
+// Each Linear is a unit (PyTorch: ModuleWrapPolicy({nn.Linear})): "linear".
 AutoWrapPolicy linear_wrap_policy();
-// Each child of the root is a unit (each layer of a Sequential).
+// Each child of the root is a unit (each layer of a Sequential): "children".
 AutoWrapPolicy children_wrap_policy();
 // A module is a unit once it holds at least min_num_params elements not
-// already in a unit below it (PyTorch's size_based_auto_wrap_policy).
-// REQUIRES: min_num_params >= 1.
+// already in a unit below it (PyTorch's size_based_auto_wrap_policy):
+// "size >= N". REQUIRES: min_num_params >= 1.
 AutoWrapPolicy size_based_auto_wrap_policy(int64_t min_num_params);
 
 // One unit: its module (null for the root unit), its path in the model

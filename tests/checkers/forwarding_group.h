@@ -34,6 +34,7 @@ class ForwardingGroup : public tp::distributed::ProcessGroup {
     return inner_->allgather(outputs, input);
   }
   std::shared_ptr<tp::distributed::Work> barrier() override { return inner_->barrier(); }
+  void synchronize() override { inner_->synchronize(); }
 
  private:
   std::shared_ptr<tp::distributed::ProcessGroup> inner_;

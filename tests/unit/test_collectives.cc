@@ -29,6 +29,7 @@
 #include "tensorplay/distributed/init.h"
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/error.h"
+#include "tensorplay/memory.h"
 #include "tensorplay/multiprocessing/spawn.h"
 #include "tensorplay/tensor.h"
 #include "tensorplay/trace.h"
@@ -245,6 +246,25 @@ TEST_CASE("the synchronous free functions return their completed Work, so ->wait
     expect_done(dist::all_gather(outputs, tp::full({3}, rank)), "allgather", 4);
     expect_values(outputs[w - 1], {1, 1, 1}, "allgather from the last rank");
     expect_done(dist::barrier(), "barrier", 5);
+  }));
+}
+
+TEST_CASE("synchronize() returns once every collective has run and dropped its tensors, one "
+          "nobody waited for included") {
+  CHECK_NOTHROW(run_world(2, [](int, int) {
+    const uint64_t before = tp::memory::stats().live_bytes(tp::memory::Kind::Other);
+    {
+      // Issued and let go at once: only the communication thread still
+      // holds the 4 MB tensor (and the work, whose outputs name it).
+      tp::Tensor t = tp::ones({1 << 20});
+      dist::all_reduce(t, dist::ReduceOp::SUM, /*async_op=*/true);
+    }
+    dist::default_group()->synchronize();
+    const uint64_t after = tp::memory::stats().live_bytes(tp::memory::Kind::Other);
+    if (after != before) {
+      throw tp::Error("after synchronize(), " + std::to_string(after - before) +
+                      " bytes of the collective's tensor are still held");
+    }
   }));
 }
 

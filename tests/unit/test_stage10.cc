@@ -16,7 +16,7 @@
 #include <sstream>
 #include <string>
 
-#include "fully_sharded_data_parallel.h"
+#include "ddp.h"
 #include "state_dict.h"
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/distributed/process_group_gloo.h"
@@ -66,7 +66,8 @@ std::string mismatch(const RunConfig& config, const stage10::Options& options) {
 std::string describe(const RunConfig& config, const stage10::Options& options) {
   return tp::train::describe(config) + ", " + stage10::to_string(options.sharding_strategy) +
          ", backward prefetch " + stage10::to_string(options.backward_prefetch) +
-         (options.forward_prefetch ? ", forward prefetch" : "");
+         (options.forward_prefetch ? ", forward prefetch" : "") + ", units " +
+         (options.auto_wrap_policy.name.empty() ? "linear" : options.auto_wrap_policy.name);
 }
 
 // Runs body(rank, group) on `world_size` ranks with a short collective
@@ -227,9 +228,8 @@ TEST_CASE("a policy that wraps nothing, a unit of two dtypes, and join() are ref
       const tp::nn::Module* fc1 = mixed->fc1.get();
       FullyShardedDataParallel fsdp(
           mixed, group,
-          stage10::Options{.auto_wrap_policy = [fc1](const tp::nn::Module& m, int, int64_t) {
-            return &m == fc1;
-          }});
+          stage10::Options{.auto_wrap_policy = {"fc1 only", [fc1](const tp::nn::Module& m, int,
+                                                                    int64_t) { return &m == fc1; }}});
     } catch (const tp::Error& e) {
       out += std::string(e.what()) + "\n";
     }
@@ -243,7 +243,8 @@ TEST_CASE("a policy that wraps nothing, a unit of two dtypes, and join() are ref
   });
   const std::string& out = messages[0];
   CAPTURE(out);
-  CHECK(out.find("the auto_wrap_policy made no unit below the root") != std::string::npos);
+  CHECK(out.find("the auto_wrap_policy 'size >= 100000' made no unit below the root") !=
+        std::string::npos);
   CHECK(out.find("unit '' holds fc2.weight (float64 on cpu) and fc3.weight (float32 on cpu)") !=
         std::string::npos);
   CHECK(out.find("PyTorch's FullyShardedDataParallel has no Join") != std::string::npos);

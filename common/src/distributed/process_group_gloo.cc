@@ -330,17 +330,31 @@ struct ProcessGroupGloo::Impl {
   void loop() {
     trace::set_thread_name("comm");
     for (;;) {
-      Task task;
       {
-        std::unique_lock<std::mutex> lock(mutex);
-        cv.wait(lock, [this] { return stopping || !queue.empty(); });
-        if (queue.empty()) break;  // stopping, and every task has run
-        task = std::move(queue.front());
-        queue.pop_front();
+        Task task;
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          cv.wait(lock, [this] { return stopping || !queue.empty(); });
+          if (queue.empty()) break;  // stopping, and every task has run
+          task = std::move(queue.front());
+          queue.pop_front();
+          running = true;
+        }
+        run(task);
+      }  // the task, and every tensor it held, goes before the group is idle
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        running = false;
       }
-      run(task);
+      idle.notify_all();
     }
     staging_streams.retire(true);
+  }
+
+  // Until every task issued so far has run and been dropped.
+  void wait_until_idle() {
+    std::unique_lock<std::mutex> lock(mutex);
+    idle.wait(lock, [this] { return queue.empty() && !running; });
   }
 
   void run(Task& task) {
@@ -352,6 +366,13 @@ struct ProcessGroupGloo::Impl {
       trace::Span span(task.op, "comm", {{"seq", static_cast<int64_t>(task.seq)}});
       error = execute(task);
     }
+    // What the task holds (the tensors its body captured, the staging) goes
+    // before finish() wakes the waiter: a caller that drops a buffer after
+    // wait() (FSDP's full gradient) then finds its bytes gone at once, not
+    // still held here until this thread's next task, so tp::memory's counts
+    // do not depend on which thread runs first.
+    task.body = nullptr;
+    task.staging.reset();
     task.work->finish(error);
   }
 
@@ -427,6 +448,8 @@ struct ProcessGroupGloo::Impl {
   std::condition_variable cv;
   std::deque<Task> queue;  // guarded by mutex
   bool stopping = false;   // guarded by mutex; set by the destructor
+  bool running = false;    // guarded by mutex: a task popped and not yet dropped
+  std::condition_variable idle;  // notified when running turns false
 
   std::string failed;  // communication thread only: "allreduce #3" once one failed
 
@@ -812,6 +835,8 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(
                      CheckedTensor{output, out, "output", true}},
                     rank());
 }
+
+void ProcessGroupGloo::synchronize() { impl_->wait_until_idle(); }
 
 std::shared_ptr<Work> ProcessGroupGloo::barrier() {
   charge_budget("barrier");

@@ -716,7 +716,9 @@ std::string why_first_update_wrong(const Evidence& e) {
         "the first update is 1/", k, " of the reference's", both ? " (1/K = 1/W here)" : "",
         ": is the accumulated gradient divided by the number of micro-batches K = ", k,
         "? Each micro-batch's loss is already scaled by 1/K, so the sum of the K gradients "
-        "already is their mean", both ? "; or is it divided by the world size twice?" : "");
+        "already is their mean", both ? "; or is it divided by the world size twice?" : "",
+        ". Or were the gradients of the micro-batches under no_sync dropped, leaving the last "
+        "one's alone? They must be kept for the last micro-batch's to add to");
   }
   if (near(ratio, 1.0 / w)) {  // the mean divided by W again
     return detail::cat("the first update is 1/", w,

@@ -630,6 +630,18 @@ void print_summary(const DemoReport& report) {
     std::printf("bytes all-reduced by rank 0: %llu in the first step, %llu in the last\n",
                 static_cast<unsigned long long>(report.bytes_in_first_step),
                 static_cast<unsigned long long>(report.bytes_in_last_step));
+    // A sharded stage's flat collectives (ZeRO's reduce-scatter form, FSDP),
+    // counted as the all-reduces are: a line only where a step has some.
+    const auto in_step0 = [&](const std::vector<uint64_t>& per_micro) {
+      return static_cast<unsigned long long>(sum_over_step(per_micro, k, 0));
+    };
+    if (in_step0(rank0.allgathers_per_micro) + in_step0(rank0.reduce_scatters_per_micro) > 0) {
+      std::printf("all-gathers and reduce-scatters in step 0 on rank 0: %llu of %llu bytes "
+                  "and %llu of %llu bytes\n",
+                  in_step0(rank0.allgathers_per_micro), in_step0(rank0.allgather_bytes_per_micro),
+                  in_step0(rank0.reduce_scatters_per_micro),
+                  in_step0(rank0.reduce_scatter_bytes_per_micro));
+    }
   }
   if (!rank0.shard_partition.empty()) print_shards(config, rank0);
   if (k > 1) {
@@ -804,7 +816,8 @@ Json numbers(const std::vector<std::optional<double>>& values) {
 // Schema: {stage, title, config{...}, steps[{step, reference_loss,
 // reference_rank_losses[W], ddp_rank_losses[W], max_abs_diff}],
 // ranks[{rank, micro_batch_losses[], allreduces_per_micro[],
-// allreduce_bytes_per_micro[], reduce_scatter_bytes_per_micro[],
+// allreduce_bytes_per_micro[], reduce_scatters_per_micro[],
+// reduce_scatter_bytes_per_micro[], allgathers_per_micro[],
 // allgather_bytes_per_micro[], broadcast_bytes_per_micro[],
 // shard_partition[W][] and params_with_state[] (a sharded optimizer's; else
 // empty), memory{parameter_bytes, gradient_bytes, optimizer_state_bytes,
@@ -852,7 +865,9 @@ Json report_json(const DemoReport& report) {
                           {"micro_batch_losses", numbers(r.losses)},
                           {"allreduces_per_micro", r.allreduces_per_micro},
                           {"allreduce_bytes_per_micro", r.allreduce_bytes_per_micro},
+                          {"reduce_scatters_per_micro", r.reduce_scatters_per_micro},
                           {"reduce_scatter_bytes_per_micro", r.reduce_scatter_bytes_per_micro},
+                          {"allgathers_per_micro", r.allgathers_per_micro},
                           {"allgather_bytes_per_micro", r.allgather_bytes_per_micro},
                           {"broadcast_bytes_per_micro", r.broadcast_bytes_per_micro},
                           {"shard_partition", r.shard_partition},

@@ -144,11 +144,13 @@ class ProcessGroup {
       const Tensor& output, const Tensor& input, const std::vector<int64_t>& split_sizes = {});
 
   // Blocks the host until every collective issued so far has finished, and
-  // throws the group's failure if there was one. Nothing to do where wait()
-  // blocks the host (Gloo: a collective nobody waited for may still run);
-  // ProcessGroupNCCL, whose wait() only orders streams, waits for the GPU
-  // here. The trainer calls it before it reads a rank's final results, so a
-  // collective that failed after its wait() returned is not missed.
+  // throws the group's failure if there was one. ProcessGroupGloo waits for
+  // its communication thread to run every collective (one nobody waited for
+  // included) and drop the tensors each held, so memory counts read after
+  // it do not depend on that thread's timing; ProcessGroupNCCL, whose wait()
+  // only orders streams, waits for the GPU. The trainer calls it before it
+  // reads a rank's final results, so a collective that failed after its
+  // wait() returned is not missed.
   virtual void synchronize() {}
 
   const CollectiveCounters& counters() const { return counters_; }

@@ -139,6 +139,10 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Work> allgather(const std::vector<Tensor>& outputs,
                                   const Tensor& input) override;
   std::shared_ptr<Work> barrier() override;
+  // Until the communication thread has run every collective issued so far
+  // and dropped the tensors each held (a collective nobody waited for
+  // included); a failure among them surfaces at its own wait().
+  void synchronize() override;
   // Gloo has no reduce-scatter of its current kind: a ring of the group's
   // own (see the contract).
   std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& output, const Tensor& input,

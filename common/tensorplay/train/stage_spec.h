@@ -12,7 +12,8 @@
 //     ddp_trainer.h); the spec is what people read: names, words, flags.
 //   - A flag sets one member of the stage's Options: a number within
 //     [low, high] (`--bucket-cap-mb 0.5`), a switch (`--static-graph`), or
-//     one of a list of names (`--comm-hook fp16`).
+//     one of a list of names (`--comm-hook fp16`; an enum's, `--sharding
+//     full`, through enum_flag).
 //     A few must also change the plan the reference follows
 //     (`--no-broadcast-buffers`: the reference keeps each rank's buffers
 //     too); `plan` does that. A flag is declared once, here or in the
@@ -53,6 +54,10 @@ struct OptionFlag {
   // usage error listing them).
   std::string Options::*choice = nullptr;
   std::vector<std::string> choices;
+  // Or, for an option that is not a string (an enum, a policy), `choose`
+  // sets it by one of `choices` and `chosen` names its current value.
+  std::function<void(Options&, const std::string&)> choose;
+  std::function<std::string(const Options&)> chosen;
   // Also changes the plan, for a flag the reference must follow too.
   std::function<void(RunConfig&)> plan;
 };
@@ -88,6 +93,34 @@ OptionFlag<Options> choice_flag(std::string name, std::string Options::*member,
   flag.help = std::move(help);
   flag.choice = member;
   flag.choices = std::move(choices);
+  return flag;
+}
+
+// A choice flag for an option that is not a string: `names` pairs each
+// choice with the value it sets (enum_flag("--sharding", &Options::sharding_strategy,
+// {{"full", FULL_SHARD}, ...}, help)).
+template <typename Options, typename Value>
+OptionFlag<Options> enum_flag(std::string name, Value Options::*member,
+                              std::vector<std::pair<std::string, Value>> names, std::string help) {
+  OptionFlag<Options> flag;
+  flag.name = std::move(name);
+  flag.help = std::move(help);
+  for (const auto& [text, value] : names) flag.choices.push_back(text);
+  flag.choose = [member, names, flag_name = flag.name](Options& options, const std::string& text) {
+    for (const auto& [n, value] : names) {
+      if (n == text) {
+        options.*member = value;
+        return;
+      }
+    }
+    TP_THROW(Error, "tp::train: ", flag_name, " has no choice '", text, "'");
+  };
+  flag.chosen = [member, names](const Options& options) -> std::string {
+    for (const auto& [n, value] : names) {
+      if (options.*member == value) return n;
+    }
+    return "";
+  };
   return flag;
 }
 
@@ -161,10 +194,13 @@ std::vector<BoundFlag> bind_flags(const std::vector<OptionFlag<Options>>& flags,
                                   Options& options) {
   std::vector<BoundFlag> out;
   for (const OptionFlag<Options>& f : flags) {
-    TP_CHECK((f.number != nullptr) + (f.toggle != nullptr) + (f.choice != nullptr) == 1,
+    const bool chooses = f.choice != nullptr || static_cast<bool>(f.choose);
+    TP_CHECK((f.number != nullptr) + (f.toggle != nullptr) + chooses == 1,
              "tp::train::bind_flags: flag ", f.name,
              " must set exactly one member of the stage's Options (number, toggle or choice)");
-    TP_CHECK((f.choice != nullptr) == !f.choices.empty(), "tp::train::bind_flags: flag ", f.name,
+    TP_CHECK(chooses == !f.choices.empty() && (f.choice == nullptr || !f.choose) &&
+                 static_cast<bool>(f.choose) == static_cast<bool>(f.chosen),
+             "tp::train::bind_flags: flag ", f.name,
              " lists choices but sets no choice member, or the other way round");
     BoundFlag b;
     b.name = f.name;
@@ -173,11 +209,15 @@ std::vector<BoundFlag> bind_flags(const std::vector<OptionFlag<Options>>& flags,
     b.low = f.low;
     b.high = f.high;
     b.initial = f.number != nullptr ? options.*f.number : 0.0;
-    if (f.choice != nullptr) {
+    if (chooses) {
       b.choices = f.choices;
-      b.initial_choice = options.*f.choice;
+      b.initial_choice = f.choice != nullptr ? options.*f.choice : f.chosen(options);
       b.choose = [&options, f](const std::string& name, RunConfig& config) {
-        options.*f.choice = name;
+        if (f.choice != nullptr) {
+          options.*f.choice = name;
+        } else {
+          f.choose(options, name);
+        }
         if (f.plan) f.plan(config);
       };
     }

@@ -1,5 +1,5 @@
-// Stage 10 — FullyShardedDataParallel (see fully_sharded_data_parallel.h).
-#include "fully_sharded_data_parallel.h"
+// Stage 10 — FullyShardedDataParallel (see ddp.h).
+#include "ddp.h"
 
 #include <cmath>
 #include <utility>
@@ -146,8 +146,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(
       options_(std::move(options)) {
   TP_CHECK(module_ != nullptr, "stage10 FSDP: module is null");
   TP_CHECK(process_group_ != nullptr, "stage10 FSDP: process_group is null");
-  TP_CHECK(static_cast<bool>(options_.auto_wrap_policy),
-           "stage10 FSDP: auto_wrap_policy is empty; pass one (wrap.h)");
+  if (!options_.auto_wrap_policy.should_wrap) {
+    TP_CHECK(options_.auto_wrap_policy.name.empty(), "stage10 FSDP: auto_wrap_policy '",
+             options_.auto_wrap_policy.name, "' has no should_wrap; pass one (wrap.h)");
+    options_.auto_wrap_policy = linear_wrap_policy();
+  }
   tp::distributed::verify_same_tensors_on_all_ranks(*process_group_, module_->named_parameters(),
                                                     "stage10 FSDP");
   if (options_.sync_module_states) {

@@ -1,8 +1,10 @@
-// Copied from solutions/10-fsdp/fully_sharded_data_parallel.h by tools/gen_exercise.py (nothing to fill in here).
+// Copied from solutions/10-fsdp/ddp.h by tools/gen_exercise.py (nothing to fill in here).
 // Stage 10 — FullyShardedDataParallel: parameters, gradients and optimizer
 // state all sharded, each unit gathered only while it computes (PyTorch's
 // torch.distributed.fsdp.FullyShardedDataParallel; ZeRO stage 3, and with
-// SHARD_GRAD_OP stage 2).
+// SHARD_GRAD_OP stage 2). In ddp.h and ddp.cc, where every stage keeps its
+// wrapper, so that the kit's demo, checker and tools find it; PyTorch's file
+// is torch/distributed/fsdp/fully_sharded_data_parallel.py.
 //
 // What it is: stage 09 sharded the optimizer state but left every rank a
 // whole copy of the parameters and gradients. Here a wrap policy cuts the
@@ -16,7 +18,7 @@
 // reduce-scattered, so each rank receives its shard of the sum, divided by
 // W as DDP divides; then the unit is freed again. The optimizer (the kit's
 // SGD) steps parameters() -- this rank's shards -- so its state is 1/W too.
-// Note [One unit's step] in fully_sharded_data_parallel.cc walks a step.
+// Note [One unit's step] in ddp.cc walks a step.
 //
 // What it is not: it does not carry stage 09's DDP (FSDP is a sibling of
 // DDP in PyTorch, not a layer over it); NO_SHARD stands in for DDP, one
@@ -104,8 +106,9 @@ std::string to_string(BackwardPrefetch prefetch);  // "none", "backward_pre", "b
 
 struct Options {
   ShardingStrategy sharding_strategy = ShardingStrategy::FULL_SHARD;
-  // Which modules become units (wrap.h). Each Linear by default.
-  AutoWrapPolicy auto_wrap_policy = linear_wrap_policy();
+  // Which modules become units (wrap.h). None given (no should_wrap): each
+  // Linear, linear_wrap_policy(), chosen by the constructor.
+  AutoWrapPolicy auto_wrap_policy;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::BACKWARD_PRE;
   // Issue the next unit's all-gather before the current unit's forward
   // computes (from the second forward on: the order is recorded in the first).

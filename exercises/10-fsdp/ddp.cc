@@ -1,7 +1,7 @@
-// Exercise generated from solutions/10-fsdp/fully_sharded_data_parallel.cc by tools/gen_exercise.py.
+// Exercise generated from solutions/10-fsdp/ddp.cc by tools/gen_exercise.py.
 // Fill in each EXERCISE, then run ./kit check 10. ./kit reset 10 restores this file.
-// Stage 10 — FullyShardedDataParallel (see fully_sharded_data_parallel.h).
-#include "fully_sharded_data_parallel.h"
+// Stage 10 — FullyShardedDataParallel (see ddp.h).
+#include "ddp.h"
 
 #include <cmath>
 #include <utility>
@@ -88,7 +88,7 @@ Tensor with_pre_backward_hook(const Tensor& output, std::function<void()> hook) 
   // tensor that aliases output's data (same storage, offset, shape,
   // strides, dtype) and has that node as its grad_fn: autograd then passes
   // through the node before anything that produced output.
-  throw tp::NotImplemented("stage 10: with_pre_backward_hook is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: with_pre_backward_hook is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 bool is_sharded(ShardingStrategy strategy) { return strategy != ShardingStrategy::NO_SHARD; }
@@ -135,8 +135,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(
       options_(std::move(options)) {
   TP_CHECK(module_ != nullptr, "stage10 FSDP: module is null");
   TP_CHECK(process_group_ != nullptr, "stage10 FSDP: process_group is null");
-  TP_CHECK(static_cast<bool>(options_.auto_wrap_policy),
-           "stage10 FSDP: auto_wrap_policy is empty; pass one (wrap.h)");
+  if (!options_.auto_wrap_policy.should_wrap) {
+    TP_CHECK(options_.auto_wrap_policy.name.empty(), "stage10 FSDP: auto_wrap_policy '",
+             options_.auto_wrap_policy.name, "' has no should_wrap; pass one (wrap.h)");
+    options_.auto_wrap_policy = linear_wrap_policy();
+  }
   tp::distributed::verify_same_tensors_on_all_ranks(*process_group_, module_->named_parameters(),
                                                     "stage10 FSDP");
   if (options_.sync_module_states) {
@@ -149,7 +152,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   // EXERCISE: cut the model into units by the policy (wrap.h), one flat
   // parameter each (sharded but under NO_SHARD), with its state; note the
   // root unit's index. Then the hooks.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::FullyShardedDataParallel is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::FullyShardedDataParallel is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() = default;
@@ -165,7 +168,7 @@ void FullyShardedDataParallel::check_same_values() {
   // by position, in double), all-gathered with one collective; name the
   // first parameter whose sums on some rank differ from rank 0's, on every
   // rank (tp::DistributedError, saying how to fix it).
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::check_same_values is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::check_same_values is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 void FullyShardedDataParallel::register_hooks() {
@@ -174,7 +177,7 @@ void FullyShardedDataParallel::register_hooks() {
   // call pre_forward and post_forward, and on each of its parameters a
   // post-accumulate-grad hook that calls on_grad_ready with the
   // parameter's slot. Keep every handle in the unit's state.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::register_hooks is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::register_hooks is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 Tensor FullyShardedDataParallel::forward(const Tensor& input) {
@@ -192,13 +195,13 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   // which prefetching follows from then on. Hook the output so that the
   // backward's first node marks a backward as pending and queues
   // finish_backward() for its end.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::forward is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::forward is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 std::vector<Tensor> FullyShardedDataParallel::parameters() const {
   std::vector<Tensor> shards;
   // EXERCISE: what the optimizer steps.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::parameters is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::parameters is not implemented yet (exercises/10-fsdp/ddp.cc)");
   return shards;
 }
 
@@ -215,7 +218,7 @@ void FullyShardedDataParallel::pre_forward(size_t u) {
   // EXERCISE: unit u is about to compute: its parameters must hold the
   // whole unit. With forward_prefetch, also start gathering the unit that
   // runs next (next_in_order), so that its all-gather overlaps u's compute.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::pre_forward is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::pre_forward is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 Tensor FullyShardedDataParallel::post_forward(size_t u, const Tensor& output) {
@@ -223,7 +226,7 @@ Tensor FullyShardedDataParallel::post_forward(size_t u, const Tensor& output) {
   // forward (frees_after_forward), and return the output hooked (Note
   // [Pre-backward hook]) so that u's backward begins with pre_backward(u);
   // an output that needs no gradient has no backward to hook.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::post_forward is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::post_forward is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 void FullyShardedDataParallel::pre_backward(size_t u) {
@@ -235,7 +238,7 @@ void FullyShardedDataParallel::pre_backward(size_t u) {
   // again, and a full gradient for autograd to accumulate into (unless
   // no_sync left one: Note [no_sync keeps whole gradients]). With
   // BACKWARD_PRE, start gathering the unit whose backward comes next.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::pre_backward is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::pre_backward is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 void FullyShardedDataParallel::on_grad_ready(size_t u, size_t slot) {
@@ -243,7 +246,7 @@ void FullyShardedDataParallel::on_grad_ready(size_t u, size_t slot) {
   FlatParameter& unit = *units_[u];
   // EXERCISE: count the unit's parameters whose gradient is final (each
   // once: ready); go on only when the last of them has arrived.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::on_grad_ready is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::on_grad_ready is not implemented yet (exercises/10-fsdp/ddp.cc)");
   // Every gradient of the unit is in its full gradient.
   const std::string outside = s.full_grad.defined() ? unit.grad_outside(s.full_grad)
                                                     : unit.slots()[slot].name;
@@ -256,7 +259,7 @@ void FullyShardedDataParallel::on_grad_ready(size_t u, size_t slot) {
   // EXERCISE: the unit's gradient is complete. Reduce it (unless under
   // no_sync), free the gathered parameters (its backward is over), and with
   // BACKWARD_POST start gathering the unit whose backward comes next.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::on_grad_ready is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::on_grad_ready is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 void FullyShardedDataParallel::reduce_gradient(size_t u) {
@@ -271,7 +274,7 @@ void FullyShardedDataParallel::reduce_gradient(size_t u) {
   // NO_SHARD, an all-reduce in place. The unit gives up its full gradient
   // to the reduction (and its parameters' .grad, which view it); record it
   // in pending_ for finish_reduction.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::reduce_gradient is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::reduce_gradient is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 void FullyShardedDataParallel::finish_reduction(PendingReduction& pending) {
@@ -282,17 +285,17 @@ void FullyShardedDataParallel::finish_reduction(PendingReduction& pending) {
   // bytes go at once, not when its last handle does: the communication
   // thread may hold one a moment after wait() returns (memory.h), and the
   // peak would depend on that moment.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::finish_reduction is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::finish_reduction is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 void FullyShardedDataParallel::finish_backward() {
   // EXERCISE: the last reduction must have landed before backward returns.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::finish_backward is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::finish_backward is not implemented yet (exercises/10-fsdp/ddp.cc)");
   // EXERCISE: every parameter of every unit must have had its gradient in
   // this backward (name those that did not, with their unit: there is no
   // find_unused_parameters here); then clear what each unit counted, for
   // the next backward.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::finish_backward is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::finish_backward is not implemented yet (exercises/10-fsdp/ddp.cc)");
   backward_pending_ = false;
 }
 
@@ -300,7 +303,7 @@ void FullyShardedDataParallel::unshard(size_t u) {
   UnitState& s = state_[u];
   // EXERCISE: on return unit u is gathered: wait for its all-gather if one
   // is in flight (a prefetch), else gather it now unless it already is.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::unshard is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::unshard is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 void FullyShardedDataParallel::prefetch(size_t u) {
@@ -309,27 +312,27 @@ void FullyShardedDataParallel::prefetch(size_t u) {
   // EXERCISE: unless unit u is gathered or being gathered, give full() its
   // bytes again and issue the all-gather of every rank's shard into it;
   // keep its Work in the unit's state, and do not wait.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::prefetch is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::prefetch is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 void FullyShardedDataParallel::reshard(size_t u) {
   UnitState& s = state_[u];
   // EXERCISE: free unit u's gathered parameters; an all-gather still in
   // flight writes into those bytes, so it must land first.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::reshard is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::reshard is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 int64_t FullyShardedDataParallel::next_in_order(size_t u, int step) const {
   // EXERCISE: the unit `step` places after u in the recorded forward
   // order, or -1 (nothing recorded yet, or past either end).
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::next_in_order is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::next_in_order is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 bool FullyShardedDataParallel::frees_after_forward(size_t u) const {
   // EXERCISE: which strategy frees a unit as soon as its forward is done;
   // PyTorch keeps the root gathered from its forward to its backward: its
   // backward comes first, at once.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::frees_after_forward is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::frees_after_forward is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 std::string FullyShardedDataParallel::unit_name(size_t u) const {
@@ -359,7 +362,7 @@ double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
   // them all already). Then scale every shard's gradient by
   // torch.nn.utils.clip_grad_norm_'s coefficient, max_norm / (norm + 1e-6),
   // when it is below 1, and return the norm.
-  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::clip_grad_norm_ is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullyShardedDataParallel::clip_grad_norm_ is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 FullParamsGuard::FullParamsGuard(FullyShardedDataParallel& fsdp, std::vector<size_t> units)
@@ -370,7 +373,7 @@ FullParamsGuard::FullParamsGuard(FullyShardedDataParallel& fsdp, std::vector<siz
   fsdp.in_summon_ = true;
   // EXERCISE: gather each of units_, remembering (was_freed_) which were
   // not gathered before, so that the guard's end frees those again.
-  throw tp::NotImplemented("stage 10: FullParamsGuard::FullParamsGuard is not implemented yet (exercises/10-fsdp/fully_sharded_data_parallel.cc)");
+  throw tp::NotImplemented("stage 10: FullParamsGuard::FullParamsGuard is not implemented yet (exercises/10-fsdp/ddp.cc)");
 }
 
 FullParamsGuard::FullParamsGuard(FullParamsGuard&& other) noexcept
