@@ -323,11 +323,14 @@ def run_faults(hosts, tprun, demo):
 def main():
     tprun, demo, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     checker = sys.argv[4] if len(sys.argv) > 4 else None
+    # Uneven inputs need join(): the latest stage that has one (FSDP has
+    # none), the latest stage itself when not given.
+    join_demo = sys.argv[5] if len(sys.argv) > 5 else demo
     try:
         with netns.TwoHosts() as hosts:
             if mode == "env":
                 check_same_as_one_machine(hosts, tprun, demo, "env://", [])
-                check_same_as_one_machine(hosts, tprun, demo, "env://",
+                check_same_as_one_machine(hosts, tprun, join_demo, "env://",
                                           ["--batches", "10,7,4,9", "--steps", "10"])
                 # The interface named, not guessed: both hosts call theirs tp0.
                 check_same_as_one_machine(hosts, tprun, demo, "env://", [],

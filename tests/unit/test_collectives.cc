@@ -313,25 +313,26 @@ TEST_CASE("a collective budget lets its collectives through and refuses the next
       [&path](int rank) {
         dist::ProcessGroupGloo group(path, rank, 2, dist::GlooOptions{kCollectiveTimeout});
         tp::Tensor t = tp::ones({5});
-        group.allreduce(t)->wait();  // before the budget is set: counts too
+        group.allreduce(t)->wait();  // before the budget is set: not counted
         group.set_collective_budget(3, "a test's three");
         group.reset_counters();      // counters are not the budget's count
         group.broadcast(t, 0)->wait();
         group.barrier()->wait();
+        group.allreduce(t)->wait();
         try {
           group.allreduce(t);
         } catch (const tp::DistributedError& e) {
           const std::string what = e.what();
           for (const std::string& needle :
-               {std::string("rank ") + std::to_string(rank), std::string("collective #4 (allreduce)"),
-                std::string("past the budget of 3 collectives (a test's three)")}) {
+               {std::string("rank ") + std::to_string(rank), std::string("collective #5 (allreduce)"),
+                std::string("past the budget of 3 collectives from #2 (a test's three)")}) {
             if (what.find(needle) == std::string::npos) {
               throw tp::Error("the budget's error lacks '" + needle + "': " + what);
             }
           }
           return;
         }
-        throw tp::Error("the fourth collective was issued past a budget of 3");
+        throw tp::Error("the fourth collective since the budget was issued past a budget of 3");
       },
       2));
 }

@@ -53,9 +53,10 @@ ProcessGroup::ProcessGroup(int rank, int size)
 // issued it.
 void ProcessGroup::charge_budget(const char* collective) {
   ++issued_;
-  if (budget_ == 0 || issued_ <= budget_) return;
+  if (budget_ == 0 || issued_ - budget_from_ <= budget_) return;
   TP_THROW(DistributedError, "tp::distributed::ProcessGroup: rank ", rank_, " issued collective #",
            issued_, " (", collective, "), past the budget of ", budget_, " collectives",
+           budget_from_ > 0 ? detail::cat(" from #", budget_from_ + 1) : std::string(),
            budget_reason_.empty() ? std::string() : " (" + budget_reason_ + ")",
            ": a loop that keeps issuing collectives never ends; is a sync loop or join's "
            "shadowing loop missing its exit? (Note [Collective budget])");

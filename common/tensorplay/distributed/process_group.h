@@ -38,7 +38,7 @@
 //     reset_counters(); checkers use them ("one all-reduce per parameter").
 //     Issuing methods may be called from one thread at a time.
 //   - A collective budget (set_collective_budget; none by default) bounds
-//     how many collectives the group issues in its life: the one past it
+//     how many collectives the group issues from the call on: the one past it
 //     throws tp::DistributedError at the call that issues it, naming the
 //     rank, the collective and the budget. Collectives that keep completing
 //     are progress to every hang detector, so a loop that never stops
@@ -156,11 +156,13 @@ class ProcessGroup {
   const CollectiveCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
 
-  // At most `budget` collectives in the group's life (0: no limit); see
-  // the contract. Collectives issued before the call count too.
+  // At most `budget` more collectives (0: no limit); see the contract.
+  // Those issued before the call do not count: a launched checker's cases
+  // share one group, each with its own plan's budget.
   void set_collective_budget(uint64_t budget, std::string why = "") {
     budget_ = budget;
     budget_reason_ = std::move(why);
+    budget_from_ = issued_;
   }
 
  protected:
@@ -176,6 +178,7 @@ class ProcessGroup {
   uint64_t budget_ = 0;        // issuing thread only; 0: no limit
   std::string budget_reason_;  // where the budget comes from, for the error
   uint64_t issued_ = 0;        // issuing thread only; never reset
+  uint64_t budget_from_ = 0;   // issued_ when the budget was set
 };
 
 }  // namespace tp::distributed
