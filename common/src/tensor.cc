@@ -20,8 +20,10 @@
 
 #include "tensorplay/tensor.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <new>
 #include <sstream>
 #include <type_traits>
@@ -1080,8 +1082,19 @@ std::string Tensor::to_string() const {
 
 // ---- factories -------------------------------------------------------------------------
 
+namespace {
+std::atomic<bool> fill_uninitialized{false};  // set_fill_uninitialized_memory
+}  // namespace
+
+void set_fill_uninitialized_memory(bool on) { fill_uninitialized.store(on); }
+bool fill_uninitialized_memory() { return fill_uninitialized.load(); }
+
 Tensor empty(const Shape& shape, Dtype dtype, Device device) {
-  return make_empty(shape, dtype, device, "tp::empty");
+  Tensor out = make_empty(shape, dtype, device, "tp::empty");
+  if (fill_uninitialized.load(std::memory_order_relaxed)) {
+    out.fill_(std::numeric_limits<double>::quiet_NaN());
+  }
+  return out;
 }
 
 Tensor zeros(const Shape& shape, Dtype dtype, Device device) {

@@ -381,8 +381,17 @@ struct TensorImpl {
 // Each makes a contiguous tensor on `device` (CPU by default); a CUDA device
 // where CUDA cannot be used, or a 16-bit dtype on a CUDA device, throws
 // tp::Error naming the factory and why.
-// Uninitialized contiguous tensor.
+// Uninitialized contiguous tensor (NaN in every element while
+// fill_uninitialized_memory() is on).
 Tensor empty(const Shape& shape, Dtype dtype = kFloat32, Device device = kCPU);
+// While on, empty() fills what it returns with NaN, so a buffer read before
+// it is written shows as NaN in the numbers instead of as whatever the
+// allocator left there (often a freed twin's values, close to right; with
+// MALLOC_PERTURB_ a pattern near zero). PyTorch's
+// torch.utils.deterministic.fill_uninitialized_memory does the same. Off by
+// default (a pass over the bytes); the checkers turn it on. Process-wide.
+void set_fill_uninitialized_memory(bool on);
+bool fill_uninitialized_memory();
 Tensor zeros(const Shape& shape, Dtype dtype = kFloat32, Device device = kCPU);
 Tensor ones(const Shape& shape, Dtype dtype = kFloat32, Device device = kCPU);
 Tensor full(const Shape& shape, double value, Dtype dtype = kFloat32,

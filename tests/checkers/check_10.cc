@@ -20,6 +20,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,11 +28,19 @@
 #include <string>
 #include <vector>
 
+#include "state_dict.h"
+#include "tensorplay/data.h"
+#include "tensorplay/distributed/process_group_gloo.h"
+#include "tensorplay/autograd/grad_mode.h"
+#include "tensorplay/error.h"
 #include "tensorplay/memory.h"
 #include "tensorplay/nn/models.h"
 #include "tensorplay/ops.h"
 #include "tensorplay/random.h"
+#include "tensorplay/optim/sgd.h"
 #include "tensorplay/train/checker.h"
+#include "tensorplay/train/config.h"
+#include "tensorplay/util/temp_dir.h"
 
 namespace {
 
@@ -378,7 +387,9 @@ std::vector<train::Finding> check_memory(const Case& c, const train::CaseRun& ru
       return {{cat("rank ", r.rank, " holds ", live(Kind::Gradient), " bytes of gradients after "
                    "training; its shards' gradients are ", shards),
                "after backward a rank holds only its shard of each unit's gradient "
-               "(local_shard().grad); the full gradients go with their reduction"}};
+               "(local_shard().grad); the full gradients go with their reduction, the last "
+               "unit's too: backward finishes the last reduction before it returns "
+               "(finish_backward)"}};
     }
     const int64_t state = c.config.momentum > 0 ? shards : 0;
     if (live(Kind::OptimizerState) != state) {
@@ -509,6 +520,259 @@ train::Scenario shards_are_slices() {
   return scenario;
 }
 
+// ---- scenarios on the stage's other entry points -----------------------
+
+// The plan of the scenarios below: the deep model, three hidden layers
+// (units of 544, 1056, 1056 and 132 elements: none a multiple of 3).
+train::RunConfig scenario_plan(int world_size) {
+  train::RunConfig config;
+  config.world_size = world_size;
+  config.model_kind = train::ModelKind::Deep;
+  config.deep_depth = 3;
+  config.momentum = 0.9;
+  return config;
+}
+
+// A rank's FSDP over the plan's model (FULL_SHARD, a unit per Linear), and
+// its SGD over the shards.
+struct Trainee {
+  std::shared_ptr<tp::nn::Module> model;
+  std::unique_ptr<FSDP> fsdp;
+  std::unique_ptr<tp::optim::SGD> sgd;
+  Trainee(const train::RunConfig& config, Group group) {
+    tp::manual_seed(config.model_seed);
+    model = train::make_model(config);
+    fsdp = std::make_unique<FSDP>(model, std::move(group), with(ShardingStrategy::FULL_SHARD));
+    sgd = std::make_unique<tp::optim::SGD>(fsdp->parameters(),
+                                           tp::optim::SGDOptions{config.lr, config.momentum});
+  }
+  // Steps [from, to) of the plan on this rank's data, one micro-batch each.
+  void train(const train::RunConfig& config, int rank, int64_t from, int64_t to) {
+    const tp::data::SyntheticRegression dataset(train::data_options(config));
+    for (int64_t i = from; i < to; ++i) {
+      const tp::data::Batch batch = train::micro_batch(dataset, config, rank, i);
+      sgd->zero_grad();
+      tp::mse_loss((*fsdp)(batch.x), batch.y).backward();
+      sgd->step();
+    }
+  }
+  // The whole model's values, gathered (summon_full_params), by name.
+  std::map<std::string, std::vector<double>> values() {
+    std::map<std::string, std::vector<double>> out;
+    auto full = fsdp->summon_full_params();
+    for (const auto& [name, p] : model->named_parameters()) out[name] = p.to_vector();
+    return out;
+  }
+  // A step with every gradient zero: what moves the parameters is the
+  // momentum alone (p -= lr * momentum * buf), so the values after it
+  // show the buffers the optimizer holds.
+  void momentum_only_step() {
+    for (const tp::Tensor& shard : fsdp->parameters()) shard.set_grad(tp::zeros_like(shard));
+    sgd->step();
+  }
+};
+
+// The first parameter whose values differ, as a phrase; "" when none does.
+std::string first_difference(const std::map<std::string, std::vector<double>>& got,
+                             const std::map<std::string, std::vector<double>>& want) {
+  for (const auto& [name, values] : want) {
+    const auto it = got.find(name);
+    if (it == got.end()) return cat(name, " is missing");
+    if (it->second.size() != values.size()) {
+      return cat(name, " has ", it->second.size(), " elements, not ", values.size());
+    }
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (it->second[i] != values[i]) {
+        return cat(name, "[", i, "] is ", it->second[i], ", not ", values[i]);
+      }
+    }
+  }
+  return "";
+}
+
+// full_state_dict on rank 0: every parameter, by the model's names and in
+// its order, equal to an identical model's values; nothing elsewhere.
+train::Scenario full_state_dict_is_the_model() {
+  return {"deep model, W = 3: full_state_dict gives rank 0 every parameter, named and valued "
+          "as the model's, and the other ranks nothing",
+          3,
+          [](int rank, Group group) -> std::string {
+            const train::RunConfig config = scenario_plan(3);
+            tp::manual_seed(config.model_seed);
+            const std::shared_ptr<tp::nn::Module> copy = train::make_model(config);
+            Trainee t(config, group);
+            const std::vector<tp::nn::NamedTensor> state = stage10::full_state_dict(*t.fsdp);
+            if (rank != 0) {
+              return state.empty() ? "" : cat("rank ", rank, " got ", state.size(),
+                                              " tensors; only rank 0 gets the state dict");
+            }
+            const auto want = copy->named_parameters();
+            if (state.size() != want.size()) {
+              return cat("rank 0 got ", state.size(), " tensors; the model has ", want.size());
+            }
+            std::map<std::string, std::vector<double>> got, expected;
+            for (size_t i = 0; i < want.size(); ++i) {
+              if (state[i].first != want[i].first) {
+                return cat("tensor ", i, " is named '", state[i].first, "'; the model's is '",
+                           want[i].first, "' (the model's names, in its order)");
+              }
+              got[state[i].first] = state[i].second.to_vector();
+              expected[want[i].first] = want[i].second.to_vector();
+            }
+            const std::string diff = first_difference(got, expected);
+            return diff.empty() ? "" : cat("rank 0's full state dict: ", diff);
+          },
+          "full_state_dict gathers one unit at a time (summon_full_params(u)) and copies each "
+          "parameter (clone: the gathered buffer is freed again when the guard goes), without "
+          "the padding",
+          "if its message says a storage was freed, a tensor full_state_dict returned still "
+          "views a unit's gathered buffer, freed when its summon_full_params guard went: copy "
+          "each parameter (clone()) while the unit is gathered; otherwise its message says why"};
+}
+
+// clip_grad_norm_ over shards against one process clipping the whole
+// model's gradient (both ranks' micro-batches, each loss / W).
+train::Scenario clipping_is_global() {
+  return {"deep model, W = 2: clip_grad_norm_ returns the whole gradient's norm and scales "
+          "each shard as clipping the whole would",
+          2,
+          [](int rank, Group group) -> std::string {
+            const train::RunConfig config = scenario_plan(2);
+            const tp::data::SyntheticRegression dataset(train::data_options(config));
+            tp::manual_seed(config.model_seed);
+            const std::shared_ptr<tp::nn::Module> whole = train::make_model(config);
+            for (int r = 0; r < 2; ++r) {
+              const tp::data::Batch batch = train::micro_batch(dataset, config, r, 0);
+              tp::mul(tp::mse_loss((*whole)(batch.x), batch.y), 0.5).backward();
+            }
+            double sum_sq = 0;
+            std::map<std::string, std::vector<double>> grads;
+            for (const auto& [name, p] : whole->named_parameters()) {
+              grads[name] = p.grad().to_vector();
+              for (double g : grads[name]) sum_sq += g * g;
+            }
+            const double norm = std::sqrt(sum_sq);
+            const double max_norm = norm / 4;  // so that it clips
+            Trainee t(config, group);
+            const tp::data::Batch batch = train::micro_batch(dataset, config, rank, 0);
+            tp::mse_loss((*t.fsdp)(batch.x), batch.y).backward();
+            const double total = t.fsdp->clip_grad_norm_(max_norm);
+            if (std::abs(total - norm) > 1e-5 * norm) {
+              return cat("rank ", rank, ": clip_grad_norm_ returned ", total, "; the whole "
+                         "gradient's norm is ", norm);
+            }
+            const double coefficient = max_norm / (norm + 1e-6);
+            for (const auto& unit : t.fsdp->units()) {
+              std::vector<double> flat;
+              for (const stage10::ParamSlot& slot : unit->slots()) {
+                for (double g : grads.at(slot.name)) flat.push_back(g * coefficient);
+              }
+              const size_t block = (flat.size() + 1) / 2;
+              const std::vector<double> shard = unit->local_shard().grad().to_vector();
+              for (size_t i = 0; i < block && rank * block + i < flat.size(); ++i) {
+                const double want = flat[rank * block + i];
+                if (std::abs(shard[i] - want) > 1e-5 * std::max(1.0, std::abs(want))) {
+                  return cat("rank ", rank, ": after clipping, unit ", unit->unit(),
+                             "'s gradient element ", rank * block + i, " is ", shard[i],
+                             "; clipping the whole gradient gives ", want, " (", want / coefficient,
+                             " scaled by ", coefficient, ")");
+                }
+              }
+            }
+            return "";
+          },
+          "the total norm is of the whole gradient: each rank sums the squares of its shards' "
+          "gradients, one all-reduce adds the ranks' sums, and every shard is scaled by "
+          "max_norm / (total + 1e-6) when that is below 1",
+          kFsdpRankThrew};
+}
+
+// Ranks whose models hold the same values in another order (rank 1's
+// fc1.weight reversed: the same sum) are refused, naming the parameter,
+// when sync_module_states is off.
+train::Scenario different_models_refused() {
+  return {"MiniMLP, W = 2: rank 1's fc1.weight reversed (the same values, the same sum) is "
+          "refused by name without sync_module_states",
+          2,
+          [](int rank, Group group) -> std::string {
+            tp::manual_seed(0);
+            auto model = std::make_shared<tp::nn::MiniMLP>();
+            if (rank == 1) {
+              tp::NoGradGuard no_grad;
+              std::vector<double> values = model->fc1->weight.to_vector();
+              std::reverse(values.begin(), values.end());
+              model->fc1->weight.copy_(tp::tensor(values, model->fc1->weight.shape()));
+            }
+            try {
+              FSDP fsdp(model, group, with(ShardingStrategy::FULL_SHARD));
+            } catch (const tp::DistributedError& e) {
+              if (std::string(e.what()).find("fc1.weight") != std::string::npos) return "";
+              return cat("rank ", rank, ": refused, but without naming fc1.weight: ", e.what());
+            }
+            return cat("rank ", rank, ": FSDP was built over models that differ between the "
+                       "ranks (fc1.weight reversed on rank 1)");
+          },
+          "without sync_module_states every rank must start from the same values: compare a "
+          "fingerprint of each parameter that order changes (a sum weighted by position, not "
+          "the sum alone) across the ranks, and name the first that differs",
+          kFsdpRankThrew};
+}
+
+// A checkpoint saved by 4 ranks, loaded by 2 of them in a group of their
+// own: the same whole model, and the same momentum (a step on zero
+// gradients moves both runs' parameters alike only if their buffers are
+// the same). The folder is the checker's: made in main, gone after.
+train::Scenario checkpoint_reshards(std::string folder) {
+  return {"deep model: a sharded checkpoint saved by 4 ranks loads on 2, parameters and "
+          "momentum as saved",
+          4,
+          [folder](int rank, Group group) -> std::string {
+            const train::RunConfig four = scenario_plan(4);
+            Trainee t(four, group);
+            t.train(four, rank, 0, 2);
+            stage10::save_sharded_checkpoint(*t.fsdp, *t.sgd, folder + "/checkpoint", 2);
+            const auto saved = t.values();
+            t.momentum_only_step();
+            const auto after_step = t.values();
+            group->barrier()->wait();
+            std::string out;
+            if (rank < 2) {
+              // Ranks 0 and 1 meet again as a job of 2.
+              const auto two_ranks = std::make_shared<tp::distributed::ProcessGroupGloo>(
+                  folder + "/rendezvous-2", rank, 2,
+                  tp::distributed::GlooOptions{group->timeout()});
+              const train::RunConfig two = scenario_plan(2);
+              Trainee resumed(two, two_ranks);
+              const int64_t step = stage10::load_sharded_checkpoint(
+                  *resumed.fsdp, *resumed.sgd, folder + "/checkpoint");
+              if (step != 2) out = cat("rank ", rank, " of 2: the load returned step ", step,
+                                       "; the checkpoint is of step 2");
+              if (out.empty()) {
+                const std::string diff = first_difference(resumed.values(), saved);
+                if (!diff.empty()) out = cat("rank ", rank, " of 2, after the load: ", diff);
+              }
+              if (out.empty()) {
+                resumed.momentum_only_step();
+                const std::string diff = first_difference(resumed.values(), after_step);
+                if (!diff.empty()) {
+                  out = cat("rank ", rank, " of 2: the parameters load as saved, but a step "
+                            "on zero gradients (momentum alone) then gives ", diff,
+                            ": the momentum buffers were not resharded as saved");
+                }
+              }
+            }
+            group->barrier()->wait();
+            return out;
+          },
+          "each rank of the new job reads, from whichever saved files hold them, the elements "
+          "its shard covers at the new world size, for the parameters and for the momentum "
+          "(Note [Resharding])",
+          "if its message says a file ends too soon or is missing, the load computes where to "
+          "read for the world size it runs at, not the one that saved: saved rank q's file "
+          "holds elements [q * s, (q + 1) * s) of each unit, s the saved shard's size, then "
+          "as many of momentum (Note [Resharding]); otherwise its message says why"};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -518,5 +782,10 @@ int main(int argc, char** argv) {
   spec.stage_checks = stage_checks;
   spec.scenarios.push_back(shards_are_slices());
   spec.scenarios.push_back(gathered_when());
+  spec.scenarios.push_back(different_models_refused());
+  spec.scenarios.push_back(full_state_dict_is_the_model());
+  spec.scenarios.push_back(clipping_is_global());
+  const tp::TempDir checkpoints("tp-check10");
+  spec.scenarios.push_back(checkpoint_reshards(checkpoints.path()));
   return train::run_checker<FSDP>(argc, argv, spec);
 }

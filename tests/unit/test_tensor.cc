@@ -66,6 +66,19 @@ TEST_CASE("a tensor too large for memory is an error naming its shape and bytes,
                        tp::Error);
 }
 
+TEST_CASE("with fill_uninitialized_memory on, empty() gives NaN in every dtype; zeros() still "
+          "zeros") {
+  REQUIRE_FALSE(tp::fill_uninitialized_memory());  // off by default
+  tp::set_fill_uninitialized_memory(true);
+  for (tp::Dtype dtype : {tp::kFloat32, tp::kFloat64, tp::kFloat16, tp::kBFloat16}) {
+    CAPTURE(tp::to_string(dtype));
+    for (double v : tp::empty({5}, dtype).to_vector()) CHECK(std::isnan(v));
+    for (double v : tp::zeros({5}, dtype).to_vector()) CHECK(v == 0.0);
+  }
+  tp::set_fill_uninitialized_memory(false);
+  CHECK_FALSE(tp::fill_uninitialized_memory());
+}
+
 TEST_CASE("storage is 64-byte aligned") {
   for (std::size_t nbytes : {1, 4, 100, 4096}) {
     tp::Storage storage(nbytes, tp::kCPU);

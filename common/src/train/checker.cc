@@ -70,6 +70,9 @@ CheckerRun parse_checker_args(int argc, char** argv) {
   cli::add_choice<Device>(app, "--device", "where every case's ranks train (default cpu)",
                           {{"cpu", kCPU}, {"cuda", Device{DeviceType::CUDA, -1}}}, run.device);
   cli::parse_or_exit(app, argc, argv, "checker");
+  // A buffer read before it is written (made with empty(), never zeroed)
+  // then shows as NaN on every machine, not as what the allocator left.
+  set_fill_uninitialized_memory(true);
   if (const std::string mistake = launch_mistake("the checker", run.init_method); !mistake.empty()) {
     cli::usage_error("checker", mistake);
   }

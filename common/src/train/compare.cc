@@ -408,7 +408,8 @@ std::string non_finite_gradient_cause(bool some_ranks) {
       some_ranks ? " on some ranks only (by a number that is 0 there: the rank itself, say)"
                  : " (by W - 1 or another count that can be 0?)",
       ", or a gradient that grew without bound (summed over ranks but never divided, or "
-      "accumulated across steps without being zeroed)");
+      "accumulated across steps without being zeroed), or one that started from garbage (a "
+      "buffer made with empty() and never zeroed, which autograd then adds into)");
 }
 
 // The finding for point t (Note [Points of a run]), where the ranks `bad`
@@ -688,6 +689,12 @@ std::string why_first_update_wrong(const Evidence& e) {
   const double ratio = update_ratio(e, rank0);
   const double w = divisor_at(e.config, 0);
   const int64_t k = e.config.micro_batches;
+  if (ratio > 1000.0 * std::max(w, static_cast<double>(k))) {  // no count explains it
+    return detail::cat("the first update is ", num(ratio), "x the reference's, far beyond any "
+                       "count of ranks or micro-batches: the gradient started from garbage (a "
+                       "buffer made with empty() and never zeroed, which autograd then adds "
+                       "into), or grew without bound");
+  }
   if (near(ratio, w)) {  // the sum, never divided
     return detail::cat("step 0's losses match, but the first update is ", num(ratio),
                        "x the reference's (W = ", w, "): is the sum divided by the world size? "
