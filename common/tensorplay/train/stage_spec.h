@@ -43,19 +43,18 @@ struct OptionFlag {
   std::string name;  // "--bucket-cap-mb"
   std::string help;  // one line for --help
   // A number flag sets *number within [low, high]; a switch sets *toggle to
-  // `switch_to`; a choice sets *choice. Exactly one of the three members is
-  // set (bind_flags checks).
+  // `switch_to`; a choice calls `choose`. Exactly one of the three is set
+  // (bind_flags checks).
   double Options::*number = nullptr;
   double low = 0.0;
   double high = 0.0;
   bool Options::*toggle = nullptr;
   bool switch_to = true;
-  // A choice flag sets *choice to one of `choices` (anything else is a
-  // usage error listing them).
-  std::string Options::*choice = nullptr;
+  // A choice flag takes one of `choices` (anything else is a usage error
+  // listing them): `choose` sets the option by it, `chosen` names the
+  // option's current value (choice_flag for a string, enum_flag for an
+  // enum; a stage may write its own pair, for a policy say).
   std::vector<std::string> choices;
-  // Or, for an option that is not a string (an enum, a policy), `choose`
-  // sets it by one of `choices` and `chosen` names its current value.
   std::function<void(Options&, const std::string&)> choose;
   std::function<std::string(const Options&)> chosen;
   // Also changes the plan, for a flag the reference must follow too.
@@ -91,8 +90,9 @@ OptionFlag<Options> choice_flag(std::string name, std::string Options::*member,
   OptionFlag<Options> flag;
   flag.name = std::move(name);
   flag.help = std::move(help);
-  flag.choice = member;
   flag.choices = std::move(choices);
+  flag.choose = [member](Options& options, const std::string& text) { options.*member = text; };
+  flag.chosen = [member](const Options& options) { return options.*member; };
   return flag;
 }
 
@@ -194,14 +194,13 @@ std::vector<BoundFlag> bind_flags(const std::vector<OptionFlag<Options>>& flags,
                                   Options& options) {
   std::vector<BoundFlag> out;
   for (const OptionFlag<Options>& f : flags) {
-    const bool chooses = f.choice != nullptr || static_cast<bool>(f.choose);
+    const bool chooses = static_cast<bool>(f.choose);
     TP_CHECK((f.number != nullptr) + (f.toggle != nullptr) + chooses == 1,
              "tp::train::bind_flags: flag ", f.name,
              " must set exactly one member of the stage's Options (number, toggle or choice)");
-    TP_CHECK(chooses == !f.choices.empty() && (f.choice == nullptr || !f.choose) &&
-                 static_cast<bool>(f.choose) == static_cast<bool>(f.chosen),
+    TP_CHECK(chooses == !f.choices.empty() && chooses == static_cast<bool>(f.chosen),
              "tp::train::bind_flags: flag ", f.name,
-             " lists choices but sets no choice member, or the other way round");
+             " lists choices without choose and chosen, or the other way round");
     BoundFlag b;
     b.name = f.name;
     b.help = f.help;
@@ -211,13 +210,9 @@ std::vector<BoundFlag> bind_flags(const std::vector<OptionFlag<Options>>& flags,
     b.initial = f.number != nullptr ? options.*f.number : 0.0;
     if (chooses) {
       b.choices = f.choices;
-      b.initial_choice = f.choice != nullptr ? options.*f.choice : f.chosen(options);
+      b.initial_choice = f.chosen(options);
       b.choose = [&options, f](const std::string& name, RunConfig& config) {
-        if (f.choice != nullptr) {
-          options.*f.choice = name;
-        } else {
-          f.choose(options, name);
-        }
+        f.choose(options, name);
         if (f.plan) f.plan(config);
       };
     }
