@@ -5,8 +5,9 @@
 
 Ranks here are small shell scripts, so each case takes well under a second
 (plus tprun's 0.5 s settle window where a rank fails). After each case no
-process of the case may be left: every rank runs `sleep` under a marker
-argument, and the test looks for it in /proc.
+process of the case may be left: every process the test starts carries a
+marker in its environment (and every rank in its command line), and the test
+looks for it in /proc.
 """
 import os
 import signal
@@ -16,6 +17,9 @@ import time
 
 TPRUN = sys.argv[1]
 MARKER = f"tprun-test-{os.getpid()}"  # in every rank's command line
+# ... and in the environment of every process the test starts, so a rank's
+# children (a `sleep` started by its shell) are found too.
+os.environ["TPRUN_TEST_MARKER"] = MARKER
 
 
 def fail(message):
@@ -28,12 +32,16 @@ def leftovers():
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
+        if int(pid) == os.getpid():
+            continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
         except OSError:
             continue
-        if MARKER in cmd and "tprun_test.py" not in cmd:
+        if MARKER in cmd or MARKER.encode() in environ:
             found.append((int(pid), cmd.strip()))
     return found
 
@@ -44,6 +52,16 @@ def check_nothing_left(case):
             return
         time.sleep(0.05)
     fail(f"{case}: processes left: {leftovers()}")
+
+
+def wait_for_sleeps(count, seconds=60):
+    """True once `count` of the case's `sleep` processes run."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if sum(cmd.startswith("sleep ") for _, cmd in leftovers()) >= count:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def rank_script(body):
@@ -130,10 +148,13 @@ for sig in (signal.SIGTERM, signal.SIGINT):
                           *rank_script(f"sleep 60 & wait")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
-    for _ in range(100):  # until both ranks and their sleeps run
-        if len(leftovers()) >= 4:
-            break
-        time.sleep(0.05)
+    # Until both ranks' sleeps run: tprun's handlers are in place before its
+    # first rank starts. tprun itself carries the marker too, so count the
+    # sleeps, and wait as long as a loaded machine needs (a fixed 5 s once
+    # sent the signal to a tprun still starting, which died of it).
+    if not wait_for_sleeps(2):
+        p.kill()
+        fail(f"{sig.name}: the ranks' sleeps did not start within 60 s: {leftovers()}")
     start = time.monotonic()
     p.send_signal(sig)
     _, err = p.communicate(timeout=30)
@@ -147,10 +168,9 @@ for sig in (signal.SIGTERM, signal.SIGINT):
 # 5. tprun killed outright: its ranks die with it (PR_SET_PDEATHSIG).
 p = subprocess.Popen([TPRUN, "--nproc-per-node", "2", "--", *rank_script("exec sleep 60")],
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-for _ in range(100):
-    if len(leftovers()) >= 2:
-        break
-    time.sleep(0.05)
+if not wait_for_sleeps(2):
+    p.kill()
+    fail(f"tprun killed: the ranks' sleeps did not start within 60 s: {leftovers()}")
 p.kill()
 p.wait()
 check_nothing_left("tprun killed")
