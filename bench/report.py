@@ -9,6 +9,7 @@ Input: a folder of results as `./kit bench` writes them (bench/results/):
   hook_losses.json            bench/hook_losses.py: stage 08's loss per step
                               with each comm hook
   bench_zero.w<W>.json        bench/bench_zero.cc at W ranks
+  bench_fsdp.w<W>.json        bench/bench_fsdp.cc at W ranks
   zero_memory.json            bench/zero_memory.py: memory per rank of stage
                               08 and stage 09 at W = 1..4
   torch_ddp.w<W>.json         bench/torch_ddp.py (only if PyTorch is installed)
@@ -98,7 +99,7 @@ def load(folder):
     if not os.path.isdir(folder):
         return results
     for file in sorted(os.listdir(folder)):
-        m = re.fullmatch(r"(bench_allreduce|bench_sync|bench_step|bench_hooks|bench_zero|torch_ddp)\.w(\d+)\.json", file)
+        m = re.fullmatch(r"(bench_allreduce|bench_sync|bench_step|bench_hooks|bench_zero|bench_fsdp|torch_ddp)\.w(\d+)\.json", file)
         if not m:
             continue
         with open(os.path.join(folder, file)) as f:

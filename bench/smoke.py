@@ -37,6 +37,9 @@ PROGRAMS = [
                           "BM_StepStage08Hook/hook:powersgd_r4", "BM_HookRound"]),
     ("bench_zero", [2], ["BM_StepStage09/opt:sgd", "BM_StepStage09/opt:zero",
                          "BM_StepStage09/opt:zero_rs", "BM_ZeroRound"]),
+    ("bench_fsdp", [2], ["BM_StepStage10/setup:ddp", "BM_StepStage10/setup:no_shard",
+                         "BM_StepStage10/setup:full", "BM_StepStage10/setup:full_blocks",
+                         "BM_FsdpRound"]),
 ]
 
 

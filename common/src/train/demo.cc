@@ -820,8 +820,10 @@ Json numbers(const std::vector<std::optional<double>>& values) {
 // reduce_scatter_bytes_per_micro[], allgathers_per_micro[],
 // allgather_bytes_per_micro[], broadcast_bytes_per_micro[],
 // shard_partition[W][] and params_with_state[] (a sharded optimizer's; else
-// empty), memory{parameter_bytes, gradient_bytes, optimizer_state_bytes,
-// peak_model_state_bytes}}], final{...}}.
+// empty), memory{parameter_bytes, gradient_bytes, optimizer_state_bytes
+// (live at the end), peak_parameter_bytes, peak_gradient_bytes,
+// peak_model_state_bytes (the most since the model was built)}}],
+// final{...}}.
 // A rank that did not take part in a step has null there; memory is null for
 // a lesson's worker (--worker), which measures nothing.
 Json report_json(const DemoReport& report) {
@@ -859,6 +861,8 @@ Json report_json(const DemoReport& report) {
       mem = {{"parameter_bytes", r.memory->live_bytes(memory::Kind::Parameter)},
              {"gradient_bytes", r.memory->live_bytes(memory::Kind::Gradient)},
              {"optimizer_state_bytes", r.memory->live_bytes(memory::Kind::OptimizerState)},
+             {"peak_parameter_bytes", r.memory->peak_bytes(memory::Kind::Parameter)},
+             {"peak_gradient_bytes", r.memory->peak_bytes(memory::Kind::Gradient)},
              {"peak_model_state_bytes", r.memory->model_state_peak}};
     }
     j["ranks"].push_back({{"rank", r.rank},
