@@ -101,6 +101,8 @@ def main(demo, checker, stage_h):
     expect_usage_error(checker, ["--repeat", "0"],
                        "--repeat: expects a whole number from 1 to 1000, got '0'")
     expect_usage_error(checker, ["--device", "gpu"], "--device: expects cpu or cuda, got 'gpu'")
+    expect_usage_error(checker, ["--collective-timeout", "50"],
+                       "--collective-timeout: expects a whole number from 100 to 3600000, got '50'")
     print(f"ok: stage {stage}'s demo and checker list their flags and refuse bad ones by name")
 
 

@@ -69,7 +69,14 @@ CheckerRun parse_checker_args(int argc, char** argv) {
       ->type_name("URL");
   cli::add_choice<Device>(app, "--device", "where every case's ranks train (default cpu)",
                           {{"cpu", kCPU}, {"cuda", Device{DeviceType::CUDA, -1}}}, run.device);
+  int64_t timeout_ms = run.collective_timeout.count();
+  app.add_option("--collective-timeout", timeout_ms,
+                 "how long a rank waits in one collective (and at rendezvous) before it is a "
+                 "hang, in ms (default 10000)")
+      ->type_name("MS")
+      ->transform(cli::whole_number(100, 3600000));
   cli::parse_or_exit(app, argc, argv, "checker");
+  run.collective_timeout = std::chrono::milliseconds(timeout_ms);
   // A buffer read before it is written (made with empty(), never zeroed)
   // then shows as NaN on every machine, not as what the allocator left.
   set_fill_uninitialized_memory(true);
@@ -184,13 +191,14 @@ int finish_pass(CheckerRun& run, const std::string& stage,
   return code;
 }
 
-std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scenario) {
-  // As run_ddp: a fresh rendezvous, the default plan's timeouts, so a rank
-  // that hangs in a collective becomes a finding naming it.
-  const RunConfig defaults;
+std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scenario,
+                                  std::chrono::milliseconds collective_timeout) {
+  // As run_ddp: a fresh rendezvous, the default plan's job timeout and the
+  // run's collective timeout, so a rank that hangs in a collective becomes
+  // a finding naming it.
   TempDir rendezvous("tensorplay-rdzv");
   multiprocessing::SpawnOptions options;
-  options.timeout = defaults.job_timeout;
+  options.timeout = RunConfig{}.job_timeout;
   std::vector<std::string> facts;
   try {
     facts = multiprocessing::spawn(
@@ -198,7 +206,7 @@ std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scen
         [&](int rank) -> std::string {
           auto group = std::make_shared<distributed::ProcessGroupGloo>(
               rendezvous.path(), rank, scenario.world_size,
-              distributed::GlooOptions{defaults.collective_timeout,
+              distributed::GlooOptions{collective_timeout,
                                        /*check_in_flight_writes=*/true});
           // A scenario drives a few steps by hand: this bounds a loop that
           // never stops issuing collectives (Note [Collective budget]).

@@ -143,7 +143,8 @@ struct Scenario {
 };
 
 // Runs one scenario; its findings (none when it held on every rank).
-std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scenario);
+std::vector<Finding> run_scenario(const std::string& stage, const Scenario& scenario,
+                                  std::chrono::milliseconds collective_timeout);
 
 template <typename Options>
 struct CheckerSpec {
@@ -186,6 +187,10 @@ struct CheckerRun {
   bool list = false;        // --list
   std::string init_method;  // --init-method URL: one rank of a launched job
   Device device = kCPU;     // --device cuda: every case's ranks train on the GPU
+  // --collective-timeout MS: how long a rank of any case or scenario waits
+  // in one collective before it is a hang (the test suite shortens it for
+  // the planted bugs that hang; a case's own collectives take milliseconds).
+  std::chrono::milliseconds collective_timeout = RunConfig{}.collective_timeout;
   bool quiet = false;       // a launched job's ranks but 0 print nothing
   std::string report;       // everything printed so far in this repetition
   std::string first_cause;  // the failing case's first finding: fact, then likely cause
@@ -285,6 +290,7 @@ int check_cases(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
     }
     CheckCase<typename D::Options> c = spec.cases[i];
     c.config.device = run.device;
+    c.config.collective_timeout = run.collective_timeout;
     std::vector<Finding> findings;
     Comparison comparison;
     try {
@@ -313,7 +319,8 @@ void check_scenarios(CheckerRun& run, const CheckerSpec<Options>& spec, bool lau
       ++tally.skipped;
       continue;
     }
-    const std::vector<Finding> findings = run_scenario(spec.stage.number, spec.scenarios[i]);
+    const std::vector<Finding> findings =
+        run_scenario(spec.stage.number, spec.scenarios[i], run.collective_timeout);
     tally.judged(findings.empty());
     report_case(run, "scenario: " + spec.scenarios[i].label, findings, nullptr);
   }
@@ -332,7 +339,8 @@ void check_worker_cases(CheckerRun& run, const CheckerSpec<Options>& spec, bool 
       ++tally.skipped;
       continue;
     }
-    const CheckCase<Options>& c = spec.worker_cases[i];
+    CheckCase<Options> c = spec.worker_cases[i];
+    c.config.collective_timeout = run.collective_timeout;
     std::vector<Finding> findings;
     try {
       const ReferenceResult reference = train_reference(c.config);
@@ -406,7 +414,7 @@ int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& s
   if (!run.init_method.empty()) {
     multiprocessing::report_to_launcher();  // where it waits, for tprun
     try {
-      distributed::init_process_group("gloo", run.init_method, RunConfig{}.collective_timeout);
+      distributed::init_process_group("gloo", run.init_method, run.collective_timeout);
     } catch (const std::exception& error) {
       multiprocessing::record_error(error);
       std::fprintf(stderr, "checker: %s\n", error.what());
