@@ -128,10 +128,7 @@ std::shared_ptr<tp::nn::Module> model_in_blocks() {
   return std::make_shared<tp::nn::Sequential>(std::move(blocks));
 }
 
-struct Rank {
-  std::shared_ptr<dist::ProcessGroup> group;
-  int64_t batch = kDefaultBatch;
-};
+using Rank = tp::bench::StepRank;  // its group and --batch
 
 // One step of a set-up: stage 09's DDP (with plain SGD or its
 // reduce-scatter ZeRO) or stage 10's FSDP, its optimizer, this rank's batch.
@@ -226,49 +223,19 @@ void bm_step(benchmark::State& state, const Setup& setup, const Rank& rank) {
   state.counters["model_bytes"] = static_cast<double>(model_bytes);
 }
 
-// Every set-up's step, one of each per iteration (tp::bench::interleaved_round).
-void bm_round(benchmark::State& state, const Rank& rank) {
-  std::vector<std::unique_ptr<ShardedStep>> steps;
-  std::vector<std::string> labels;
-  std::vector<std::function<void()>> runs;
-  for (const Setup& setup : kSetups) {
-    steps.push_back(std::make_unique<ShardedStep>(setup, rank));
-    labels.push_back(setup.label);  // kSetups[0] is "ddp": "<S>_over_ddp"
-    runs.push_back([step = steps.back().get()] { step->run(); });
-  }
-  for (auto& step : steps) step->warm_up();
-  rank.group->barrier()->wait();
-  tp::bench::interleaved_round(state, labels, runs);
-}
-
 void register_benchmarks(const Rank& rank) {
   tp::bench::describe_stage(stage10::stage_spec());
   benchmark::AddCustomContext("batch", std::to_string(rank.batch));
   benchmark::AddCustomContext("momentum", std::to_string(kMomentum));
-  for (const Setup& setup : kSetups) {
-    const std::string name = std::string("BM_StepStage10/setup:") + setup.label;
-    benchmark::RegisterBenchmark(
-        name.c_str(), [&setup, rank](benchmark::State& state) { bm_step(state, setup, rank); })
-        ->Iterations(iterations_at(rank.group->size()))
-        ->ComputeStatistics("p90", tp::bench::p90)
-        ->Unit(benchmark::kMillisecond)
-        ->UseRealTime();
-  }
-  benchmark::RegisterBenchmark("BM_FsdpRound",
-                               [rank](benchmark::State& state) { bm_round(state, rank); })
-      ->Iterations(iterations_at(rank.group->size()))
-      ->Unit(benchmark::kMillisecond)
-      ->UseRealTime();
+  // kSetups[0], "ddp", is what the round's "<label>_over_ddp" ratios divide by.
+  tp::bench::register_step_variants<ShardedStep, Setup>(
+      "BM_StepStage10", "setup", std::span<const Setup>(kSetups), rank,
+      iterations_at(rank.group->size()), bm_step, "BM_FsdpRound");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  long batch = kDefaultBatch;
-  return tp::bench::ranked_benchmark_main(
-      argc, argv, "bench_fsdp", kDefaultWorldSize,
-      {{"batch", 1, 4096, "gives each rank N rows per step", &batch}},
-      [&batch](const tp::bench::RankSetup& setup) {
-        register_benchmarks({setup.group, batch});
-      });
+  return tp::bench::step_benchmark_main(argc, argv, "bench_fsdp", kDefaultWorldSize,
+                                        kDefaultBatch, register_benchmarks);
 }

@@ -113,10 +113,7 @@ constexpr Hook kHooks[] = {{"none", "none"},
 
 // What every benchmark of one rank needs: its process group, and the batch
 // size (the same on every rank).
-struct Rank {
-  std::shared_ptr<dist::ProcessGroup> group;
-  int64_t batch = kDefaultBatch;
-};
+using Rank = tp::bench::StepRank;
 
 // One DDP of stage 08 with `hook` registered as the kit's trainer registers
 // it (register_builtin_hook), its optimizer and this rank's batch (a
@@ -199,50 +196,19 @@ void bm_step_hook(benchmark::State& state, const Hook& hook, const Rank& rank) {
   state.counters["cores"] = cpu_ms / wall_ms;
 }
 
-// Every hook's step, one of each per iteration (tp::bench::interleaved_round).
-void bm_hook_round(benchmark::State& state, const Rank& rank) {
-  std::vector<std::unique_ptr<HookedStep>> steps;
-  std::vector<std::string> labels;
-  std::vector<std::function<void()>> runs;
-  for (const Hook& hook : kHooks) {
-    steps.push_back(std::make_unique<HookedStep>(hook, rank));
-    labels.push_back(hook.label);  // kHooks[0] is "none": "<H>_over_none"
-    runs.push_back([step = steps.back().get()] { step->run(); });
-  }
-  for (auto& step : steps) step->warm_up();
-  rank.group->barrier()->wait();
-  tp::bench::interleaved_round(state, labels, runs);
-}
-
 void register_benchmarks(const Rank& rank) {
   tp::bench::describe_stage(stage08::stage_spec());
   benchmark::AddCustomContext("powersgd_start_iteration", std::to_string(kPowerSGDStart));
   benchmark::AddCustomContext("batch", std::to_string(rank.batch));
-  for (const Hook& hook : kHooks) {
-    const std::string name = std::string("BM_StepStage08Hook/hook:") + hook.label;
-    benchmark::RegisterBenchmark(
-        name.c_str(),  // copied: this Google Benchmark takes only a C string
-        [&hook, rank](benchmark::State& state) { bm_step_hook(state, hook, rank); })
-        ->Iterations(iterations_at(rank.group->size()))
-        ->ComputeStatistics("p90", tp::bench::p90)
-        ->Unit(benchmark::kMillisecond)
-        ->UseRealTime();
-  }
-  benchmark::RegisterBenchmark("BM_HookRound",
-                               [rank](benchmark::State& state) { bm_hook_round(state, rank); })
-      ->Iterations(iterations_at(rank.group->size()))
-      ->Unit(benchmark::kMillisecond)
-      ->UseRealTime();
+  // kHooks[0], "none", is what the round's "<label>_over_none" ratios divide by.
+  tp::bench::register_step_variants<HookedStep, Hook>(
+      "BM_StepStage08Hook", "hook", std::span<const Hook>(kHooks), rank,
+      iterations_at(rank.group->size()), bm_step_hook, "BM_HookRound");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  long batch = kDefaultBatch;
-  return tp::bench::ranked_benchmark_main(
-      argc, argv, "bench_hooks", kDefaultWorldSize,
-      {{"batch", 1, 4096, "gives each rank N rows per step", &batch}},
-      [&batch](const tp::bench::RankSetup& setup) {
-        register_benchmarks({setup.group, batch});
-      });
+  return tp::bench::step_benchmark_main(argc, argv, "bench_hooks", kDefaultWorldSize,
+                                        kDefaultBatch, register_benchmarks);
 }

@@ -180,10 +180,7 @@ std::shared_ptr<tp::nn::Module> make_model() {
 
 // What every benchmark of one rank needs: its process group, and the batch
 // size (the same on every rank).
-struct Rank {
-  std::shared_ptr<dist::ProcessGroup> group;
-  int64_t batch = kDefaultBatch;
-};
+using Rank = tp::bench::StepRank;
 
 // This rank's own rows: a different batch on every rank, as in training.
 tp::data::Batch batch_of(const Rank& rank) {
@@ -548,7 +545,7 @@ int main(int argc, char** argv) {
   long cap_sweep = 0;
   return tp::bench::ranked_benchmark_main(
       argc, argv, "bench_step", kDefaultWorldSize,
-      {{"batch", 1, 4096, "gives each rank N rows per step", &batch},
+      {tp::bench::batch_flag(&batch),
        {"cap-sweep", 0, 1, "1 adds BM_CapSweep, stages 02 and 03 at caps of 64 KiB to "
                            "4 MiB", &cap_sweep}},
       [&batch, &cap_sweep](const tp::bench::RankSetup& setup) {

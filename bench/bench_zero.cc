@@ -83,10 +83,7 @@ constexpr Optimizer kOptimizers[] = {{"sgd"},
                                      {"zero_broadcast", true, false, "broadcast"},
                                      {"zero_rs", true, true}};
 
-struct Rank {
-  std::shared_ptr<dist::ProcessGroup> group;
-  int64_t batch = kDefaultBatch;
-};
+using Rank = tp::bench::StepRank;  // its group and --batch
 
 // One DDP of stage 09 and its optimizer, and this rank's batch.
 class ZeroStep {
@@ -165,49 +162,19 @@ void bm_step(benchmark::State& state, const Optimizer& opt, const Rank& rank) {
   state.counters["param_bytes"] = static_cast<double>(step.param_bytes());
 }
 
-// Every optimizer's step, one of each per iteration (tp::bench::interleaved_round).
-void bm_round(benchmark::State& state, const Rank& rank) {
-  std::vector<std::unique_ptr<ZeroStep>> steps;
-  std::vector<std::string> labels;
-  std::vector<std::function<void()>> runs;
-  for (const Optimizer& opt : kOptimizers) {
-    steps.push_back(std::make_unique<ZeroStep>(opt, rank));
-    labels.push_back(opt.label);  // kOptimizers[0] is "sgd": "<O>_over_sgd"
-    runs.push_back([step = steps.back().get()] { step->run(); });
-  }
-  for (auto& step : steps) step->warm_up();
-  rank.group->barrier()->wait();
-  tp::bench::interleaved_round(state, labels, runs);
-}
-
 void register_benchmarks(const Rank& rank) {
   tp::bench::describe_stage(stage09::stage_spec());
   benchmark::AddCustomContext("batch", std::to_string(rank.batch));
   benchmark::AddCustomContext("momentum", std::to_string(kMomentum));
-  for (const Optimizer& opt : kOptimizers) {
-    const std::string name = std::string("BM_StepStage09/opt:") + opt.label;
-    benchmark::RegisterBenchmark(
-        name.c_str(), [&opt, rank](benchmark::State& state) { bm_step(state, opt, rank); })
-        ->Iterations(iterations_at(rank.group->size()))
-        ->ComputeStatistics("p90", tp::bench::p90)
-        ->Unit(benchmark::kMillisecond)
-        ->UseRealTime();
-  }
-  benchmark::RegisterBenchmark("BM_ZeroRound",
-                               [rank](benchmark::State& state) { bm_round(state, rank); })
-      ->Iterations(iterations_at(rank.group->size()))
-      ->Unit(benchmark::kMillisecond)
-      ->UseRealTime();
+  // kOptimizers[0], "sgd", is what the round's "<label>_over_sgd" ratios divide by.
+  tp::bench::register_step_variants<ZeroStep, Optimizer>(
+      "BM_StepStage09", "opt", std::span<const Optimizer>(kOptimizers), rank,
+      iterations_at(rank.group->size()), bm_step, "BM_ZeroRound");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  long batch = kDefaultBatch;
-  return tp::bench::ranked_benchmark_main(
-      argc, argv, "bench_zero", kDefaultWorldSize,
-      {{"batch", 1, 4096, "gives each rank N rows per step", &batch}},
-      [&batch](const tp::bench::RankSetup& setup) {
-        register_benchmarks({setup.group, batch});
-      });
+  return tp::bench::step_benchmark_main(argc, argv, "bench_zero", kDefaultWorldSize,
+                                        kDefaultBatch, register_benchmarks);
 }

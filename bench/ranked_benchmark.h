@@ -33,6 +33,11 @@
 //     --benchmark_out); the others run silently.
 //   - Returns the process exit code: 0 when every rank succeeded (launched:
 //     when this rank did).
+//   - The step benchmarks (bench_step, bench_hooks, bench_zero, bench_fsdp)
+//     share more: step_benchmark_main() gives them --batch=N and a StepRank,
+//     and register_step_variants() registers each variant of a step
+//     (a hook, an optimizer, a sharding set-up) and a round that
+//     interleaves them all.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -46,6 +51,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <string_view>
@@ -183,6 +189,62 @@ inline void interleaved_round(benchmark::State& state, const std::vector<std::st
     state.counters[labels[s] + "_ms"] = quantile(ms[s], 0.5);
     if (s > 0) state.counters[labels[s] + "_over_" + labels[0]] = quantile(over_first[s], 0.5);
   }
+}
+
+// A step benchmark's rank: its group, and the rows it trains on per step
+// (--batch=N, batch_flag).
+struct StepRank {
+  std::shared_ptr<distributed::ProcessGroup> group;
+  int64_t batch = 64;
+};
+
+// --batch=N, the step benchmarks' own flag: N rows per rank per step.
+inline OwnFlag batch_flag(long* batch) {
+  return {"batch", 1, 4096, "gives each rank N rows per step", batch};
+}
+
+// Registers the variants of one training step (the hooks of bench_hooks,
+// the optimizers of bench_zero, the sharding set-ups of bench_fsdp): each
+// as a benchmark of its own, "<family>/<key>:<label>", timed by
+// `one(state, variant, rank)` with a p90 over repetitions; then all of them
+// in one more, `round_name`, one of each per iteration (interleaved_round),
+// whose "<label>_over_<first label>" counters are the numbers to quote.
+// `Step(variant, rank)` builds a variant's step, which has warm_up() and
+// run(). Every benchmark runs `iterations` iterations, in ms of wall time.
+// Each Variant has a `label`; `variants` outlive the benchmarks (a static
+// array).
+template <typename Step, typename Variant>
+void register_step_variants(
+    const std::string& family, const std::string& key, std::span<const Variant> variants,
+    const StepRank& rank, int64_t iterations,
+    const std::function<void(benchmark::State&, const Variant&, const StepRank&)>& one,
+    const std::string& round_name) {
+  for (const Variant& variant : variants) {
+    const std::string name = family + "/" + key + ":" + variant.label;
+    benchmark::RegisterBenchmark(
+        name.c_str(),  // copied: this Google Benchmark takes only a C string
+        [&variant, rank, one](benchmark::State& state) { one(state, variant, rank); })
+        ->Iterations(iterations)
+        ->ComputeStatistics("p90", p90)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
+  benchmark::RegisterBenchmark(round_name.c_str(), [variants, rank](benchmark::State& state) {
+    std::vector<std::unique_ptr<Step>> steps;
+    std::vector<std::string> labels;
+    std::vector<std::function<void()>> runs;
+    for (const Variant& variant : variants) {
+      steps.push_back(std::make_unique<Step>(variant, rank));
+      labels.push_back(variant.label);
+      runs.push_back([step = steps.back().get()] { step->run(); });
+    }
+    for (auto& step : steps) step->warm_up();
+    rank.group->barrier()->wait();  // every rank's steps built before the first is timed
+    interleaved_round(state, labels, runs);
+  })
+      ->Iterations(iterations)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
 }
 
 namespace detail {
@@ -408,6 +470,18 @@ inline int ranked_benchmark_main(int argc, char** argv, const std::string& progr
     if (!result.empty()) return 1;
   }
   return 0;
+}
+
+// main() of a step benchmark whose one flag of its own is --batch=N
+// (default `default_batch`): register_all gets each rank's StepRank.
+inline int step_benchmark_main(int argc, char** argv, const std::string& program,
+                               int default_world_size, long default_batch,
+                               const std::function<void(const StepRank&)>& register_all) {
+  long batch = default_batch;
+  return ranked_benchmark_main(argc, argv, program, default_world_size, {batch_flag(&batch)},
+                               [&batch, &register_all](const RankSetup& setup) {
+                                 register_all(StepRank{setup.group, batch});
+                               });
 }
 
 }  // namespace tp::bench

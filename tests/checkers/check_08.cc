@@ -347,8 +347,10 @@ std::vector<train::Finding> check_powersgd_steps(const Case& c, const train::Cas
              "at full rank P Q^T is the average exactly when: P = M Q with Q orthonormalised and "
              "the same on every rank (drawn from a generator seeded alike everywhere: "
              "random_seed and the iteration, never the rank); P all-reduced, then "
-             "orthonormalised; Q = M^T P all-reduced and divided by W; the bucket rebuilt as "
-             "P Q^T (Note [PowerSGD])"}};
+             "orthonormalised to working precision (remove the earlier components twice: one "
+             "Gram-Schmidt pass leaves columns that lay mostly along the earlier ones "
+             "non-orthogonal in float32, Note [Orthogonalization]); Q = M^T P all-reduced and "
+             "divided by W; the bucket rebuilt as P Q^T (Note [PowerSGD])"}};
   }
   return {{cat(where, "; the first PowerSGD step (step ", start, ", a random Q) reproduced the "
                "average, step ", update, " (warm start: the previous step's Q) did not"),
