@@ -704,6 +704,50 @@ def report_zero(results, report):
         report.add("Not measured (bench_zero.w*.json missing).", "")
 
 
+FSDP_SETUPS = [("ddp", "DDP (stage 09, plain SGD)"),
+               ("zero_rs", "ZeRO, reduce-scatter form (stage 09)"),
+               ("no_shard", "FSDP NO_SHARD, a unit per Linear"),
+               ("grad_op", "FSDP SHARD_GRAD_OP, a unit per Linear"),
+               ("full", "FSDP FULL_SHARD, a unit per Linear"),
+               ("full_fwd_prefetch", "FSDP FULL_SHARD, forward_prefetch"),
+               ("grad_op_blocks", "FSDP SHARD_GRAD_OP, a unit per block"),
+               ("full_blocks", "FSDP FULL_SHARD, a unit per block")]
+
+
+def report_fsdp(results, report):
+    report.add("## FSDP: step time, bytes and peak memory (bench_fsdp, stage 10)", "")
+    found = False
+    for (program, w), result in sorted(results.items()):
+        if program != "bench_fsdp":
+            continue
+        found = True
+        runs = result["runs"]
+        round_ = runs.get("BM_FsdpRound", {})
+        table = []
+        for label, name in FSDP_SETUPS:
+            run = runs.get(f"BM_StepStage10/setup:{label}")
+            if not run:
+                continue
+            over = 1.0 if label == "ddp" and round_ else round_.get(f"{label}_over_ddp")
+            table.append([name, f"{run['peak_model_state_bytes'] / 1e3:.0f}",
+                          f"{run['allreduce_bytes'] / 1e3:.0f}",
+                          f"{run['allgather_bytes'] / 1e3:.0f}",
+                          f"{run['reduce_scatter_bytes'] / 1e3:.0f}",
+                          f"{run['collectives']:.0f}", f"{ms(run):.2f}",
+                          f"{over:.2f}x" if over is not None else "-"])
+        report.add(f"### {w} ranks", "")
+        report.table(["set-up", "peak params+grads+state kB", "kB all-reduced",
+                      "kB all-gathered", "kB reduce-scattered", "collectives per step",
+                      "step p50 ms", "interleaved / DDP"], table)
+    if found:
+        report.add("- the deep model of bench_hooks (130 tensors, 4.2 MB), momentum 0.9; the "
+                   "peak is the most the rank held at once in parameters, gradients and "
+                   "optimizer state; the bytes are what each collective was handed per step and "
+                   "rank; a block is 16 Linears, one unit", "")
+    else:
+        report.add("Not measured (bench_fsdp.w*.json missing).", "")
+
+
 def plot_zero(results, memory, save, plt):
     """zero.png where zero_memory.json or bench_zero results exist."""
     zero = {w: r["runs"] for (p, w), r in sorted(results.items()) if p == "bench_zero"}
@@ -1115,6 +1159,7 @@ def main():
     report_zero(results, report)
     zero_memory = load_json(args.results, "zero_memory.json")
     report_zero_memory(zero_memory, report)
+    report_fsdp(results, report)
     link = load_json(args.results, "link.json")
     report_link(link, report)
     text = report.text()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Smoke test of bench/: every benchmark runs once, and the report reads them.
 
-Usage: smoke.py BUILD_BENCH_DIR REPORT_PY TORCH_DDP_PY HOOK_LOSSES_PY DEMO_08
+Usage: smoke.py BUILD_BENCH_DIR REPORT_PY TORCH_DDP_PY HOOK_LOSSES_PY DEMO_08 ZERO_MEMORY_PY DEMO_09
 
 Runs each benchmark program with --smoke=1 (one iteration of every
 benchmark, no warm-up) at the world sizes ./kit bench uses, writing Google
@@ -41,6 +41,32 @@ PROGRAMS = [
                          "BM_StepStage10/setup:full", "BM_StepStage10/setup:full_blocks",
                          "BM_FsdpRound"]),
 ]
+
+
+LESSON_10 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lessons", "10-fsdp",
+                         "README.md")
+
+
+def check_fsdp_collectives(path):
+    """Lesson 10's step-time table gives each set-up's collectives per step, a
+    count: it must be what bench_fsdp counted (`collectives`, per step)."""
+    with open(LESSON_10) as f:
+        text = f.read()
+    section = text[text.index("## Step time, measured"):]
+    header = next(line for line in section.splitlines() if line.startswith("| set-up"))
+    column = [c.strip() for c in header.strip("|").split("|")].index("collectives per step")
+    want = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) > column:
+            want[cells[0].split("`")[1]] = float(cells[column])
+    with open(path) as f:
+        got = {b["name"].split(":")[1].split("/")[0]: b["collectives"]
+               for b in json.load(f)["benchmarks"]
+               if b["name"].startswith("BM_StepStage10/setup:")}
+    if not want or want != got:
+        sys.exit(f"smoke: lesson 10's step-time table says collectives per step {want}; "
+                 f"bench_fsdp counted {got}")
 
 
 def python_with(module):
@@ -83,6 +109,8 @@ def main():
                     if not any(n == prefix or n.startswith(prefix + "/") or
                                (prefix.endswith("_") and n.startswith(prefix)) for n in names):
                         sys.exit(f"smoke: {name} has no benchmark {prefix}; it has {names}")
+                if program == "bench_fsdp":
+                    check_fsdp_collectives(path)
         torch_python = python_with("torch")
         if torch_python:
             run([torch_python, torch_py, "--smoke", "--world-size=2",
@@ -122,7 +150,8 @@ def main():
                         "Communication hooks: bytes and step time", "| fp16_compress_hook |",
                         "Communication hooks: loss per step",
                         "ZeRO: step time and bytes per step", "| ZeRO, reduce-scatter form |",
-                        "ZeRO: memory per rank"):
+                        "ZeRO: memory per rank",
+                        "FSDP: step time, bytes and peak memory", "| FSDP FULL_SHARD, a unit per block |"):
             if section not in text:
                 sys.exit(f"smoke: the report lacks '{section}'")
         for figure in ("allreduce.png", "sync.png", "step.png", "hooks.png", "hook_losses.png",
