@@ -21,8 +21,9 @@
 //                            forward_prefetch too), and
 //                            grad_op_blocks, full_blocks (the same model,
 //                            its layers grouped 16 Linears to a block,
-//                            each block a unit: 5 units of about 1 MB
-//                            where each Linear makes 65 of 66 KB).
+//                            each block a unit: 4 units of about 1 MB
+//                            and the last Linear's, where each Linear
+//                            makes 65 of 66 KB).
 //   BM_FsdpRound             the eight steps interleaved, one of each per
 //                            iteration, in an order rotated every iteration:
 //                            "<S>_ms", each one's median step, and

@@ -33,9 +33,10 @@
 //     --benchmark_out); the others run silently.
 //   - Returns the process exit code: 0 when every rank succeeded (launched:
 //     when this rank did).
-//   - The step benchmarks (bench_step, bench_hooks, bench_zero, bench_fsdp)
-//     share more: step_benchmark_main() gives them --batch=N and a StepRank,
-//     and register_step_variants() registers each variant of a step
+//   - The step benchmarks share more: a StepRank (the group and --batch=N,
+//     batch_flag) in all of them (bench_step, bench_hooks, bench_zero,
+//     bench_fsdp); step_benchmark_main(), the whole main() of those whose
+//     one flag is --batch; register_step_variants(), each variant of a step
 //     (a hook, an optimizer, a sharding set-up) and a round that
 //     interleaves them all.
 #pragma once
@@ -195,7 +196,7 @@ inline void interleaved_round(benchmark::State& state, const std::vector<std::st
 // (--batch=N, batch_flag).
 struct StepRank {
   std::shared_ptr<distributed::ProcessGroup> group;
-  int64_t batch = 64;
+  int64_t batch = 0;  // --batch=N: each program sets its own default
 };
 
 // --batch=N, the step benchmarks' own flag: N rows per rank per step.

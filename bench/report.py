@@ -743,7 +743,7 @@ def report_fsdp(results, report):
         report.add("- the deep model of bench_hooks (130 tensors, 4.2 MB), momentum 0.9; the "
                    "peak is the most the rank held at once in parameters, gradients and "
                    "optimizer state; the bytes are what each collective was handed per step and "
-                   "rank; a block is 16 Linears, one unit", "")
+                   "rank; a block (16 Linears) is one unit: 4 blocks and the last Linear", "")
     else:
         report.add("Not measured (bench_fsdp.w*.json missing).", "")
 

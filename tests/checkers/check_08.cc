@@ -276,6 +276,31 @@ bool within(const train::CaseRun& run, double bound) {
   return c.first_bad_index < 0 && c.final_params.max_abs <= bound;
 }
 
+// The likely causes check_powersgd_steps names: the average missed by more
+// than rounding but within the default tolerance; the first compressed step
+// wrong; a later (warm-started) step wrong.
+constexpr const char* kAdviceNotOrthonormal =
+    "at full rank P Q^T is the average to rounding only if P's and Q's columns are "
+    "orthonormal to working precision: one Gram-Schmidt pass in float32 leaves "
+    "columns that lay mostly along the earlier ones visibly non-orthogonal; remove the "
+    "earlier components twice (Note [Orthogonalization])";
+constexpr const char* kAdviceFirstStep =
+    "at full rank P Q^T is the average exactly when: P = M Q with Q orthonormalised and "
+    "the same on every rank (drawn from a generator seeded alike everywhere: "
+    "random_seed and the iteration, never the rank); P all-reduced, then "
+    "orthonormalised to working precision (remove the earlier components twice: one "
+    "Gram-Schmidt pass leaves columns that lay mostly along the earlier ones "
+    "non-orthogonal in float32, Note [Orthogonalization]); Q = M^T P all-reduced and "
+    "divided by W; the bucket rebuilt as P Q^T (Note [PowerSGD])";
+constexpr const char* kAdviceWarmStart =
+    "the Q that warm start reuses is M^T P: neither orthonormal nor free of empty columns "
+    "(a rank's gradient has lower rank than r here: 8 rows); orthonormalise Q, refilling "
+    "the columns that hold nothing, before P = M Q in every step, not only when it is "
+    "fresh, and to working precision (remove the earlier components twice: one "
+    "Gram-Schmidt pass leaves columns that lay mostly along the earlier ones "
+    "non-orthogonal in float32) (Note [Orthogonalization]), or P = M Q loses precision "
+    "and directions";
+
 // PowerSGD's cases reproduce the average (full rank, every matrix
 // compressed), so the first step whose loss leaves the reference says which
 // step's update broke: the loss of step s shows the updates of steps
@@ -336,31 +361,16 @@ std::vector<train::Finding> check_powersgd_steps(const Case& c, const train::Cas
   if (c.tolerance > 0 && within(run, train::default_tolerance(c.config.dtype))) {
     return {{cat(where, ", by more than rounding (this case's bound, ", c.tolerance,
                  ") but less than the default tolerance"),
-             "at full rank P Q^T is the average to rounding only if P's and Q's columns are "
-             "orthonormal to working precision: one Gram-Schmidt pass in float32 leaves "
-             "columns that lay mostly along the earlier ones visibly non-orthogonal; remove the "
-             "earlier components twice (Note [Orthogonalization])"}};
+             kAdviceNotOrthonormal}};
   }
   if (update == start) {
     return {{cat(where, "; it is the first PowerSGD step (a random Q), which at full rank "
                  "reproduces the average"),
-             "at full rank P Q^T is the average exactly when: P = M Q with Q orthonormalised and "
-             "the same on every rank (drawn from a generator seeded alike everywhere: "
-             "random_seed and the iteration, never the rank); P all-reduced, then "
-             "orthonormalised to working precision (remove the earlier components twice: one "
-             "Gram-Schmidt pass leaves columns that lay mostly along the earlier ones "
-             "non-orthogonal in float32, Note [Orthogonalization]); Q = M^T P all-reduced and "
-             "divided by W; the bucket rebuilt as P Q^T (Note [PowerSGD])"}};
+             kAdviceFirstStep}};
   }
   return {{cat(where, "; the first PowerSGD step (step ", start, ", a random Q) reproduced the "
                "average, step ", update, " (warm start: the previous step's Q) did not"),
-           "the Q that warm start reuses is M^T P: neither orthonormal nor free of empty columns "
-           "(a rank's gradient has lower rank than r here: 8 rows); orthonormalise Q, refilling "
-           "the columns that hold nothing, before P = M Q in every step, not only when it is "
-           "fresh, and to working precision (remove the earlier components twice: one "
-           "Gram-Schmidt pass leaves columns that lay mostly along the earlier ones "
-           "non-orthogonal in float32) (Note [Orthogonalization]), or P = M Q loses precision "
-           "and directions"}};
+           kAdviceWarmStart}};
 }
 
 // The all-reduces a syncing backward queues (one per bucket, for the

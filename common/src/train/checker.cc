@@ -72,7 +72,7 @@ CheckerRun parse_checker_args(int argc, char** argv) {
   int64_t timeout_ms = run.collective_timeout.count();
   app.add_option("--collective-timeout", timeout_ms,
                  "how long a rank waits in one collective (and at rendezvous) before it is a "
-                 "hang, in ms (default 10000)")
+                 "hang, in ms (default " + std::to_string(timeout_ms) + ")")
       ->type_name("MS")
       ->transform(cli::whole_number(100, 3600000));
   cli::parse_or_exit(app, argc, argv, "checker");

@@ -40,6 +40,11 @@
 //     `--repeat N` runs the whole check N times, each judged as above, and
 //     stops at the first run that is not (for a bug that must be caught on
 //     every run, not most).
+//   - `--collective-timeout MS` (default RunConfig's 10000): how long a rank
+//     waits in one collective, and at rendezvous, before its hang becomes a
+//     finding naming it; in every case, scenario and worker case, and in a
+//     launched job's group. The test suite shortens it for the planted bugs
+//     that end by a hang.
 //   - Checker mode: every case runs with RunConfig::check_in_flight_writes,
 //     every scenario's group with GlooOptions::check_in_flight_writes, so a
 //     tensor written while its collective is in flight, or taken by another
