@@ -80,10 +80,6 @@ constexpr int64_t kWidth = 128;  // bench_step.cc's model
 constexpr int64_t kDepth = 64;
 constexpr double kMomentum = 0.9;
 
-int64_t iterations_at(int world_size) {
-  return tp::bench::iterations(std::max<int64_t>(10, 80 / world_size));
-}
-
 enum class Family { Ddp, ZeroRs, Fsdp };
 
 // One set-up, as its label names it.
@@ -173,6 +169,9 @@ class ShardedStep {
     for (int64_t i = 0; i < 1 + tp::bench::warmup_iterations(); ++i) run();
   }
 
+  // The FSDP's units (its flat parameters); 0 for a DDP.
+  size_t units() const { return fsdp_ ? fsdp_->units().size() : 0; }
+
  private:
   std::unique_ptr<stage09::DistributedDataParallel> ddp_;
   std::unique_ptr<stage10::FullyShardedDataParallel> fsdp_;
@@ -180,10 +179,6 @@ class ShardedStep {
   std::unique_ptr<tp::optim::SGD> sgd_;
   tp::data::Batch batch_;
 };
-
-uint64_t collectives(const dist::CollectiveCounters& c) {
-  return c.allreduce + c.broadcast + c.allgather + c.reduce_scatter + c.barrier;
-}
 
 void bm_step(benchmark::State& state, const Setup& setup, const Rank& rank) {
   // Counted from an empty process: this set-up's model state only (the
@@ -201,13 +196,8 @@ void bm_step(benchmark::State& state, const Setup& setup, const Rank& rank) {
   tp::bench::time_each_iteration(state, "ms", [&] { step->run(); });
   const dist::CollectiveCounters after = group.counters();
   const memory::Stats peaks = memory::stats();
-  const auto steps = static_cast<double>(state.iterations());
-  const auto per_step = [steps](uint64_t a, uint64_t b) { return static_cast<double>(a - b) / steps; };
-  state.counters["allreduce_bytes"] = per_step(after.allreduce_bytes, before.allreduce_bytes);
-  state.counters["reduce_scatter_bytes"] =
-      per_step(after.reduce_scatter_bytes, before.reduce_scatter_bytes);
-  state.counters["allgather_bytes"] = per_step(after.allgather_bytes, before.allgather_bytes);
-  state.counters["collectives"] = per_step(collectives(after), collectives(before));
+  tp::bench::set_collective_counters(state, before, after,
+                                     static_cast<double>(state.iterations()));
   state.counters["param_bytes"] = held(memory::Kind::Parameter);
   state.counters["grad_bytes"] = held(memory::Kind::Gradient);
   state.counters["state_bytes"] = held(memory::Kind::OptimizerState);
@@ -222,16 +212,16 @@ void bm_step(benchmark::State& state, const Setup& setup, const Rank& rank) {
   uint64_t model_bytes = 0;
   for (const tp::Tensor& p : model()->parameters()) model_bytes += p.nbytes();
   state.counters["model_bytes"] = static_cast<double>(model_bytes);
+  state.counters["units"] = static_cast<double>(step->units());
 }
 
 void register_benchmarks(const Rank& rank) {
   tp::bench::describe_stage(stage10::stage_spec());
-  benchmark::AddCustomContext("batch", std::to_string(rank.batch));
   benchmark::AddCustomContext("momentum", std::to_string(kMomentum));
   // kSetups[0], "ddp", is what the round's "<label>_over_ddp" ratios divide by.
   tp::bench::register_step_variants<ShardedStep, Setup>(
-      "BM_StepStage10", "setup", std::span<const Setup>(kSetups), rank,
-      iterations_at(rank.group->size()), bm_step, "BM_FsdpRound");
+      "BM_StepStage10", "setup", std::span<const Setup>(kSetups), rank, bm_step,
+      "BM_FsdpRound");
 }
 
 }  // namespace

@@ -89,12 +89,6 @@ constexpr int64_t kDefaultBatch = 64;
 constexpr int64_t kWidth = 128;
 constexpr int64_t kDepth = 64;
 
-// Timed steps per hook (the same on every rank) at 2 ranks: 80 / W at W
-// ranks, at least 10 (20 at 4 ranks, where, sharing 2 cores, a step is 3
-// to 5 times slower: the run stays short).
-int64_t iterations_at(int world_size) {
-  return tp::bench::iterations(std::max<int64_t>(10, 80 / world_size));
-}
 // Iterations of plain all-reduce before PowerSGD compresses: 2, the least
 // PowerSGDState accepts with error feedback and warm start.
 constexpr int64_t kPowerSGDStart = 2;
@@ -199,11 +193,10 @@ void bm_step_hook(benchmark::State& state, const Hook& hook, const Rank& rank) {
 void register_benchmarks(const Rank& rank) {
   tp::bench::describe_stage(stage08::stage_spec());
   benchmark::AddCustomContext("powersgd_start_iteration", std::to_string(kPowerSGDStart));
-  benchmark::AddCustomContext("batch", std::to_string(rank.batch));
   // kHooks[0], "none", is what the round's "<label>_over_none" ratios divide by.
   tp::bench::register_step_variants<HookedStep, Hook>(
-      "BM_StepStage08Hook", "hook", std::span<const Hook>(kHooks), rank,
-      iterations_at(rank.group->size()), bm_step_hook, "BM_HookRound");
+      "BM_StepStage08Hook", "hook", std::span<const Hook>(kHooks), rank, bm_step_hook,
+      "BM_HookRound");
 }
 
 }  // namespace

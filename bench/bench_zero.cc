@@ -67,10 +67,6 @@ constexpr int64_t kWidth = 128;  // bench_step.cc's model
 constexpr int64_t kDepth = 64;
 constexpr double kMomentum = 0.9;
 
-int64_t iterations_at(int world_size) {
-  return tp::bench::iterations(std::max<int64_t>(10, 80 / world_size));
-}
-
 // One optimizer set-up, as its label names it.
 struct Optimizer {
   const char* label;
@@ -134,10 +130,6 @@ class ZeroStep {
   tp::data::Batch batch_;
 };
 
-uint64_t collectives(const dist::CollectiveCounters& c) {
-  return c.allreduce + c.broadcast + c.allgather + c.reduce_scatter + c.barrier;
-}
-
 void bm_step(benchmark::State& state, const Optimizer& opt, const Rank& rank) {
   // Counted from an empty process: this optimizer's state only.
   const uint64_t state_before = tp::memory::stats().live_bytes(tp::memory::Kind::OptimizerState);
@@ -150,26 +142,19 @@ void bm_step(benchmark::State& state, const Optimizer& opt, const Rank& rank) {
   const dist::CollectiveCounters before = group.counters();
   tp::bench::time_each_iteration(state, "ms", [&] { step.run(); });
   const dist::CollectiveCounters after = group.counters();
-  const auto steps = static_cast<double>(state.iterations());
-  const auto per_step = [steps](uint64_t a, uint64_t b) { return static_cast<double>(a - b) / steps; };
-  state.counters["allreduce_bytes"] = per_step(after.allreduce_bytes, before.allreduce_bytes);
-  state.counters["reduce_scatter_bytes"] =
-      per_step(after.reduce_scatter_bytes, before.reduce_scatter_bytes);
-  state.counters["allgather_bytes"] = per_step(after.allgather_bytes, before.allgather_bytes);
-  state.counters["broadcast_bytes"] = per_step(after.broadcast_bytes, before.broadcast_bytes);
-  state.counters["collectives"] = per_step(collectives(after), collectives(before));
+  tp::bench::set_collective_counters(state, before, after,
+                                     static_cast<double>(state.iterations()));
   state.counters["state_bytes"] = static_cast<double>(state_bytes);
   state.counters["param_bytes"] = static_cast<double>(step.param_bytes());
 }
 
 void register_benchmarks(const Rank& rank) {
   tp::bench::describe_stage(stage09::stage_spec());
-  benchmark::AddCustomContext("batch", std::to_string(rank.batch));
   benchmark::AddCustomContext("momentum", std::to_string(kMomentum));
   // kOptimizers[0], "sgd", is what the round's "<label>_over_sgd" ratios divide by.
   tp::bench::register_step_variants<ZeroStep, Optimizer>(
-      "BM_StepStage09", "opt", std::span<const Optimizer>(kOptimizers), rank,
-      iterations_at(rank.group->size()), bm_step, "BM_ZeroRound");
+      "BM_StepStage09", "opt", std::span<const Optimizer>(kOptimizers), rank, bm_step,
+      "BM_ZeroRound");
 }
 
 }  // namespace

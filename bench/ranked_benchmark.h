@@ -192,6 +192,29 @@ inline void interleaved_round(benchmark::State& state, const std::vector<std::st
   }
 }
 
+// Sets what the group's collectives carried per step between `before` and
+// `after` (`steps` timed steps): "collectives", and the bytes handed to each
+// kind, "allreduce_bytes", "reduce_scatter_bytes", "allgather_bytes",
+// "broadcast_bytes" (process_group.h says what each counts).
+inline void set_collective_counters(benchmark::State& state,
+                                    const distributed::CollectiveCounters& before,
+                                    const distributed::CollectiveCounters& after, double steps) {
+  const auto per_step = [steps](uint64_t a, uint64_t b) { return static_cast<double>(a - b) / steps; };
+  state.counters["collectives"] = per_step(after.collectives(), before.collectives());
+  state.counters["allreduce_bytes"] = per_step(after.allreduce_bytes, before.allreduce_bytes);
+  state.counters["reduce_scatter_bytes"] =
+      per_step(after.reduce_scatter_bytes, before.reduce_scatter_bytes);
+  state.counters["allgather_bytes"] = per_step(after.allgather_bytes, before.allgather_bytes);
+  state.counters["broadcast_bytes"] = per_step(after.broadcast_bytes, before.broadcast_bytes);
+}
+
+// The fixed iteration count of a step benchmark at W ranks (the same on
+// every rank): 80 / W, at least 10 (20 at 4 ranks, where, sharing 2 cores,
+// a step is 3 to 5 times slower: the run stays short); 1 under --smoke=1.
+inline int64_t step_iterations(int world_size) {
+  return iterations(std::max<int64_t>(10, 80 / world_size));
+}
+
 // A step benchmark's rank: its group, and the rows it trains on per step
 // (--batch=N, batch_flag).
 struct StepRank {
@@ -211,15 +234,17 @@ inline OwnFlag batch_flag(long* batch) {
 // in one more, `round_name`, one of each per iteration (interleaved_round),
 // whose "<label>_over_<first label>" counters are the numbers to quote.
 // `Step(variant, rank)` builds a variant's step, which has warm_up() and
-// run(). Every benchmark runs `iterations` iterations, in ms of wall time.
-// Each Variant has a `label`; `variants` outlive the benchmarks (a static
-// array).
+// run(). Every benchmark runs step_iterations(W) iterations, in ms of wall
+// time; the results' context gets "batch". Each Variant has a `label`;
+// `variants` outlive the benchmarks (a static array).
 template <typename Step, typename Variant>
 void register_step_variants(
     const std::string& family, const std::string& key, std::span<const Variant> variants,
-    const StepRank& rank, int64_t iterations,
+    const StepRank& rank,
     const std::function<void(benchmark::State&, const Variant&, const StepRank&)>& one,
     const std::string& round_name) {
+  benchmark::AddCustomContext("batch", std::to_string(rank.batch));
+  const int64_t iterations = step_iterations(rank.group->size());
   for (const Variant& variant : variants) {
     const std::string name = family + "/" + key + ":" + variant.label;
     benchmark::RegisterBenchmark(

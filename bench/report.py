@@ -536,19 +536,27 @@ HOOKS = [("none", "no hook"), ("allreduce", "allreduce_hook"), ("fp16", "fp16_co
          ("powersgd_r1", "PowerSGD, matrix rank 1"), ("powersgd_r4", "PowerSGD, matrix rank 4")]
 
 
-def hook_runs(result):
-    """[(label, name, BM_StepStage08Hook run, interleaved median ms or None,
-    interleaved ratio to no hook or None)] for the hooks measured, in HOOKS
-    order."""
+def variant_runs(result, variants, prefix, round_name):
+    """[(label, name, the "<prefix>:<label>" run, interleaved median ms or None,
+    interleaved ratio to the first variant or None)] for the variants
+    measured, in `variants` order ([(label, name)], the first the one
+    `round_name`'s "<label>_over_<first>" ratios divide by: the benchmarks'
+    register_step_variants)."""
     runs = result["runs"]
-    round_ = runs.get("BM_HookRound", {})
+    round_ = runs.get(round_name, {})
+    first = variants[0][0]
     rows = []
-    for label, name in HOOKS:
-        run = runs.get(f"BM_StepStage08Hook/hook:{label}")
+    for label, name in variants:
+        run = runs.get(f"{prefix}:{label}")
         if run:
             rows.append((label, name, run, round_.get(f"{label}_ms"),
-                         1.0 if label == "none" and round_ else round_.get(f"{label}_over_none")))
+                         1.0 if label == first and round_ else round_.get(f"{label}_over_{first}")))
     return rows
+
+
+def hook_runs(result):
+    """variant_runs of bench_hooks: the hooks measured, in HOOKS order."""
+    return variant_runs(result, HOOKS, "BM_StepStage08Hook/hook", "BM_HookRound")
 
 
 def compression(rows, run):
@@ -668,21 +676,15 @@ def report_zero(results, report):
         if program != "bench_zero":
             continue
         found = True
-        runs = result["runs"]
-        round_ = runs.get("BM_ZeroRound", {})
         table = []
-        for label, name in OPTIMIZERS:
-            run = runs.get(f"BM_StepStage09/opt:{label}")
-            if not run:
-                continue
-            over = 1.0 if label == "sgd" and round_ else round_.get(f"{label}_over_sgd")
+        for _, name, run, round_ms, over in variant_runs(result, OPTIMIZERS, "BM_StepStage09/opt",
+                                                         "BM_ZeroRound"):
             table.append([name, f"{run['state_bytes'] / 1e3:.1f}",
                           f"{run['allreduce_bytes'] / 1e3:.1f}",
                           f"{run['reduce_scatter_bytes'] / 1e3:.1f}",
                           f"{run['allgather_bytes'] / 1e3:.1f}",
                           f"{run['broadcast_bytes'] / 1e3:.1f}", f"{run['collectives']:.0f}",
-                          f"{ms(run):.2f}",
-                          f"{round_[label + '_ms']:.2f}" if label + "_ms" in round_ else "-",
+                          f"{ms(run):.2f}", f"{round_ms:.2f}" if round_ms is not None else "-",
                           f"{over:.2f}x" if over is not None else "-"])
         torch_runs = results.get(("torch_ddp", w), {}).get("runs", {})
         for label, name in (("sgd", "PyTorch: DDP, torch.optim.SGD"),
@@ -721,14 +723,9 @@ def report_fsdp(results, report):
         if program != "bench_fsdp":
             continue
         found = True
-        runs = result["runs"]
-        round_ = runs.get("BM_FsdpRound", {})
         table = []
-        for label, name in FSDP_SETUPS:
-            run = runs.get(f"BM_StepStage10/setup:{label}")
-            if not run:
-                continue
-            over = 1.0 if label == "ddp" and round_ else round_.get(f"{label}_over_ddp")
+        for _, name, run, _, over in variant_runs(result, FSDP_SETUPS, "BM_StepStage10/setup",
+                                                  "BM_FsdpRound"):
             table.append([name, f"{run['peak_model_state_bytes'] / 1e3:.0f}",
                           f"{run['allreduce_bytes'] / 1e3:.0f}",
                           f"{run['allgather_bytes'] / 1e3:.0f}",

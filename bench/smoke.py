@@ -10,7 +10,7 @@ torch_ddp.py --smoke if PyTorch is importable (optional: skipped otherwise);
 hook_losses.py for 5 steps (demo_08 once per comm hook); then report.py on
 that folder. It fails if a program fails, if a program's JSON lacks a
 benchmark the report needs, if lesson 10's step-time table gives a set-up
-other collectives per step than bench_fsdp counted, or if the report cannot
+other units or collectives per step than bench_fsdp counted, or if the report cannot
 make its summary and figures. The times mean nothing; that nothing rotted is what it
 tests.
 """
@@ -48,9 +48,10 @@ LESSON_10 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "less
                          "README.md")
 
 
-def check_fsdp_collectives(path):
-    """Lesson 10's step-time table gives each set-up's collectives per step, a
-    count: it must be what bench_fsdp counted (`collectives`, per step)."""
+def check_fsdp_counts(path):
+    """Lesson 10's step-time table gives each set-up's units and collectives
+    per step, counts: they must be what bench_fsdp counted (`units`, "-" for
+    a DDP; `collectives`, per step)."""
     with open(LESSON_10) as f:
         text = f.read()
     section = text[text.index("## Step time, measured"):]
@@ -58,18 +59,20 @@ def check_fsdp_collectives(path):
     if end > 0:
         section = section[:end]  # this table only
     header = next(line for line in section.splitlines() if line.startswith("| set-up"))
-    column = [c.strip() for c in header.strip("|").split("|")].index("collectives per step")
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    units, collectives = columns.index("units"), columns.index("collectives per step")
     want = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| `") and len(cells) > column:
-            want[cells[0].split("`")[1]] = float(cells[column])
+        if line.startswith("| `") and len(cells) > max(units, collectives):
+            count = 0.0 if cells[units] in ("-", "\u2013") else float(cells[units])
+            want[cells[0].split("`")[1]] = (count, float(cells[collectives]))
     with open(path) as f:
-        got = {b["name"].split(":")[1].split("/")[0]: b["collectives"]
+        got = {b["name"].split(":")[1].split("/")[0]: (b["units"], b["collectives"])
                for b in json.load(f)["benchmarks"]
                if b["name"].startswith("BM_StepStage10/setup:")}
     if not want or want != got:
-        sys.exit(f"smoke: lesson 10's step-time table says collectives per step {want}; "
+        sys.exit(f"smoke: lesson 10's step-time table says (units, collectives per step) {want}; "
                  f"bench_fsdp counted {got}")
 
 
@@ -114,7 +117,7 @@ def main():
                                (prefix.endswith("_") and n.startswith(prefix)) for n in names):
                         sys.exit(f"smoke: {name} has no benchmark {prefix}; it has {names}")
                 if program == "bench_fsdp":
-                    check_fsdp_collectives(path)
+                    check_fsdp_counts(path)
         torch_python = python_with("torch")
         if torch_python:
             run([torch_python, torch_py, "--smoke", "--world-size=2",

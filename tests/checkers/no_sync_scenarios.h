@@ -54,13 +54,9 @@ std::unique_ptr<DDP> make_ddp(const Group& group) {
 // Every collective the group issued while `run` ran.
 template <typename Fn>
 uint64_t collectives_during(const Group& group, Fn&& run) {
-  auto total = [&] {
-    const tp::distributed::CollectiveCounters& c = group->counters();
-    return c.allreduce + c.broadcast + c.allgather + c.barrier;
-  };
-  const uint64_t before = total();
+  const uint64_t before = group->counters().collectives();
   run();
-  return total() - before;
+  return group->counters().collectives() - before;
 }
 
 // "" when the count is as expected, else the fact.

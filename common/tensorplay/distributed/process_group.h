@@ -81,6 +81,12 @@ struct CollectiveCounters {
   // Sum of nbytes over what the all-gathers delivered: every output, every
   // rank's block (an allgather_into_tensor's output; an allgather's W outputs).
   uint64_t allgather_bytes = 0;
+
+  // Every collective of every kind: what a "no collective here" check and a
+  // "collectives per step" figure count.
+  uint64_t collectives() const {
+    return allreduce + broadcast + allgather + reduce_scatter + barrier;
+  }
 };
 
 class ProcessGroup {
