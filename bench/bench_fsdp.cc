@@ -16,15 +16,18 @@
 //                            no_shard, grad_op, full (stage 10's FSDP with
 //                            each Linear a unit, under NO_SHARD,
 //                            SHARD_GRAD_OP and FULL_SHARD, backward
-//                            prefetch BACKWARD_PRE), and
-//                            full_fwd_prefetch (FULL_SHARD with
-//                            forward_prefetch too), and
-//                            grad_op_blocks, full_blocks (the same model,
-//                            its layers grouped 16 Linears to a block,
-//                            each block a unit: 4 units of about 1 MB
-//                            and the last Linear's, where each Linear
-//                            makes 65 of 66 KB).
-//   BM_FsdpRound             the eight steps interleaved, one of each per
+//                            prefetch BACKWARD_PRE, the default),
+//                            full_no_prefetch (FULL_SHARD, no prefetch:
+//                            BackwardPrefetch::NONE) and
+//                            full_fwd_prefetch (BACKWARD_PRE and
+//                            forward_prefetch), and the same with the
+//                            model's layers grouped 16 Linears to a
+//                            block, each block a unit (4 units of about
+//                            1 MB and the last Linear's, where each
+//                            Linear makes 65 of 66 KB): grad_op_blocks,
+//                            full_blocks_no_prefetch, full_blocks,
+//                            full_blocks_fwd_prefetch.
+//   BM_FsdpRound             the eleven steps interleaved, one of each per
 //                            iteration, in an order rotated every iteration:
 //                            "<S>_ms", each one's median step, and
 //                            "<S>_over_ddp", the median over the iterations
@@ -87,18 +90,30 @@ struct Setup {
   const char* label;
   Family family;
   stage10::ShardingStrategy sharding = stage10::ShardingStrategy::FULL_SHARD;
-  bool forward_prefetch = false;
   bool blocks = false;  // the model in blocks of kBlock Linears, each block a unit
+  stage10::BackwardPrefetch backward_prefetch = stage10::BackwardPrefetch::BACKWARD_PRE;
+  bool forward_prefetch = false;
 };
+using stage10::BackwardPrefetch;
+using stage10::ShardingStrategy;
+constexpr bool kPerLinear = false;
+constexpr bool kPerBlock = true;
 constexpr Setup kSetups[] = {
     {"ddp", Family::Ddp},
     {"zero_rs", Family::ZeroRs},
-    {"no_shard", Family::Fsdp, stage10::ShardingStrategy::NO_SHARD},
-    {"grad_op", Family::Fsdp, stage10::ShardingStrategy::SHARD_GRAD_OP},
-    {"full", Family::Fsdp, stage10::ShardingStrategy::FULL_SHARD},
-    {"full_fwd_prefetch", Family::Fsdp, stage10::ShardingStrategy::FULL_SHARD, true},
-    {"grad_op_blocks", Family::Fsdp, stage10::ShardingStrategy::SHARD_GRAD_OP, false, true},
-    {"full_blocks", Family::Fsdp, stage10::ShardingStrategy::FULL_SHARD, false, true},
+    {"no_shard", Family::Fsdp, ShardingStrategy::NO_SHARD},
+    {"grad_op", Family::Fsdp, ShardingStrategy::SHARD_GRAD_OP},
+    {"full_no_prefetch", Family::Fsdp, ShardingStrategy::FULL_SHARD, kPerLinear,
+     BackwardPrefetch::NONE},
+    {"full", Family::Fsdp, ShardingStrategy::FULL_SHARD},
+    {"full_fwd_prefetch", Family::Fsdp, ShardingStrategy::FULL_SHARD, kPerLinear,
+     BackwardPrefetch::BACKWARD_PRE, true},
+    {"grad_op_blocks", Family::Fsdp, ShardingStrategy::SHARD_GRAD_OP, kPerBlock},
+    {"full_blocks_no_prefetch", Family::Fsdp, ShardingStrategy::FULL_SHARD, kPerBlock,
+     BackwardPrefetch::NONE},
+    {"full_blocks", Family::Fsdp, ShardingStrategy::FULL_SHARD, kPerBlock},
+    {"full_blocks_fwd_prefetch", Family::Fsdp, ShardingStrategy::FULL_SHARD, kPerBlock,
+     BackwardPrefetch::BACKWARD_PRE, true},
 };
 
 std::shared_ptr<tp::nn::Module> model() {
@@ -141,6 +156,7 @@ class ShardedStep {
     if (setup.family == Family::Fsdp) {
       stage10::Options options;
       options.sharding_strategy = setup.sharding;
+      options.backward_prefetch = setup.backward_prefetch;
       options.forward_prefetch = setup.forward_prefetch;
       if (setup.blocks) options.auto_wrap_policy = stage10::children_wrap_policy();
       fsdp_ = std::make_unique<stage10::FullyShardedDataParallel>(

@@ -235,7 +235,8 @@ inline OwnFlag batch_flag(long* batch) {
 // whose "<label>_over_<first label>" counters are the numbers to quote.
 // `Step(variant, rank)` builds a variant's step, which has warm_up() and
 // run(). Every benchmark runs step_iterations(W) iterations, in ms of wall
-// time; the results' context gets "batch". Each Variant has a `label`;
+// time; the results' context gets "batch" and "variants" (the labels, in
+// order, comma-separated). Each Variant has a `label`;
 // `variants` outlive the benchmarks (a static array).
 template <typename Step, typename Variant>
 void register_step_variants(
@@ -244,6 +245,11 @@ void register_step_variants(
     const std::function<void(benchmark::State&, const Variant&, const StepRank&)>& one,
     const std::string& round_name) {
   benchmark::AddCustomContext("batch", std::to_string(rank.batch));
+  std::string order;  // the variants' labels, in the round's order, for readers of the JSON
+  for (const Variant& variant : variants) {
+    order += (order.empty() ? "" : ",") + std::string(variant.label);
+  }
+  benchmark::AddCustomContext("variants", order);
   const int64_t iterations = step_iterations(rank.group->size());
   for (const Variant& variant : variants) {
     const std::string name = family + "/" + key + ":" + variant.label;

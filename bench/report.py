@@ -69,7 +69,8 @@ import os
 import re
 import sys
 
-from atomic_file import replace_atomically, write_text
+from atomic_file import load_json, save_figure, write_text
+import fsdp_figure
 from link_bench import summary as link_summary, table as link_table
 
 # The kit's targets (measured here, never by timed tests).
@@ -172,16 +173,6 @@ def load_rounds(folder):
                 pair.append(runs_of(json.load(f), path))
         rounds.append((r, pair[0], pair[1]))
     return rounds
-
-
-def load_json(folder, name):
-    """A results file a script wrote whole (hook_losses.json, zero_memory.json),
-    or None when it is absent."""
-    path = os.path.join(folder, name)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 def runs_named(result, base):
@@ -710,10 +701,13 @@ FSDP_SETUPS = [("ddp", "DDP (stage 09, plain SGD)"),
                ("zero_rs", "ZeRO, reduce-scatter form (stage 09)"),
                ("no_shard", "FSDP NO_SHARD, a unit per Linear"),
                ("grad_op", "FSDP SHARD_GRAD_OP, a unit per Linear"),
+               ("full_no_prefetch", "FSDP FULL_SHARD, a unit per Linear, no prefetch"),
                ("full", "FSDP FULL_SHARD, a unit per Linear"),
-               ("full_fwd_prefetch", "FSDP FULL_SHARD, forward_prefetch"),
+               ("full_fwd_prefetch", "FSDP FULL_SHARD, a unit per Linear, forward_prefetch"),
                ("grad_op_blocks", "FSDP SHARD_GRAD_OP, a unit per block"),
-               ("full_blocks", "FSDP FULL_SHARD, a unit per block")]
+               ("full_blocks_no_prefetch", "FSDP FULL_SHARD, a unit per block, no prefetch"),
+               ("full_blocks", "FSDP FULL_SHARD, a unit per block"),
+               ("full_blocks_fwd_prefetch", "FSDP FULL_SHARD, a unit per block, forward_prefetch")]
 
 
 def report_fsdp(results, report):
@@ -868,7 +862,8 @@ def plot_link(link, save, plt):
     save(fig, "link_caps.png")
 
 
-def plot(results, fits, out, hook_losses=None, zero_memory=None, link=None):
+def plot(results, fits, out, hook_losses=None, zero_memory=None, link=None, fsdp_memory=None,
+         link_fsdp=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -876,11 +871,7 @@ def plot(results, fits, out, hook_losses=None, zero_memory=None, link=None):
 
     def save(fig, name):
         path = os.path.join(out, name)
-        fig.tight_layout()
-        # Whole or not at all (atomic_file.py); the format is named because
-        # the temporary file has no .png ending.
-        replace_atomically(path, lambda temporary: fig.savefig(temporary, dpi=110, format="png"))
-        plt.close(fig)
+        save_figure(fig, path)
         written.append(path)
 
     colours = {2: "tab:blue", 4: "tab:orange"}
@@ -1016,6 +1007,7 @@ def plot(results, fits, out, hook_losses=None, zero_memory=None, link=None):
     plot_hooks(results, hook_losses, save, plt)
     plot_zero(results, zero_memory, save, plt)
     plot_link(link, save, plt)
+    fsdp_figure.draw(fsdp_memory, link_fsdp, save, plt)
     return written
 
 
@@ -1118,9 +1110,7 @@ def link_only(args, out):
 
         def save(fig, name):
             path = os.path.join(out, name)
-            fig.tight_layout()
-            replace_atomically(path, lambda t: fig.savefig(t, dpi=110, format="png"))
-            plt.close(fig)
+            save_figure(fig, path)
             print(f"report.py: wrote {path}")
         plot_link(link, save, plt)
     return 0
@@ -1169,7 +1159,9 @@ def main():
             print("report.py: no figures: python3-matplotlib is not installed "
                   "(apt-get install python3-matplotlib, or ./kit setup)", file=sys.stderr)
             return 1
-        for path in plot(results, fits, out, hook_losses, zero_memory, link):
+        for path in plot(results, fits, out, hook_losses, zero_memory, link,
+                         load_json(args.results, "fsdp_memory.json"),
+                         load_json(args.results, "link_fsdp.json")):
             print(f"report.py: wrote {path}")
     return 0
 

@@ -54,15 +54,17 @@ def check_fsdp_counts(path):
     a DDP; `collectives`, per step)."""
     with open(LESSON_10) as f:
         text = f.read()
-    section = text[text.index("## Step time, measured"):]
-    end = section.find("\n## ")
-    if end > 0:
-        section = section[:end]  # this table only
-    header = next(line for line in section.splitlines() if line.startswith("| set-up"))
-    columns = [c.strip() for c in header.strip("|").split("|")]
+    lines = text[text.index("## Step time, measured"):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| set-up | units"))
+    table = []  # the header and the rows up to the first line that is not the table's
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    columns = [c.strip() for c in table[0].strip("|").split("|")]
     units, collectives = columns.index("units"), columns.index("collectives per step")
     want = {}
-    for line in section.splitlines():
+    for line in table:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("| `") and len(cells) > max(units, collectives):
             count = 0.0 if cells[units] in ("-", "\u2013") else float(cells[units])

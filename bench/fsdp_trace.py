@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Where an FSDP step waits for its collectives, read from demo traces.
+
+    fsdp_trace.py LABEL=TRACE [LABEL=TRACE ...] [--skip-steps N]
+
+Each TRACE is a demo's --trace file (./kit demo 10 ... --trace t.json; the
+kit's Chrome trace format, common/src/trace.cc). On each rank, the thread
+that runs the "step" spans is the training thread; a "wait" span on it is
+time it spent blocked on a collective it needed (before a unit computes,
+its all-gather; at the end of backward, the last reduce-scatter). Per step
+it sums those waits, split by where they fall: inside the step's
+"forward" span, inside its "backward" span (there split by what they wait
+for: an all-gather, a reduce-scatter or an all-reduce, whose name the
+communication thread's span of the same seq gives), or elsewhere (the
+optimizer), and
+takes the step's own length. The first N steps (--skip-steps, default
+1: the first forward records the order that prefetch follows, so nothing
+is prefetched in it) are left out; what is printed is the median over the
+remaining steps of all ranks, one row per trace, as a markdown table.
+
+What prefetch changes shows here directly: a unit whose all-gather was
+issued early (forward_prefetch, BackwardPrefetch) is waited for less, or
+not at all, when its turn comes.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+
+
+def spans(events, name, pid, tid):
+    return [e for e in events if e.get("ph") == "X" and e["name"] == name and
+            e["pid"] == pid and e["tid"] == tid]
+
+
+def inside(event, outer):
+    return outer["ts"] <= event["ts"] and event["ts"] + event["dur"] <= outer["ts"] + outer["dur"]
+
+
+def collective_names(events):
+    """{(pid, seq): the collective's name} from the communication thread's
+    spans (a "wait" carries the seq of the collective it waits for)."""
+    return {(e["pid"], e["args"]["seq"]): e["name"] for e in events
+            if e.get("ph") == "X" and e.get("cat") == "comm" and e["name"] != "wait"
+            and "seq" in e.get("args", {})}
+
+
+# What a step's waits are summed into, in the table's order; in backward by
+# the kind of collective waited for (its name's prefix on the communication
+# thread: allgather_into_tensor, reduce_scatter_tensor, allreduce).
+KINDS = [("allgather", "all-gathers"), ("reduce_scatter", "reduce-scatters"),
+         ("allreduce", "all-reduces")]
+COLUMNS = (["forward"] + [f"backward, {kind}" for _, kind in KINDS] +
+           ["backward, other", "elsewhere"])
+
+
+def column_of(wait, name, forwards, backwards):
+    if any(inside(wait, f) for f in forwards):
+        return "forward"
+    if any(inside(wait, b) for b in backwards):
+        kind = next((k for prefix, k in KINDS if name and name.startswith(prefix)), "other")
+        return f"backward, {kind}"
+    return "elsewhere"
+
+
+def step_waits(events):
+    """[(step, step ms, {column: ms waited})] of every step on every rank,
+    in order: the training thread's waits inside the step, by where they
+    fall (its forward and backward are the spans inside it) and, in
+    backward, by what they wait for."""
+    rows = []
+    training = sorted({(e["pid"], e["tid"]) for e in events
+                       if e.get("ph") == "X" and e["name"] == "step"})
+    if not training:
+        raise ValueError("no \"step\" spans: not a demo's trace?")
+    names = collective_names(events)
+    for pid, tid in training:
+        waits = spans(events, "wait", pid, tid)
+        forwards = spans(events, "forward", pid, tid)
+        backwards = spans(events, "backward", pid, tid)
+        for step in sorted(spans(events, "step", pid, tid), key=lambda e: e["ts"]):
+            waited = dict.fromkeys(COLUMNS, 0.0)
+            for w in waits:
+                if inside(w, step):
+                    name = names.get((pid, w["args"].get("seq")))
+                    waited[column_of(w, name, forwards, backwards)] += w["dur"] / 1e3
+            rows.append((step["args"].get("step", len(rows)), step["dur"] / 1e3, waited))
+    return rows
+
+
+def summary(path, skip_steps):
+    """([median step ms, then the median of each column], steps counted)
+    over the steps of every rank after the first `skip_steps`."""
+    with open(path) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    rows = [[ms] + [waited[c] for c in COLUMNS]
+            for step, ms, waited in step_waits(events) if step >= skip_steps]
+    if not rows:
+        raise ValueError(f"{path}: no step after the first {skip_steps}")
+    return [statistics.median(column) for column in zip(*rows)], len(rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="+", metavar="LABEL=TRACE")
+    parser.add_argument("--skip-steps", type=int, default=1,
+                        help="leave out the first N steps (default 1)")
+    args = parser.parse_args()
+    if args.skip_steps < 0:
+        parser.error(f"--skip-steps takes 0 or more; got {args.skip_steps}")
+    lines = ["| set-up | step, ms | " + " | ".join(f"waited: {c}" for c in COLUMNS) +
+             " | steps (all ranks) |", "|---" * (len(COLUMNS) + 3) + "|"]
+    for item in args.traces:
+        label, sep, path = item.partition("=")
+        if not sep or not label or not path:
+            parser.error(f"give each trace as LABEL=TRACE; got '{item}'")
+        try:
+            medians, n = summary(path, args.skip_steps)
+        except (OSError, ValueError, KeyError) as e:
+            sys.exit(f"fsdp_trace.py: {path}: {e}")
+        lines.append(f"| {label} | " + " | ".join(f"{m:.1f}" for m in medians) + f" | {n} |")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

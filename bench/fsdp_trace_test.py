@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""bench/fsdp_trace.py sums the right waits, and reads a real demo trace.
+
+    fsdp_trace_test.py DEMO_10
+
+  1. A made-up trace of one rank, two steps: waits inside forward, inside
+     backward and after backward (the optimizer's), one wait on another
+     thread (the communication thread's, not the training thread's) and
+     one outside any step. With --skip-steps 0 and 1 the medians are those
+     worked out by hand, and the wrong thread's and the stray wait count
+     nowhere; waits in backward are split by the collective their seq
+     names on the communication thread.
+  2. DEMO_10 --world-size 2 --model deep --depth 4 --steps 3 under
+     FULL_SHARD with a trace: fsdp_trace.py reads it, finds 2 ranks x 2
+     steps after the first, and every wait is within its step.
+  3. A trace without steps, and a LABEL=TRACE argument without a label,
+     are refused with the reason.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "fsdp_trace.py")
+sys.path.insert(0, HERE)
+import fsdp_trace  # noqa: E402
+
+
+def fail(message):
+    print(f"FAIL: {message}")
+    sys.exit(1)
+
+
+def span(name, ts, dur, tid=1, **args):
+    return {"name": name, "ph": "X", "pid": 0, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+# Two steps of 1000 us on thread 1. Step 0: 100 us waited in forward, in
+# backward 50 for an all-gather and 30 for a reduce-scatter, 10 at the
+# optimizer. Step 1: 20 in forward, 30 in backward for a reduce-scatter, 0
+# after. A wait on thread 2 (the communication thread) and one between the
+# steps count nowhere.
+MADE_UP = [
+    span("step", 0, 1000, step=0), span("forward", 0, 400), span("wait", 100, 100, seq=1),
+    span("backward", 400, 500), span("wait", 500, 50, seq=2), span("wait", 600, 30, seq=3),
+    span("wait", 950, 10, seq=3),
+    span("wait", 300, 600, tid=2, seq=1),
+    span("wait", 1050, 40, seq=4),
+    span("step", 1100, 1000, step=1), span("forward", 1100, 400), span("wait", 1200, 20, seq=4),
+    span("backward", 1500, 500), span("wait", 1600, 30, seq=5),
+    # the communication thread (tid 2): the collectives the waits name
+    dict(span("allgather_into_tensor", 90, 100, tid=2, seq=1), cat="comm"),
+    dict(span("allgather_into_tensor", 480, 60, tid=2, seq=2), cat="comm"),
+    dict(span("reduce_scatter_tensor", 590, 40, tid=2, seq=3), cat="comm"),
+    dict(span("allgather_into_tensor", 1190, 20, tid=2, seq=4), cat="comm"),
+    dict(span("reduce_scatter_tensor", 1590, 40, tid=2, seq=5), cat="comm"),
+]
+
+
+def check_made_up(tmp):
+    path = os.path.join(tmp, "made_up.json")
+    with open(path, "w") as f:
+        json.dump({"traceEvents": MADE_UP}, f)
+    # step, forward, backward all-gathers, reduce-scatters, all-reduces, other, elsewhere
+    for skip, want in [(0, ([1.0, 0.06, 0.025, 0.03, 0.0, 0.0, 0.005], 2)),
+                       (1, ([1.0, 0.02, 0.0, 0.03, 0.0, 0.0, 0.0], 1))]:
+        got = fsdp_trace.summary(path, skip)
+        if [round(x, 6) for x in got[0]] != want[0] or got[1] != want[1]:
+            fail(f"made-up trace, --skip-steps {skip}: got {got}, want {want}")
+
+
+def check_demo(demo, tmp):
+    trace = os.path.join(tmp, "demo.json")
+    r = subprocess.run([demo, "--world-size", "2", "--model", "deep", "--depth", "4",
+                        "--steps", "3", "--sharding", "full", "--trace", trace],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    if r.returncode != 0:
+        fail(f"demo_10 with --trace exited {r.returncode}:\n{r.stdout[-3000:]}")
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    rows = [row for row in fsdp_trace.step_waits(events) if row[0] >= 1]
+    if len(rows) != 4:
+        fail(f"demo trace: {len(rows)} steps after the first on all ranks, want 2 ranks x 2")
+    for step, ms, waited in rows:
+        if min(waited.values()) < 0 or sum(waited.values()) > ms:
+            fail(f"demo trace, step {step}: waits {waited} ms in a {ms} ms step")
+        if waited["backward, other"] > 0 or waited["backward, all-reduces"] > 0:
+            fail(f"demo trace, step {step}: FULL_SHARD waited in backward for a collective "
+                 f"other than all-gathers and reduce-scatters: {waited}")
+    r = subprocess.run([sys.executable, SCRIPT, f"full={trace}"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0 or "| full |" not in r.stdout:
+        fail(f"fsdp_trace.py full={trace}: exit {r.returncode}:\n{r.stdout}")
+
+
+def check_refused(tmp):
+    empty = os.path.join(tmp, "empty.json")
+    with open(empty, "w") as f:
+        json.dump({"traceEvents": [span("forward", 0, 10)]}, f)
+    for args, words in [([f"x={empty}"], "no \"step\" spans"),
+                        ([empty], "give each trace as LABEL=TRACE")]:
+        r = subprocess.run([sys.executable, SCRIPT, *args], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        if r.returncode == 0 or words not in r.stdout:
+            fail(f"fsdp_trace.py {' '.join(args)}: exit {r.returncode}, want an error with "
+                 f"{words!r}; said:\n{r.stdout}")
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="tp-fsdp-trace-") as tmp:
+        check_made_up(tmp)
+        check_demo(sys.argv[1], tmp)
+        check_refused(tmp)
+    print("ok: fsdp_trace.py sums the training thread's waits by phase, per step")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""bench/link_rounds.py runs end to end and its summary is what it measured.
+
+    link_rounds_smoke.py BUILD
+
+Runs `link_rounds.py BUILD --program fsdp --rates 1gbit --world-sizes 2
+--runs 2 --smoke --out TMP/link_fsdp.json` (one iteration per run: the
+times mean nothing) and checks: a loopback and a 1gbit measurement of 2
+runs each, the link's rate measured; every variant bench_fsdp's round
+names (its context's "variants", in that order) summarised, the first
+(ddp) at 1x, each median ratio the median of its runs' ratios and inside
+their range; the .md table beside the JSON; bench/fsdp_figure.py draws
+fsdp.png from it (where matplotlib is installed). Then that bad flags are
+refused before anything runs. Exits 77 (SKIPPED) where namespaces cannot
+be made (not root, no tc). Some seconds.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from smoke import python_with  # noqa: E402
+
+BUILD = sys.argv[1]
+SCRIPT = os.path.join(HERE, "link_rounds.py")
+
+
+def fail(message):
+    print(f"FAIL: {message}")
+    sys.exit(1)
+
+
+def run(args):
+    return subprocess.run([sys.executable, SCRIPT, BUILD, *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+
+
+def check_refused():
+    for args, words in [(["--runs", "0"], "--runs takes 1 to 20"),
+                        (["--world-sizes", "1"], "--world-sizes takes 2 to 16"),
+                        (["--rates", "fast"], "fast"),
+                        (["--program", "step"], "invalid choice"),
+                        (["--rates", ""], "--rates is empty"),
+                        (["--no-loopback", "--loopback-only"], "nothing to measure")]:
+        r = run(args)
+        if r.returncode != 2 or words not in r.stdout:
+            fail(f"link_rounds.py {' '.join(args)}: exit {r.returncode}, want 2 with "
+                 f"{words!r}; said:\n{r.stdout}")
+
+
+def check_summary(data):
+    measurements, summaries = data["measurements"], data["summary"]
+    rates = [m["link"]["rate"] for m in measurements]
+    if rates != ["loopback", "1gbit"]:
+        fail(f"measured {rates}, want loopback then 1gbit")
+    if not measurements[1]["link"]["measured_bits_per_second"]:
+        fail("the link's rate was not measured")
+    for m, s in zip(measurements, summaries):
+        if len(m["runs"]) != 2 or s["runs"] != 2:
+            fail(f"{m['link']['rate']}: {len(m['runs'])} runs, want 2")
+        variants = m["runs"][0]["context"]["variants"].split(",")
+        if [v["label"] for v in s["variants"]] != variants or variants[0] != "ddp" or \
+                len(variants) < 8:
+            fail(f"{m['link']['rate']}: summarised {[v['label'] for v in s['variants']]}, "
+                 f"the round's variants are {variants}")
+        for v in s["variants"]:
+            ratios = [1.0 if v["label"] == "ddp" else r["counters"][f"{v['label']}_over_ddp"]
+                      for r in m["runs"]]
+            middle, low, high = v["ratio"]
+            if abs(middle - statistics.median(ratios)) > 1e-12 or low != min(ratios) or \
+                    high != max(ratios) or not low <= middle <= high:
+                fail(f"{v['label']}: ratio {v['ratio']} from runs {ratios}")
+        if s["variants"][0]["ratio"] != [1.0, 1.0, 1.0]:
+            fail(f"the first variant is not 1x: {s['variants'][0]}")
+
+
+def main():
+    if not os.access(os.path.join(BUILD, "bench", "bench_fsdp"), os.X_OK):
+        fail(f"{BUILD}/bench/bench_fsdp is not built")
+    check_refused()
+    with tempfile.TemporaryDirectory(prefix="tp-rounds-smoke-") as tmp:
+        out = os.path.join(tmp, "link_fsdp.json")
+        r = run(["--program", "fsdp", "--rates", "1gbit", "--world-sizes", "2", "--runs", "2",
+                 "--smoke", "--out", out])
+        if "no shaped link here" in r.stdout:
+            print(r.stdout)
+            sys.exit(77)
+        if r.returncode != 0:
+            fail(f"link_rounds.py exited {r.returncode}:\n{r.stdout}")
+        with open(out) as f:
+            check_summary(json.load(f))
+        if not os.path.exists(os.path.join(tmp, "link_fsdp.md")):
+            fail("no link_fsdp.md beside the JSON")
+        plot_python = python_with("matplotlib")
+        if not plot_python:
+            print("no python here imports matplotlib: fsdp_figure.py not tried")
+        else:
+            r = subprocess.run([plot_python, os.path.join(HERE, "fsdp_figure.py"), tmp],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if r.returncode != 0 or not os.path.exists(os.path.join(tmp, "fsdp.png")):
+                fail(f"fsdp_figure.py exited {r.returncode}:\n{r.stdout}")
+    print("ok: link_rounds.py measured loopback and a 1gbit link, 2 runs each, and summarised "
+          "every variant of bench_fsdp's round")
+
+
+if __name__ == "__main__":
+    main()
