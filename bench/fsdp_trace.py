@@ -13,7 +13,9 @@ it sums those waits, split by where they fall: inside the step's
 for: an all-gather, a reduce-scatter or an all-reduce, whose name the
 communication thread's span of the same seq gives), or elsewhere (the
 optimizer), and
-takes the step's own length. The first N steps (--skip-steps, default
+takes the step's own length; and how long the communication thread ran
+all-gathers while the training thread computed (inside forward or
+backward, not in a wait): the all-gather time prefetch hid. The first N steps (--skip-steps, default
 1: the first forward records the order that prefetch follows, so nothing
 is prefetched in it) are left out; what is printed is the median over the
 remaining steps of all ranks, one row per trace, as a markdown table.
@@ -53,6 +55,7 @@ KINDS = [("allgather", "all-gathers"), ("reduce_scatter", "reduce-scatters"),
          ("allreduce", "all-reduces")]
 COLUMNS = (["forward"] + [f"backward, {kind}" for _, kind in KINDS] +
            ["backward, other", "elsewhere"])
+UNDER_COMPUTE = "all-gathers under compute"
 
 
 def column_of(wait, name, forwards, backwards):
@@ -64,11 +67,27 @@ def column_of(wait, name, forwards, backwards):
     return "elsewhere"
 
 
+def minus(intervals, holes):
+    """The parts of `intervals` ([(begin, end)]) outside every hole."""
+    for h0, h1 in holes:
+        intervals = [piece for a, b in intervals
+                     for piece in ((a, min(b, h0)), (max(a, h1), b)) if piece[0] < piece[1]]
+    return intervals
+
+
+def overlap(span, intervals):
+    begin, end = span["ts"], span["ts"] + span["dur"]
+    return sum(max(0, min(end, b) - max(begin, a)) for a, b in intervals)
+
+
 def step_waits(events):
-    """[(step, step ms, {column: ms waited})] of every step on every rank,
-    in order: the training thread's waits inside the step, by where they
-    fall (its forward and backward are the spans inside it) and, in
-    backward, by what they wait for."""
+    """[(step, step ms, {column: ms})] of every step on every rank, in
+    order: the training thread's waits inside the step, by where they fall
+    (its forward and backward are the spans inside it) and, in backward, by
+    what they wait for; and "all-gathers under compute": how long the
+    communication thread ran all-gathers while the training thread computed
+    (inside forward or backward, not waiting), which is what prefetch is
+    for."""
     rows = []
     training = sorted({(e["pid"], e["tid"]) for e in events
                        if e.get("ph") == "X" and e["name"] == "step"})
@@ -79,13 +98,20 @@ def step_waits(events):
         waits = spans(events, "wait", pid, tid)
         forwards = spans(events, "forward", pid, tid)
         backwards = spans(events, "backward", pid, tid)
+        gathers = [e for e in events if e.get("ph") == "X" and e.get("cat") == "comm" and
+                   e["pid"] == pid and e["tid"] != tid and e["name"].startswith("allgather")]
         for step in sorted(spans(events, "step", pid, tid), key=lambda e: e["ts"]):
-            waited = dict.fromkeys(COLUMNS, 0.0)
-            for w in waits:
-                if inside(w, step):
-                    name = names.get((pid, w["args"].get("seq")))
-                    waited[column_of(w, name, forwards, backwards)] += w["dur"] / 1e3
-            rows.append((step["args"].get("step", len(rows)), step["dur"] / 1e3, waited))
+            row = dict.fromkeys(COLUMNS + [UNDER_COMPUTE], 0.0)
+            mine = [w for w in waits if inside(w, step)]
+            for w in mine:
+                name = names.get((pid, w["args"].get("seq")))
+                row[column_of(w, name, forwards, backwards)] += w["dur"] / 1e3
+            computing = minus([(c["ts"], c["ts"] + c["dur"]) for c in forwards + backwards
+                               if inside(c, step)],
+                              [(w["ts"], w["ts"] + w["dur"]) for w in mine])
+            row[UNDER_COMPUTE] = sum(overlap(g, computing) for g in gathers
+                                     if inside(g, step)) / 1e3
+            rows.append((step["args"].get("step", len(rows)), step["dur"] / 1e3, row))
     return rows
 
 
@@ -95,8 +121,8 @@ def summary(path, skip_steps):
     with open(path) as f:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
-    rows = [[ms] + [waited[c] for c in COLUMNS]
-            for step, ms, waited in step_waits(events) if step >= skip_steps]
+    rows = [[ms] + [row[c] for c in COLUMNS + [UNDER_COMPUTE]]
+            for step, ms, row in step_waits(events) if step >= skip_steps]
     if not rows:
         raise ValueError(f"{path}: no step after the first {skip_steps}")
     return [statistics.median(column) for column in zip(*rows)], len(rows)
@@ -111,7 +137,7 @@ def main():
     if args.skip_steps < 0:
         parser.error(f"--skip-steps takes 0 or more; got {args.skip_steps}")
     lines = ["| set-up | step, ms | " + " | ".join(f"waited: {c}" for c in COLUMNS) +
-             " | steps (all ranks) |", "|---" * (len(COLUMNS) + 3) + "|"]
+             f" | {UNDER_COMPUTE} | steps (all ranks) |", "|---" * (len(COLUMNS) + 4) + "|"]
     for item in args.traces:
         label, sep, path = item.partition("=")
         if not sep or not label or not path:

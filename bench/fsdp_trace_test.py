@@ -9,7 +9,8 @@
      one outside any step. With --skip-steps 0 and 1 the medians are those
      worked out by hand, and the wrong thread's and the stray wait count
      nowhere; waits in backward are split by the collective their seq
-     names on the communication thread.
+     names on the communication thread; the all-gathers' time under
+     compute is what of them overlaps forward and backward outside waits.
   2. DEMO_10 --world-size 2 --model deep --depth 4 --steps 3 under
      FULL_SHARD with a trace: fsdp_trace.py reads it, finds 2 ranks x 2
      steps after the first, and every wait is within its step.
@@ -64,9 +65,11 @@ def check_made_up(tmp):
     path = os.path.join(tmp, "made_up.json")
     with open(path, "w") as f:
         json.dump({"traceEvents": MADE_UP}, f)
-    # step, forward, backward all-gathers, reduce-scatters, all-reduces, other, elsewhere
-    for skip, want in [(0, ([1.0, 0.06, 0.025, 0.03, 0.0, 0.0, 0.005], 2)),
-                       (1, ([1.0, 0.02, 0.0, 0.03, 0.0, 0.0, 0.0], 1))]:
+    # step; waits in forward, backward (all-gathers, reduce-scatters, all-reduces,
+    # other), elsewhere; all-gathers under compute (step 0: 10 us of the first
+    # before its wait, 20 us of the second before its wait; step 1: 10 us)
+    for skip, want in [(0, ([1.0, 0.06, 0.025, 0.03, 0.0, 0.0, 0.005, 0.02], 2)),
+                       (1, ([1.0, 0.02, 0.0, 0.03, 0.0, 0.0, 0.0, 0.01], 1))]:
         got = fsdp_trace.summary(path, skip)
         if [round(x, 6) for x in got[0]] != want[0] or got[1] != want[1]:
             fail(f"made-up trace, --skip-steps {skip}: got {got}, want {want}")

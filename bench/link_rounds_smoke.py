@@ -11,7 +11,9 @@ names (its context's "variants", in that order) summarised, the first
 (ddp) at 1x, each median ratio the median of its runs' ratios and inside
 their range; the .md table beside the JSON; bench/fsdp_figure.py draws
 fsdp.png from it (where matplotlib is installed). Then that bad flags are
-refused before anything runs. Exits 77 (SKIPPED) where namespaces cannot
+refused before anything runs, and that bench/on_link.py runs demo_10 as
+2 ranks on a 1gbit link (its trace written) and refuses a bad command
+line. Exits 77 (SKIPPED) where namespaces cannot
 be made (not root, no tc). Some seconds.
 """
 
@@ -79,6 +81,28 @@ def check_summary(data):
             fail(f"the first variant is not 1x: {s['variants'][0]}")
 
 
+def check_on_link(tmp):
+    """bench/on_link.py starts a launched demo on a shaped link, its trace
+    written, and refuses a bad command line."""
+    on_link = os.path.join(HERE, "on_link.py")
+    trace = os.path.join(tmp, "trace.json")
+    r = subprocess.run([sys.executable, on_link, "1gbit", "2", "--",
+                        os.path.join(BUILD, "lessons", "demo_10"), "--init-method", "env://",
+                        "--model", "deep", "--depth", "4", "--steps", "2", "--trace", trace],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    if r.returncode != 0 or "matches the reference" not in r.stdout or not os.path.exists(trace):
+        fail(f"on_link.py 1gbit 2 -- demo_10: exit {r.returncode}, trace written: "
+             f"{os.path.exists(trace)}; said:\n{r.stdout[-3000:]}")
+    for args, words in [(["1gbit", "2", "demo"], "usage: on_link.py"),
+                        (["fast", "2", "--", "demo"], "a link rate is"),
+                        (["1gbit", "1", "--", "demo"], "W is 2 to 16")]:
+        r = subprocess.run([sys.executable, on_link, *args], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        if r.returncode == 0 or words not in r.stdout:
+            fail(f"on_link.py {' '.join(args)}: exit {r.returncode}, want an error with "
+                 f"{words!r}; said:\n{r.stdout}")
+
+
 def main():
     if not os.access(os.path.join(BUILD, "bench", "bench_fsdp"), os.X_OK):
         fail(f"{BUILD}/bench/bench_fsdp is not built")
@@ -104,8 +128,9 @@ def main():
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             if r.returncode != 0 or not os.path.exists(os.path.join(tmp, "fsdp.png")):
                 fail(f"fsdp_figure.py exited {r.returncode}:\n{r.stdout}")
-    print("ok: link_rounds.py measured loopback and a 1gbit link, 2 runs each, and summarised "
-          "every variant of bench_fsdp's round")
+        check_on_link(tmp)
+    print("ok: on_link.py ran demo_10 on a link; link_rounds.py measured loopback and a "
+          "1gbit link, 2 runs each, and summarised every variant of bench_fsdp's round")
 
 
 if __name__ == "__main__":
