@@ -13,8 +13,9 @@ Draws RESULTS/fsdp.png from what is there:
          same round, the median of the runs with the lowest and highest run
          as a bar, on loopback and on each shaped link, at the smallest
          world size measured.
-A panel whose file is missing says so in place of its plot. report.py calls
-draw(); run alone, it redraws the figure after a link run.
+Both files are needed (a figure with an empty panel would replace a whole
+one). report.py calls draw(); run alone, it redraws the figure after a link
+run (./kit bench --link fsdp does).
 """
 
 import os
@@ -31,28 +32,20 @@ FORMS = [("ddp", "DDP (stage 08)", "o-"), ("zero1", "ZeRO-1 (stage 09)", "o-"),
 
 
 def draw_memory(axis, memory):
-    if not memory:
-        axis.text(0.5, 0.5, "fsdp_memory.json missing\n(./kit bench)", ha="center",
-                  va="center", transform=axis.transAxes)
-        return
     for form, name, style in FORMS:
         runs = sorted((r["world_size"], max(k["peak_model_state_bytes"] for k in r["ranks"]))
                       for r in memory["runs"] if r["form"] == form)
         if runs:
             axis.plot([w for w, _ in runs], [b / 1024 for _, b in runs], style, label=name)
     axis.set(xlabel="ranks", ylabel="peak params + grads + state, KiB (largest rank)",
-             title="Memory per rank (deep model, momentum)")
+             title="Memory per rank (the demos' deep model, momentum; counts)")
     axis.set_xticks(sorted({r["world_size"] for r in memory["runs"]}))
     axis.set_ylim(bottom=0)
     axis.legend(fontsize=7)
 
 
 def draw_step(axis, rounds):
-    summaries = rounds.get("summary", []) if rounds else []
-    if not summaries:
-        axis.text(0.5, 0.5, "link_fsdp.json missing\n(./kit bench --link fsdp 1gbit)",
-                  ha="center", va="center", transform=axis.transAxes)
-        return
+    summaries = rounds["summary"]
     world_size = min(s["link"]["world_size"] for s in summaries)
     shown = [s for s in summaries if s["link"]["world_size"] == world_size]
     labels = [v["label"] for v in shown[0]["variants"][1:]]  # the first is DDP: 1x
@@ -73,15 +66,17 @@ def draw_step(axis, rounds):
 
 
 def draw(memory, rounds, save, plt):
-    """fsdp.png from fsdp_memory.json's and link_fsdp.json's contents (None
-    where missing; nothing is drawn when both are); `save(fig, name)`
-    writes it."""
-    if not memory and not rounds:
-        return
+    """fsdp.png from fsdp_memory.json's and link_fsdp.json's contents, when
+    both are there (None where missing): a figure with a panel missing would
+    replace a whole one (link_fsdp.json comes only from a link run, as
+    root). `save(fig, name)` writes it. Returns whether it drew."""
+    if not memory or not rounds:
+        return False
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
     draw_memory(left, memory)
     draw_step(right, rounds)
     save(fig, "fsdp.png")
+    return True
 
 
 def main():
@@ -94,6 +89,11 @@ def main():
         path = os.path.join(folder, name)
         save_figure(fig, path)
         print(f"fsdp_figure.py: wrote {path}")
+    missing = [name for name in ("fsdp_memory.json", "link_fsdp.json")
+               if load_json(folder, name) is None]
+    if missing:
+        sys.exit(f"fsdp_figure.py: {folder} has no {' and no '.join(missing)} "
+                 f"(bench/fsdp_memory.py and bench/link_rounds.py --program fsdp write them)")
     draw(load_json(folder, "fsdp_memory.json"), load_json(folder, "link_fsdp.json"), save, plt)
 
 

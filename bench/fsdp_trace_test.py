@@ -10,7 +10,9 @@
      worked out by hand, and the wrong thread's and the stray wait count
      nowhere; waits in backward are split by the collective their seq
      names on the communication thread; the all-gathers' time under
-     compute is what of them overlaps forward and backward outside waits.
+     compute is what of them overlaps forward and backward outside waits;
+     --reduce-scatter-waits splits the waits on reduce-scatters by their
+     spans (before, while, after).
   2. DEMO_10 --world-size 2 --model deep --depth 4 --steps 3 under
      FULL_SHARD with a trace: fsdp_trace.py reads it, finds 2 ranks x 2
      steps after the first, and every wait is within its step.
@@ -35,22 +37,23 @@ def fail(message):
     sys.exit(1)
 
 
-def span(name, ts, dur, tid=1, **args):
-    return {"name": name, "ph": "X", "pid": 0, "tid": tid, "ts": ts, "dur": dur, "args": args}
+def span(name, ts, dur, tid=1, pid=0, **args):
+    return {"name": name, "ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
 
 
-# Two steps of 1000 us on thread 1. Step 0: 100 us waited in forward, in
+# Two steps of 1000 us on thread 1 of rank 0 (pid 0), without "step" args
+# (numbered in order). Step 0: 100 us waited in forward, in
 # backward 50 for an all-gather and 30 for a reduce-scatter, 10 at the
 # optimizer. Step 1: 20 in forward, 30 in backward for a reduce-scatter, 0
 # after. A wait on thread 2 (the communication thread) and one between the
 # steps count nowhere.
 MADE_UP = [
-    span("step", 0, 1000, step=0), span("forward", 0, 400), span("wait", 100, 100, seq=1),
+    span("step", 0, 1000), span("forward", 0, 400), span("wait", 100, 100, seq=1),
     span("backward", 400, 500), span("wait", 500, 50, seq=2), span("wait", 600, 30, seq=3),
     span("wait", 950, 10, seq=3),
     span("wait", 300, 600, tid=2, seq=1),
     span("wait", 1050, 40, seq=4),
-    span("step", 1100, 1000, step=1), span("forward", 1100, 400), span("wait", 1200, 20, seq=4),
+    span("step", 1100, 1000), span("forward", 1100, 400), span("wait", 1200, 20, seq=4),
     span("backward", 1500, 500), span("wait", 1600, 30, seq=5),
     # the communication thread (tid 2): the collectives the waits name
     dict(span("allgather_into_tensor", 90, 100, tid=2, seq=1), cat="comm"),
@@ -58,6 +61,10 @@ MADE_UP = [
     dict(span("reduce_scatter_tensor", 590, 40, tid=2, seq=3), cat="comm"),
     dict(span("allgather_into_tensor", 1190, 20, tid=2, seq=4), cat="comm"),
     dict(span("reduce_scatter_tensor", 1590, 40, tid=2, seq=5), cat="comm"),
+    # Another rank (pid 1): no step of its own, only collectives at the same
+    # times and seqs as rank 0's: none of them may count for rank 0.
+    dict(span("allgather_into_tensor", 0, 2000, tid=2, pid=1, seq=1), cat="comm"),
+    dict(span("allreduce", 0, 2000, tid=2, pid=1, seq=2), cat="comm"),
 ]
 
 
@@ -73,6 +80,13 @@ def check_made_up(tmp):
         got = fsdp_trace.summary(path, skip)
         if [round(x, 6) for x in got[0]] != want[0] or got[1] != want[1]:
             fail(f"made-up trace, --skip-steps {skip}: got {got}, want {want}")
+    # The waits on reduce-scatters against their spans, ms a step: step 0's
+    # 30 us while seq 3 ran and 10 us after it ended, step 1's 30 us while
+    # seq 5 ran; none before one began.
+    for skip, want in [(0, [0.0, 0.03, 0.005]), (1, [0.0, 0.03, 0.0])]:
+        got = [round(x, 6) for x in fsdp_trace.reduce_scatter_waits(MADE_UP, skip)]
+        if got != want:
+            fail(f"made-up trace, reduce-scatter waits, --skip-steps {skip}: {got}, want {want}")
 
 
 def check_demo(demo, tmp):

@@ -142,14 +142,20 @@ def end(procs, grace):
         wait_for(10)
 
 
+def measure_rate(link, smoke):
+    """The link's rate as a transfer host 0 -> host 1 sees it, bits/s: a
+    second of the rate (4 to 32 MB), or 4 MB in a smoke run."""
+    nbytes = 4 << 20 if smoke else max(4 << 20, min(32 << 20, int(link.bits_per_second / 8)))
+    return shaped_link.throughput(link, 0, 1, nbytes)
+
+
 def run_on_link(build, world_size, rate, batch, options):
     """bench_step (and torch_ddp.py, bench_allreduce as `options` ask), one
     rank per host of a fresh shaped link."""
     smoke = options.smoke
     with shaped_link.ShapedLink(world_size, rate) as link, \
             tempfile.TemporaryDirectory(prefix="tp-link-") as tmp:
-        nbytes = 4 << 20 if smoke else max(4 << 20, min(32 << 20, int(link.bits_per_second / 8)))
-        measured = shaped_link.throughput(link, 0, 1, nbytes)
+        measured = measure_rate(link, smoke)
         out = os.path.join(tmp, "rank0.json")
         run_job(link, [*bench_args(build, batch, out, smoke, options.cap_sweep),
                        "--init-method=env://"], tmp, f"bench_step on a {rate} link")

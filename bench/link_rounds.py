@@ -31,15 +31,17 @@ machine before quoting it). --out gets every run's round as measured and
 that summary (JSON, whole or not at all); the table goes beside it as
 .md. bench/fsdp_figure.py draws link_fsdp.json.
 
-Needs root, `ip` and `tc` for the links; without them the loopback runs
-alone are made and it says why (exit 77 with --no-loopback). All
-namespaces go when it ends, also on SIGTERM, SIGHUP or SIGINT.
+Needs root, `ip` and `tc` for the links: without them it says why and
+exits 77 before measuring anything (--loopback-only needs neither). A run
+that fails ends it: what was measured before is printed, nothing is
+written, exit 1. All namespaces go when it ends, also on SIGTERM, SIGHUP
+or SIGINT.
 """
 
 import argparse
 import json
+import math
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -105,9 +107,7 @@ def link_runs(build, world_size, rate, options):
     runs = []
     with shaped_link.ShapedLink(world_size, rate) as link, \
             tempfile.TemporaryDirectory(prefix="tp-rounds-") as tmp:
-        nbytes = 4 << 20 if options.smoke else \
-            max(4 << 20, min(32 << 20, int(link.bits_per_second / 8)))
-        measured = shaped_link.throughput(link, 0, 1, nbytes)
+        measured = link_bench.measure_rate(link, options.smoke)
         for i in range(options.runs):
             out = os.path.join(tmp, f"run{i}.json")
             link_bench.run_job(link, round_args(build, options.program, out, options)
@@ -147,6 +147,15 @@ def summarise(measurement):
             "variants": variants}
 
 
+def outward(values, digits):
+    """"[low, high]" of `values` rounded outward to `digits` decimals: the
+    range printed holds every run."""
+    scale = 10 ** digits
+    low = math.floor(min(values) * scale + 1e-9) / scale
+    high = math.ceil(max(values) * scale - 1e-9) / scale
+    return f"[{low:.{digits}f}, {high:.{digits}f}]"
+
+
 def table(summaries):
     lines = []
     for s in summaries:
@@ -154,15 +163,15 @@ def table(summaries):
         measured = (f", measured {link['measured_bits_per_second'] / 1e6:.0f} Mbit/s"
                     if link["measured_bits_per_second"] else "")
         lines += [f"{link['world_size']} ranks, {link['rate']}{measured}, {s['runs']} runs "
-                  f"(medians over runs; [lowest, highest run]):", "",
+                  f"(medians over runs; [lowest, highest run], rounded outward):", "",
                   f"| variant | step, ms | / {s['first']} | spread of the ratio |",
                   "|---|---|---|---|"]
         for v in s["variants"]:
             middle, low, high = v["ratio"]
             flag = " (10% or more: quote the range)" if v["spread"] >= SPREAD_LIMIT else ""
-            lines.append(f"| {v['label']} | {v['ms']:.1f} [{min(v['ms_runs']):.1f}, "
-                         f"{max(v['ms_runs']):.1f}] | {middle:.2f}x [{low:.2f}, {high:.2f}] | "
-                         f"{100 * v['spread']:.0f}%{flag} |")
+            lines.append(f"| {v['label']} | {v['ms']:.1f} {outward(v['ms_runs'], 1)} | "
+                         f"{middle:.2f}x {outward([low, high], 2)} | "
+                         f"{math.floor(1000 * v['spread']) / 10:.1f}%{flag} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -210,38 +219,55 @@ def main():
         parser.error(f"{args.build}/bench/{program} is not built "
                      f"(ninja -C {args.build} bench/{program})")
     clean_stale()  # namespaces of runs that were SIGKILLed
-    measurements, unavailable = [], None
-    for w in sizes:
-        if not args.no_loopback:
-            print(f"link_rounds: {program}, {w} ranks, loopback, {args.runs} runs", flush=True)
-            measurements.append(loopback_runs(args.build, w, args))
-        for rate in rates:
-            if unavailable:
-                break
-            print(f"link_rounds: {program}, {w} ranks, {rate}, {args.runs} runs", flush=True)
-            try:
-                measurements.append(link_runs(args.build, w, rate, args))
-            except Unavailable as e:
-                unavailable = e
-    if unavailable:
-        print(f"link_rounds: no shaped link here: {unavailable}")
-        if not measurements:
+    if rates:
+        try:  # before minutes of loopback runs: a link that cannot be made is said at once
+            with shaped_link.ShapedLink(2, rates[0]):
+                pass
+        except Unavailable as e:
+            print(f"link_rounds: no shaped link here: {e} (--loopback-only measures without one)")
             sys.exit(SKIP)
+    measurements, failed = [], None
+    try:
+        for w in sizes:
+            if not args.no_loopback:
+                print(f"link_rounds: {program}, {w} ranks, loopback, {args.runs} runs",
+                      flush=True)
+                measurements.append(loopback_runs(args.build, w, args))
+            for rate in rates:
+                print(f"link_rounds: {program}, {w} ranks, {rate}, {args.runs} runs", flush=True)
+                measurements.append(link_runs(args.build, w, rate, args))
+    except (RuntimeError, Unavailable) as e:
+        failed = e  # what was measured before is summarised, and nothing is written
     summaries = [summarise(m) for m in measurements]
     text = table(summaries)
     print(text)
     if args.smoke:
         print("(smoke run: one iteration each, the times mean nothing)")
+    if failed:
+        print(f"link_rounds: {failed}; the runs before it are above, and nothing was written",
+              file=sys.stderr)
+        sys.exit(1)
     if args.out:
         write_text(args.out, json.dumps({"program": program, "smoke": args.smoke,
                                          "measurements": measurements,
                                          "summary": summaries}, indent=1) + "\n")
         write_text(os.path.splitext(args.out)[0] + ".md",
                    f"# {PROGRAMS[args.program][1]} on loopback and shaped links\n\n"
-                   f"Made with `python3 bench/link_rounds.py "
-                   f"{' '.join(shlex.quote(a) for a in sys.argv[1:])}`.\n\n" + text)
+                   f"Made with `{command_line(args)}`.\n\n" + text)
         print(f"link_rounds: wrote {args.out}")
 
+
+def command_line(args):
+    """This run's command as a reader would type it in the kit's root: the
+    build folder as `build`, without --out (machine paths stay out of the
+    committed table)."""
+    flags = [f"--program {args.program}"]
+    flags += ["--loopback-only"] if args.loopback_only else [f"--rates {args.rates}"]
+    flags += [f"--world-sizes {args.world_sizes}", f"--runs {args.runs}"]
+    flags += [f"--batch {args.batch}"] if args.batch else []
+    flags += ["--no-loopback"] if args.no_loopback else []
+    flags += ["--smoke"] if args.smoke else []
+    return "python3 bench/link_rounds.py build " + " ".join(flags)
 
 if __name__ == "__main__":
     main()

@@ -3,7 +3,8 @@
 
     link_rounds_smoke.py BUILD
 
-Runs `link_rounds.py BUILD --program fsdp --rates 1gbit --world-sizes 2
+First summarise() and table() on made-up runs worked out by hand. Then
+runs `link_rounds.py BUILD --program fsdp --rates 1gbit --world-sizes 2
 --runs 2 --smoke --out TMP/link_fsdp.json` (one iteration per run: the
 times mean nothing) and checks: a loopback and a 1gbit measurement of 2
 runs each, the link's rate measured; every variant bench_fsdp's round
@@ -53,6 +54,30 @@ def check_refused():
         if r.returncode != 2 or words not in r.stdout:
             fail(f"link_rounds.py {' '.join(args)}: exit {r.returncode}, want 2 with "
                  f"{words!r}; said:\n{r.stdout}")
+
+
+def check_summarise_by_hand():
+    """summarise and table on three made-up runs, worked out by hand (no
+    link, no root needed)."""
+    import link_rounds
+    runs = [{"context": {"variants": "ddp,full"},
+             "counters": {"ddp_ms": ms, "full_ms": full, "full_over_ddp": ratio}}
+            for ms, full, ratio in ((10.0, 30.0, 3.0), (12.0, 33.0, 2.5), (11.0, 36.5, 3.25))]
+    s = link_rounds.summarise({"link": {"rate": "1gbit", "world_size": 2,
+                                        "measured_bits_per_second": 9.6e8}, "runs": runs})
+    full = s["variants"][1]
+    if [v["label"] for v in s["variants"]] != ["ddp", "full"] or s["first"] != "ddp" or \
+            full["ms"] != 33.0 or full["ratio"] != [3.0, 2.5, 3.25] or \
+            abs(full["spread"] - 0.25) > 1e-12 or s["variants"][0]["ms"] != 11.0:
+        fail(f"summarise of made-up runs: {s}")
+    text = link_rounds.table([s])
+    for want in ("| full | 33.0 [30.0, 36.5] | 3.00x [2.50, 3.25] | 25.0% (10% or more",
+                 "| ddp | 11.0 [10.0, 12.0] | 1.00x [1.00, 1.00] | 0.0% |",
+                 "measured 960 Mbit/s, 3 runs"):
+        if want not in text:
+            fail(f"table lacks {want!r}:\n{text}")
+    if link_rounds.outward([1.234, 5.671], 2) != "[1.23, 5.68]":
+        fail(f"outward([1.234, 5.671], 2) = {link_rounds.outward([1.234, 5.671], 2)}")
 
 
 def check_summary(data):
@@ -106,6 +131,7 @@ def check_on_link(tmp):
 def main():
     if not os.access(os.path.join(BUILD, "bench", "bench_fsdp"), os.X_OK):
         fail(f"{BUILD}/bench/bench_fsdp is not built")
+    check_summarise_by_hand()
     check_refused()
     with tempfile.TemporaryDirectory(prefix="tp-rounds-smoke-") as tmp:
         out = os.path.join(tmp, "link_fsdp.json")
@@ -120,6 +146,12 @@ def main():
             check_summary(json.load(f))
         if not os.path.exists(os.path.join(tmp, "link_fsdp.md")):
             fail("no link_fsdp.md beside the JSON")
+        # fsdp_figure.py needs fsdp_memory.json beside it: a small one, of its
+        # format (bench/fsdp_memory.py's), two forms at two world sizes.
+        with open(os.path.join(tmp, "fsdp_memory.json"), "w") as f:
+            json.dump({"runs": [{"form": form, "world_size": w,
+                                 "ranks": [{"peak_model_state_bytes": 1000 * k // w}]}
+                                for form, k in (("ddp", 3), ("full", 2)) for w in (1, 2)]}, f)
         plot_python = python_with("matplotlib")
         if not plot_python:
             print("no python here imports matplotlib: fsdp_figure.py not tried")

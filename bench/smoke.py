@@ -55,7 +55,10 @@ def check_fsdp_counts(path):
     with open(LESSON_10) as f:
         text = f.read()
     lines = text[text.index("## Step time, measured"):].splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| set-up | units"))
+    start = next((i for i, line in enumerate(lines) if line.startswith("| set-up | units")), None)
+    if start is None:
+        sys.exit("smoke: lesson 10's \"Step time, measured\" has no table whose header begins "
+                 "'| set-up | units'")
     table = []  # the header and the rows up to the first line that is not the table's
     for line in lines[start:]:
         if not line.startswith("|"):
