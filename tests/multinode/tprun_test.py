@@ -214,3 +214,33 @@ if p.returncode != 0:
     fail(f"stderr closed: exit {p.returncode}, expected 0")
 check_nothing_left("stderr closed")
 print("tprun's stderr full or closed: chatty ranks still finish; exit 0, or 1 when a rank fails")
+
+# 9. A rank that leaves a process running outside its process group (setsid:
+# a session of its own) and exits 0: tprun, a child subreaper, gets the
+# orphan as its child and ends it with the job, and says so. A sleep that
+# ignores SIGTERM would not matter: it gets SIGKILL.
+def kill_leftovers():
+    for pid, _ in leftovers():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+for end in ("exit 0", "exit 3"):
+    try:
+        # (An orphan left running keeps tprun's stdout open: the run would not end.)
+        r, took = run(["--nproc-per-node", "2", "--",
+                       *rank_script(f"setsid sleep 300 & sleep 0.2; {end}")], timeout=20)
+    except subprocess.TimeoutExpired:
+        kill_leftovers()
+        fail(f"a rank's setsid child ({end}): the job did not end within 20 s; processes "
+             "left running outside the ranks' groups (killed now)")
+    want = 0 if end == "exit 0" else 1
+    if r.returncode != want or "ended 2 process(es) the ranks had started" not in r.stderr:
+        kill_leftovers()
+        fail(f"a rank's setsid child ({end}): exit {r.returncode} (want {want}), "
+             f"stderr {r.stderr!r}")
+    check_nothing_left(f"a rank's setsid child ({end})")
+print("a rank's process started with setsid (outside its group) ends with the job: tprun "
+      "is a child subreaper")
