@@ -76,7 +76,11 @@ def main(demo, checker, stage_h):
                        "--dtype: expects float32 or float64, got 'float16'")
     expect_usage_error(demo, ["--batches", "3,x,1"], "--batches: expects a whole number",
                        "got 'x' in '3,x,1'")
-    expect_usage_error(demo, ["--steps"], "--steps")  # the value is missing
+    expect_usage_error(demo, ["--steps"],  # the value is missing
+                       "--steps needs a value: a whole number from 1 to 100000")
+    expect_usage_error(demo, ["--steps", "3", "--world-size"],
+                       "--world-size needs a value: a whole number from 1 to 64")
+    expect_usage_error(demo, ["--dtype"], "--dtype needs a value: float32 or float64")
     expect_usage_error(demo, ["stray"], "unexpected argument 'stray'")
     expect_usage_error(demo, ["--json", "--steps", "3"], "--json: expects a file name",
                        "was the file name left out?")
@@ -101,6 +105,8 @@ def main(demo, checker, stage_h):
     expect_usage_error(checker, ["--repeat", "0"],
                        "--repeat: expects a whole number from 1 to 1000, got '0'")
     expect_usage_error(checker, ["--device", "gpu"], "--device: expects cpu or cuda, got 'gpu'")
+    expect_usage_error(checker, ["--repeat"],
+                       "--repeat needs a value: a whole number from 1 to 1000")
     expect_usage_error(checker, ["--collective-timeout", "50"],
                        "--collective-timeout: expects a whole number from 100 to 3600000, got '50'")
     print(f"ok: stage {stage}'s demo and checker list their flags and refuse bad ones by name")

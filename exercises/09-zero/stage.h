@@ -70,18 +70,9 @@ inline tp::train::StageSpec<Options> stage_spec() {
                                        "rank's shard of the gradients, the DDP sends nothing"),
        tp::train::choice_flag<Options>("--param-sync", &Options::param_sync,
                                        {"allgather", "broadcast"},
-                                       "how the updated shards reach every rank"),
-       tp::train::choice_flag<Options>("--comm-hook", &Options::comm_hook,
-                                       {"none", "allreduce", "fp16", "bf16", "powersgd"},
-                                       "the built-in comm hook to register"),
-       tp::train::number_flag<Options>("--powersgd-rank", &Options::powersgd_rank, 1, 1e6,
-                                       "PowerSGD's matrix approximation rank (a whole number)"),
-       tp::train::number_flag<Options>("--powersgd-start-iteration",
-                                       &Options::powersgd_start_iteration, 0, 1e9,
-                                       "iterations of plain all-reduce before PowerSGD starts"),
-       tp::train::number_flag<Options>("--powersgd-min-compression-rate",
-                                       &Options::powersgd_min_compression_rate, 0, 1e9,
-                                       "compress a matrix only if it shrinks more than this")});
+                                       "how the updated shards reach every rank")});
+  const auto hooks = tp::train::comm_hook_flags<Options>();  // --comm-hook, PowerSGD's knobs
+  spec.flags.insert(spec.flags.end(), hooks.begin(), hooks.end());
   // --divide-by-active-ranks (a flag every demo has) sets the plan's divisor;
   // the Join must divide the same way.
   spec.adapt = [](const tp::train::RunConfig& config, Options& options) {
@@ -97,6 +88,16 @@ inline tp::train::StageSpec<Options> stage_spec() {
                              options.powersgd_start_iteration, " on");
     }
     return "";
+  };
+  // A hook plan no rank could run is refused before the ranks start; so is
+  // a hook with the reduce-scatter form (register_comm_hook refuses it too).
+  spec.check_plan = [](const tp::train::RunConfig& config, const Options& options) {
+    if (options.reduce_scatter && options.comm_hook != "none") {
+      TP_THROW(tp::Error, "--reduce-scatter with --comm-hook ", options.comm_hook,
+               ": the reduce-scatter form reduces in the optimizer (the DDP registers "
+               "noop_hook), so a hook would send every gradient twice; drop one of the two");
+    }
+    tp::train::check_comm_hook_plan(config, options);
   };
   return spec;
 }

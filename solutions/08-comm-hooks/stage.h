@@ -24,18 +24,9 @@ inline tp::train::StageSpec<Options> stage_spec() {
       "all-reduce) launched per bucket, its futures waited by the end-of-backward callback";
   spec.flags = tp::train::bucket_cap_flags<Options>(
       {tp::train::gradient_as_bucket_view_flag<Options>(), tp::train::static_graph_flag<Options>(),
-       tp::train::find_unused_parameters_flag<Options>(),
-       tp::train::choice_flag<Options>("--comm-hook", &Options::comm_hook,
-                                       {"none", "allreduce", "fp16", "bf16", "powersgd"},
-                                       "the built-in comm hook to register"),
-       tp::train::number_flag<Options>("--powersgd-rank", &Options::powersgd_rank, 1, 1e6,
-                                       "PowerSGD's matrix approximation rank (a whole number)"),
-       tp::train::number_flag<Options>("--powersgd-start-iteration",
-                                       &Options::powersgd_start_iteration, 0, 1e9,
-                                       "iterations of plain all-reduce before PowerSGD starts"),
-       tp::train::number_flag<Options>("--powersgd-min-compression-rate",
-                                       &Options::powersgd_min_compression_rate, 0, 1e9,
-                                       "compress a matrix only if it shrinks more than this")});
+       tp::train::find_unused_parameters_flag<Options>()});
+  const auto hooks = tp::train::comm_hook_flags<Options>();  // --comm-hook, PowerSGD's knobs
+  spec.flags.insert(spec.flags.end(), hooks.begin(), hooks.end());
   // --divide-by-active-ranks (a flag every demo has) sets the plan's divisor;
   // the DDP must divide the same way.
   spec.adapt = [](const tp::train::RunConfig& config, Options& options) {
@@ -51,6 +42,10 @@ inline tp::train::StageSpec<Options> stage_spec() {
                              options.powersgd_start_iteration, " on");
     }
     return "";
+  };
+  // A hook plan no rank could run is refused before the ranks start.
+  spec.check_plan = [](const tp::train::RunConfig& config, const Options& options) {
+    tp::train::check_comm_hook_plan(config, options);
   };
   return spec;
 }

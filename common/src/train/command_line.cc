@@ -137,6 +137,34 @@ std::string nearest_flag(const CLI::App& app, const std::string& typed) {
   return best;
 }
 
+// CLI11's words for a flag given without its value ("--world-size: 1
+// required W missing") in the kit's: "--world-size needs a value: a whole
+// number from 1 to 64". What the value must be is the flag's own check's
+// answer to an empty value ("expects ..., got ''"), so it is never restated
+// here. Any other mismatch keeps CLI11's words.
+std::string missing_value_text(CLI::App& app, const std::string& what) {
+  const size_t colon = what.find(": ");
+  if (colon == std::string::npos || what.find(" required ") == std::string::npos ||
+      !what.ends_with(" missing")) {
+    return what;
+  }
+  const std::string name = what.substr(0, colon);
+  std::string expects;
+  if (CLI::Option* option = app.get_option_no_throw(name)) {
+    try {
+      std::string empty;
+      expects = (*option->get_validator())(empty);
+    } catch (const CLI::OptionNotFound&) {  // a flag without a check of its own
+    }
+  }
+  const std::string prefix = "expects ", suffix = ", got ''";
+  if (expects.starts_with(prefix) && expects.ends_with(suffix)) {
+    return name + " needs a value: " +
+           expects.substr(prefix.size(), expects.size() - prefix.size() - suffix.size());
+  }
+  return name + " needs a value";
+}
+
 }  // namespace
 
 void usage_error(const std::string& prefix, const std::string& problem) {
@@ -152,6 +180,8 @@ void parse_or_exit(CLI::App& app, int argc, char** argv, const std::string& pref
     while (!usage.empty() && usage.back() == '\n') usage.pop_back();
     std::printf("%s\n", usage.c_str());
     std::exit(0);
+  } catch (const CLI::ArgumentMismatch& e) {
+    usage_error(prefix, missing_value_text(app, e.what()));
   } catch (const CLI::ParseError& e) {
     usage_error(prefix, e.what());
   }

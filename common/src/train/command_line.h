@@ -14,8 +14,9 @@
 //     the check accepted is what the flag gets.
 //   - parse_or_exit() returns only when the command line is good: --help
 //     prints usage (generated from the declarations) and exits 0; a bad value,
-//     a missing one or an unknown flag (with the nearest known one as a
-//     suggestion) goes to usage_error.
+//     a missing one ("--steps needs a value: a whole number from 1 to
+//     100000", the flag's own check saying what it takes) or an unknown flag
+//     (with the nearest known one as a suggestion) goes to usage_error.
 //   - usage_error() prints "PREFIX: problem" and a pointer to --help on
 //     stderr, and exits 2: the kit's one shape of usage error.
 #pragma once

@@ -182,8 +182,10 @@ void add_stage_flags(CLI::App& app, const std::string& stage,
       app.add_option_function<double>(
              f.name, [&f, &config](double value) { f.set(value, config); },
              f.help + " " + cli::default_text(f.initial))
-          ->type_name("X")
-          ->transform(number_in(f.low, f.high));
+          ->type_name(f.whole ? "N" : "X")
+          ->transform(f.whole ? whole_number(static_cast<int64_t>(f.low),
+                                             static_cast<int64_t>(f.high))
+                              : number_in(f.low, f.high));
     } else {
       app.add_flag_callback(f.name, [&f, &config] { f.set(1.0, config); }, f.help);
     }

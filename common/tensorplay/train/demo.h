@@ -118,10 +118,15 @@ int demo_main(int argc, char** argv, const StageSpec<typename D::Options>& spec,
   typename D::Options options{};
   const std::vector<BoundFlag> flags = bind_flags(spec.flags, options);
   // A plan the stage cannot run (a device, uneven inputs, accumulation it
-  // lacks the capability for) is a usage error (exit 2), before any rank.
+  // lacks the capability for, options its spec's check_plan refuses) is a
+  // usage error (exit 2), before any rank.
   DemoArgs args = parse_demo_args(argc, argv, spec.number, spec.title, flags, bool(worker),
-                                  [](const RunConfig& config) {
+                                  [&spec, &options](const RunConfig& config) {
                                     check_plan_fits_stage<D>(config);
+                                    if (!spec.check_plan) return;
+                                    typename D::Options adapted = options;  // as the run will
+                                    if (spec.adapt) spec.adapt(config, adapted);
+                                    spec.check_plan(config, adapted);
                                   });
 #ifdef TP_DEMO_MINE
   args.mine = TP_DEMO_MINE;

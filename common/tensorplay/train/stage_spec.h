@@ -22,16 +22,22 @@
 //   - `adapt`, when set, makes the Options agree with a plan set by the
 //     demo's shared flags (stage 07: --divide-by-active-ranks is the plan's
 //     divisor and the DDP's option at once).
+//   - `check_plan`, when set, refuses options that cannot run the plan
+//     (stage 09: a comm hook with the reduce-scatter form): the demo calls
+//     it after `adapt`, before any rank starts, and exits 2 with its words.
 //   - Plain data, built fresh by each stage_spec() call; not shared between
 //     threads.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "tensorplay/error.h"
+#include "tensorplay/nn/module.h"
 #include "tensorplay/train/compare.h"
 #include "tensorplay/train/config.h"
 
@@ -48,6 +54,7 @@ struct OptionFlag {
   double Options::*number = nullptr;
   double low = 0.0;
   double high = 0.0;
+  bool whole = false;  // a number flag that takes whole numbers only (a rank, a count)
   bool Options::*toggle = nullptr;
   bool switch_to = true;
   // A choice flag takes one of `choices` (anything else is a usage error
@@ -70,6 +77,17 @@ OptionFlag<Options> number_flag(std::string name, double Options::*member, doubl
   flag.number = member;
   flag.low = low;
   flag.high = high;
+  return flag;
+}
+
+// number_flag for a count: anything but a whole number in [low, high] is a
+// usage error naming the flag (the member stays a double).
+template <typename Options>
+OptionFlag<Options> whole_number_flag(std::string name, double Options::*member, int64_t low,
+                                      int64_t high, std::string help) {
+  OptionFlag<Options> flag = number_flag(std::move(name), member, static_cast<double>(low),
+                                         static_cast<double>(high), std::move(help));
+  flag.whole = true;
   return flag;
 }
 
@@ -158,6 +176,58 @@ OptionFlag<Options> static_graph_flag() {
                      "find the unused parameters once, in the first iteration");
 }
 
+// The comm hook flags of the stages that offer PyTorch's built-in hooks
+// (08 and 09): the hook by name, and PowerSGD's three knobs.
+template <typename Options>
+std::vector<OptionFlag<Options>> comm_hook_flags() {
+  return {choice_flag<Options>("--comm-hook", &Options::comm_hook,
+                               {"none", "allreduce", "fp16", "bf16", "powersgd"},
+                               "the built-in comm hook to register"),
+          whole_number_flag<Options>("--powersgd-rank", &Options::powersgd_rank, 1, 1000000,
+                                     "PowerSGD's matrix approximation rank"),
+          whole_number_flag<Options>("--powersgd-start-iteration",
+                                     &Options::powersgd_start_iteration, 0, 1000000000,
+                                     "iterations of plain all-reduce before PowerSGD starts"),
+          number_flag<Options>("--powersgd-min-compression-rate",
+                               &Options::powersgd_min_compression_rate, 0, 1e9,
+                               "compress a matrix only if it shrinks more than this")};
+}
+
+// Throws tp::Error for a comm hook plan no rank could run, so that the demo
+// refuses it before any rank starts (a usage error) rather than a rank
+// failing a check inside the hook's set-up: PowerSGD's knobs given without
+// PowerSGD (they would be ignored); a PowerSGD rank above every weight's
+// min(n, m) in the plan's model (every matrix would be sent whole); a hook
+// with --divide-by-active-ranks (the hook decides what to divide by).
+template <typename Options>
+void check_comm_hook_plan(const RunConfig& config, const Options& options) {
+  const Options defaults{};
+  if (options.comm_hook != "powersgd" &&
+      (options.powersgd_rank != defaults.powersgd_rank ||
+       options.powersgd_start_iteration != defaults.powersgd_start_iteration ||
+       options.powersgd_min_compression_rate != defaults.powersgd_min_compression_rate)) {
+    TP_THROW(Error, "--powersgd-rank, --powersgd-start-iteration and "
+             "--powersgd-min-compression-rate set PowerSGD's options, and the comm hook is '",
+             options.comm_hook, "': add --comm-hook powersgd, or drop them");
+  }
+  if (options.comm_hook == "powersgd") {
+    int64_t largest = 0;  // the largest min(n, m) of a weight viewed as an n x m matrix
+    for (const Tensor& p : make_model(config)->parameters()) {
+      if (p.dim() >= 2) largest = std::max(largest, std::min(p.size(0), p.numel() / p.size(0)));
+    }
+    if (largest > 0 && options.powersgd_rank > static_cast<double>(largest)) {
+      TP_THROW(Error, "--powersgd-rank ", options.powersgd_rank, " is above every weight's "
+               "min(n, m) in this model (the largest is ", largest, "); a rank-", largest,
+               " approximation already sends every weight whole");
+    }
+  }
+  if (options.comm_hook != "none" && config.divisor == Divisor::ActiveRanks) {
+    TP_THROW(Error, "--divide-by-active-ranks with --comm-hook ", options.comm_hook,
+             ": the hook decides what to divide by (the built-in hooks divide by the world "
+             "size), so the divisor would be silently ignored; drop one of the two");
+  }
+}
+
 template <typename Options>
 struct StageSpec {
   std::string number;  // "05": the folder's prefix, as in `./kit demo 05`
@@ -170,6 +240,11 @@ struct StageSpec {
   // promise the reference's numbers. The demo then reports how far the run
   // is from the reference instead of a verdict of "differs".
   std::function<std::string(const Options&)> approximation;
+  // May be empty. Throws tp::Error naming what is wrong when the options,
+  // as `adapt` left them, cannot run this plan (a comm hook the stage's
+  // reduce-scatter form cannot take, say): the demo refuses the plan before
+  // any rank starts.
+  std::function<void(const RunConfig&, const Options&)> check_plan;
 };
 
 // A flag bound to one Options object: what the (non-template) command-line
@@ -181,6 +256,7 @@ struct BoundFlag {
   bool takes_number = false;
   double low = 0.0;
   double high = 0.0;
+  bool whole = false;    // only whole numbers in [low, high]
   double initial = 0.0;  // a number's value before parsing: its default
   std::function<void(double value, RunConfig& config)> set;
   std::vector<std::string> choices;
@@ -207,6 +283,7 @@ std::vector<BoundFlag> bind_flags(const std::vector<OptionFlag<Options>>& flags,
     b.takes_number = f.number != nullptr;
     b.low = f.low;
     b.high = f.high;
+    b.whole = f.whole;
     b.initial = f.number != nullptr ? options.*f.number : 0.0;
     if (chooses) {
       b.choices = f.choices;
