@@ -5,9 +5,10 @@
 
 FAULT_RANK is tests/multinode/fault_rank.cc: a rank that all-reduces and, on
 one rank, throws, spins, stops or calls a barrier where its third all-reduce
-is due. Each case checks tprun's report names the rank at fault and says
-where the others were (from the ranks' status files), as spawn's report does
-for forked ranks. The stray-rank case starts ranks by hand, as a bare env://
+is due. Each case checks tprun's report names the rank at fault (first, as
+"the likely cause", where the others only waited for it) and says where the
+others were (from the ranks' status files), as spawn's report does for forked
+ranks. The stray-rank case starts ranks by hand, as a bare env://
 launch would.
 """
 import os
@@ -47,6 +48,11 @@ def expect(case, r, report, code, *words):
              f"report:\n{report}\nstderr:\n{r.stderr}")
 
 
+def expect_first(case, report, line):
+    if not report or report.splitlines()[0] != line:
+        fail(f"{case}: tprun's report does not begin with\n{line}\nit says:\n{report}")
+
+
 # 1. A healthy job: exit 0, nothing reported.
 r, report, seconds = tprun("none", world=3)
 expect("healthy job", r, report, 0)
@@ -58,19 +64,32 @@ r, report, seconds = tprun("stop")
 expect("stopped rank", r, report, 1, "rank 0 (local rank 0 on node 0) failed",
        "allreduce #3 on rank 0 timed out",
        "meanwhile: rank 1 was stopped (SIGSTOP), not in a collective (last: allreduce #2)")
-print(f"a stopped rank: {report.splitlines()[1]}; {seconds:.2f} s")
+# The headline is the cause, not the rank that timed out waiting for it.
+expect_first("stopped rank", report, "tprun: rank 1 is the likely cause: it was stopped "
+             "(SIGSTOP), not in a collective (last: allreduce #2), while rank 0 waited for it")
+print(f"a stopped rank: {report.splitlines()[0]}; {seconds:.2f} s")
 
 # 3. A rank computing forever outside any collective.
 r, report, seconds = tprun("spin")
 expect("spinning rank", r, report, 1, "allreduce #3 on rank 0 timed out",
        "meanwhile: rank 1 was not in a collective (last: allreduce #2)")
-print(f"a spinning rank: {report.splitlines()[1]}; {seconds:.2f} s")
+expect_first("spinning rank", report, "tprun: rank 1 is the likely cause: it was not in a "
+             "collective (last: allreduce #2) while rank 0 waited in a collective for it")
+print(f"a spinning rank: {report.splitlines()[0]}; {seconds:.2f} s")
 
 # 4. A barrier where the others all-reduce: both sides are named.
 r, report, seconds = tprun("barrier")
 expect("barrier vs allreduce", r, report, 1, "timed out",
        "the ranks issued different collectives as #3: allreduce on rank 0, barrier on rank 1")
+if "likely cause" in report:  # one against one: nothing says which rank is wrong
+    fail(f"barrier vs allreduce, 2 ranks: a likely cause was named:\n{report}")
 print(f"a barrier against an all-reduce: {report.splitlines()[2]}; {seconds:.2f} s")
+# 4b. The same among 3 ranks: the odd one out leads the report.
+r, report, seconds = tprun("barrier", world=3)
+expect("barrier vs allreduce, 3 ranks", r, report, 1, "timed out")
+expect_first("barrier vs allreduce, 3 ranks", report, "tprun: rank 1 is the likely cause: it "
+             "issued barrier as #3 where ranks 0 and 2 issued allreduce")
+print(f"a barrier against two all-reduces: {report.splitlines()[0]}; {seconds:.2f} s")
 
 # 5. A rank that throws is blamed, not its peers, which only lost their
 # connection, also when no rank can write its error file; the report then
