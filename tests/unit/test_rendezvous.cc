@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -395,6 +396,14 @@ TEST_CASE("two processes given the same rank fail at once, naming the rank") {
   });
   CHECK(std::string(e.what()).find("rank 1 was already claimed in the TCP store at "
                                    "127.0.0.1:" + std::to_string(port)) != std::string::npos);
+  // Both processes named, so the stray one can be found: the holder, and the
+  // one that was refused (process 1 or 2: whichever claimed second).
+  const std::regex both("rank 1 was already claimed in .* by pid ([0-9]+) on host .* \\(this "
+                        "process is pid ([0-9]+) on host ");
+  std::smatch m;
+  const std::string what = e.what();
+  REQUIRE_MESSAGE(std::regex_search(what, m, both), what);
+  CHECK(m[1] != m[2]);
 }
 
 TEST_CASE("a rank that never arrives makes the others fail within the timeout, naming it") {

@@ -1,4 +1,5 @@
-// Local addresses and interfaces (Note [Choosing the interface]).
+// Local addresses and interfaces (Note [Choosing the interface]), and the
+// host's name.
 #include "network.h"
 
 #include <arpa/inet.h>
@@ -74,6 +75,12 @@ void check_interface(const std::string& name, const std::string& what) {
   TP_THROW(DistributedError, "tp::distributed: ", what, " names interface '", name,
            "', which this machine does not have (or which has no address); interfaces "
            "with an address here: ", list);
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "(unknown host)";
+  return name;
 }
 
 }  // namespace tp::distributed::detail

@@ -1,5 +1,6 @@
 // Private to libtensorplay: which local address a rank's Gloo pairs listen
-// on when its peers are on other machines (Note [Choosing the interface]).
+// on when its peers are on other machines (Note [Choosing the interface]),
+// and this machine's name, for messages that must tell machines apart.
 #pragma once
 
 #include <string>
@@ -26,5 +27,8 @@ std::string local_address_towards(const std::string& host, int port, const std::
 // Throws tp::DistributedError unless this machine has an interface `name`
 // with an address; the message lists the interfaces it has.
 void check_interface(const std::string& name, const std::string& what);
+
+// This machine's host name (gethostname), or "(unknown host)".
+std::string host_name();
 
 }  // namespace tp::distributed::detail

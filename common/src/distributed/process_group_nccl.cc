@@ -40,6 +40,7 @@
 
 #include "../cuda/check.h"
 #include "nccl_backend.h"
+#include "network.h"
 #include "split_sizes.h"
 #include "store_rendezvous.h"
 #include "tensorplay/cuda/runtime.h"
@@ -98,12 +99,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
     case ReduceOp::MAX: return ncclMax;
   }
   TP_THROW(Error, kWho, ": unknown ReduceOp ", static_cast<int>(op));
-}
-
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "(unknown host)";
-  return name;
 }
 
 // The error that `failure` is, with `prefix` in front: same type, so a
@@ -515,7 +510,7 @@ namespace {
 void check_one_gpu_per_rank(Store& store, int rank, int size, int device, milliseconds timeout) {
   char bus_id[64] = {};
   TP_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id - 1, device));
-  const std::string host = host_name();
+  const std::string host = detail::host_name();
   store.set(cat("nccl/where/", rank), cat(host, "\n", bus_id, "\n", device));
   struct Where {
     std::string host, bus_id, device;

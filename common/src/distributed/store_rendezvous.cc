@@ -2,8 +2,12 @@
 // of a tp Store.
 #include "store_rendezvous.h"
 
+#include "network.h"
 #include "rank_list.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <thread>
 
 #include "tensorplay/error.h"
@@ -38,14 +42,25 @@ void check_same_job(Store& store, int rank, const std::string& job_id, milliseco
 
 void meet_in_store(Store& store, int rank, int size, milliseconds timeout, const char* caller) {
   const std::string claim = "tp/claim/" + std::to_string(rank);
+  const std::string claimer = "tp/claimer/" + std::to_string(rank);
+  const std::string me = "pid " + std::to_string(::getpid()) + " on host " + host_name();
   const int64_t claims = store.add(claim, 1);
   if (claims > 1) {
+    // Who holds the rank: the winner writes it right after its claim, so a
+    // short wait finds it (a winner that died in between says nothing).
+    std::string holder = "a process that has not said which";
+    try {
+      holder = store.get(claimer, std::min(timeout, milliseconds(2000)));
+    } catch (const Error&) {
+    }
     TP_THROW(DistributedError, caller, ": rank ", rank, " of ", size, ": rank ", rank,
-             " was already claimed in ", store.describe(), store.describe_key(claim),
-             ": two processes were given the same RANK, or an earlier job with the same "
-             "address (or job id) is still running; give each process its own rank and "
-             "each job its own MASTER_PORT or job id");
+             " was already claimed in ", store.describe(), store.describe_key(claim), " by ",
+             holder, " (this process is ", me, "): two processes were given the same RANK, "
+             "or an earlier job with the same address (or job id) is still running; give "
+             "each process its own rank and each job its own MASTER_PORT or job id (tprun "
+             "gives every job an id of its own)");
   }
+  store.set(claimer, me);
   store.set(size_key(rank), std::to_string(size));
 
   std::vector<bool> seen(static_cast<std::size_t>(size), false);
