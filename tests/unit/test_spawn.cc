@@ -387,6 +387,12 @@ TEST_CASE("a collective timeout says where the other ranks were: stopped, or ret
                       "meanwhile: rank 1 was stopped (SIGSTOP), not in a collective "
                       "(last: allreduce #1)") != std::string::npos,
                   e.what());
+    // The cause first: rank 0 only waited for it.
+    CHECK_MESSAGE(std::string(e.what()).rfind(
+                      "tp::multiprocessing::spawn: rank 1 is the likely cause: it was stopped "
+                      "(SIGSTOP), not in a collective (last: allreduce #1), while rank 0 "
+                      "waited for it\n  rank 0 failed: ", 0) == 0,
+                  e.what());
   }
   SUBCASE("a rank that returned while the other waited") {
     const mp::SpawnError e = spawn_error_of([&] {
@@ -408,6 +414,42 @@ TEST_CASE("a collective timeout says where the other ranks were: stopped, or ret
                       std::string::npos,
                   what);
     CHECK(what.find("did it skip some") != std::string::npos);
+    CHECK_MESSAGE(what.rfind("tp::multiprocessing::spawn: rank 1 is the likely cause: it had "
+                             "returned (last: allreduce #1) while rank 0 waited in a "
+                             "collective for it", 0) == 0,
+                  what);
+  }
+  SUBCASE("one rank of three issued another collective under the same number") {
+    const mp::SpawnError e = spawn_error_of([&] {
+      mp::spawn(
+          options,
+          [](int rank) {
+            mp::set_rank_waiting(rank == 1 ? "barrier #4" : "allreduce #4");
+            std::this_thread::sleep_for(milliseconds(rank == 0 ? 300 : 30000));
+            mp::set_rank_waiting("");  // as a wait that timed out: its collective is the last
+            throw tp::TimeoutError("allreduce #4 on rank 0 timed out");
+          },
+          3);
+    });
+    const std::string what = e.what();
+    CHECK(e.rank() == 0);
+    CHECK_MESSAGE(what.rfind("tp::multiprocessing::spawn: rank 1 is the likely cause: it "
+                             "issued barrier as #4 where ranks 0 and 2 issued allreduce", 0) == 0,
+                  what);
+  }
+  SUBCASE("two ranks that issued different collectives: neither is singled out") {
+    const mp::SpawnError e = spawn_error_of([&] {
+      mp::spawn(
+          options,
+          [](int rank) {
+            mp::set_rank_waiting(rank == 1 ? "barrier #4" : "allreduce #4");
+            std::this_thread::sleep_for(milliseconds(rank == 0 ? 300 : 30000));
+            mp::set_rank_waiting("");  // as a wait that timed out: its collective is the last
+            throw tp::TimeoutError("allreduce #4 on rank 0 timed out");
+          },
+          2);
+    });
+    CHECK_MESSAGE(std::string(e.what()).find("likely cause") == std::string::npos, e.what());
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <utility>
 
@@ -70,6 +71,73 @@ std::string different_collectives(const std::vector<std::string>& lasts) {
     }
     return "\n  the ranks issued different collectives as " + number + ": " + list +
            "; every rank must issue the same collectives in the same order";
+  }
+  return "";
+}
+
+namespace {
+
+bool starts_with(const std::string& text, const char* prefix) {
+  return text.rfind(prefix, 0) == 0;
+}
+
+// "ranks 0 and 2", "ranks 0, 2 and 3" (two or more).
+std::string rank_names(const std::vector<int>& ranks) {
+  std::string out = "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  }
+  return out;
+}
+
+// The one rank whose collective of some number differs from what at least
+// two others issued under it, in words, or "".
+std::string odd_collective(const std::vector<std::string>& lasts) {
+  std::map<std::string, std::map<std::string, std::vector<int>>> by_number;  // #N -> name -> ranks
+  for (int rank = 0; rank < static_cast<int>(lasts.size()); ++rank) {
+    const std::string& last = lasts[rank];
+    const std::size_t hash = last.find(" #");
+    if (hash == std::string::npos || last.find('(') != std::string::npos) continue;
+    by_number[last.substr(hash + 1)][last.substr(0, hash)].push_back(rank);
+  }
+  for (const auto& [number, names] : by_number) {
+    if (names.size() != 2) continue;
+    auto odd = names.begin(), usual = std::next(odd);
+    if (odd->second.size() > usual->second.size()) std::swap(odd, usual);
+    if (odd->second.size() == 1 && usual->second.size() >= 2) {
+      return "rank " + std::to_string(odd->second.front()) + " is the likely cause: it issued " +
+             odd->first + " as " + number + " where " + rank_names(usual->second) + " issued " +
+             usual->first;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string likely_cause(const std::vector<std::string>& statuses,
+                         const std::vector<std::string>& lasts, int blamed) {
+  std::vector<int> stopped, outside, waiting;
+  for (int rank = 0; rank < static_cast<int>(statuses.size()); ++rank) {
+    if (rank == blamed) continue;
+    const std::string& s = statuses[rank];
+    if (starts_with(s, "stopped")) stopped.push_back(rank);
+    else if (starts_with(s, "not in a collective") || starts_with(s, "had returned")) {
+      outside.push_back(rank);
+    } else if (starts_with(s, "waiting in")) waiting.push_back(rank);
+  }
+  const std::string waited = " while rank " + std::to_string(blamed) + " waited";
+  if (stopped.size() == 1) {
+    return "rank " + std::to_string(stopped[0]) + " is the likely cause: it was " +
+           statuses[stopped[0]] + "," + waited + " for it";
+  }
+  if (std::string odd = odd_collective(lasts); !odd.empty()) return odd;
+  const int others = static_cast<int>(statuses.size()) - 1;
+  if (outside.size() == 1 && static_cast<int>(waiting.size()) == others - 1) {
+    const std::string& s = statuses[outside[0]];
+    return "rank " + std::to_string(outside[0]) + " is the likely cause: it " +
+           (starts_with(s, "had returned") ? "" : "was ") + s + waited +
+           " in a collective for it";
   }
   return "";
 }

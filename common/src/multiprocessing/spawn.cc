@@ -730,6 +730,19 @@ void Job::throw_failure() {
       lasts.push_back(rank_status::last_collective(board_[rank]));
     }
     message += rank_status::different_collectives(lasts);
+    // First: the rank that failed only waited for this one. What each rank
+    // issued last: the collective it waited in when it was looked at, else
+    // the last it finished.
+    std::vector<std::string> issued = lasts;
+    for (int rank = 0; rank < nprocs(); ++rank) {
+      const std::size_t at = statuses[rank].find("waiting in ");
+      if (at != std::string::npos) issued[rank] = statuses[rank].substr(at + 11);
+    }
+    const std::string cause = rank_status::likely_cause(statuses, issued, blamed);
+    if (!cause.empty()) {
+      message = "tp::multiprocessing::spawn: " + cause + "\n  " +
+                message.substr(std::string("tp::multiprocessing::spawn: ").size());
+    }
   }
   throw SpawnError(blamed, message, blamed_outcome.kind);
 }
