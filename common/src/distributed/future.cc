@@ -7,6 +7,7 @@
 #include <memory>
 #include <utility>
 
+#include "tensorplay/distributed/work.h"
 #include "tensorplay/error.h"
 #include "tensorplay/trace.h"
 
@@ -89,8 +90,12 @@ bool Future::has_error() const {
   return completed_ && error_ != nullptr;
 }
 
+void Future::report(const Followed& followed, bool waiting) {
+  tell_wait_listener(WaitedCollective{followed.collective, followed.seq, followed.rank}, waiting);
+}
+
 Future::Value Future::wait() const {
-  std::vector<uint64_t> collectives;
+  std::vector<Followed> collectives;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     collectives = collectives_;
@@ -98,27 +103,41 @@ Future::Value Future::wait() const {
   // The span of the last collective covers the blocking (it completes
   // last); the others', already over when it is, are marked as waited too.
   for (size_t i = 0; i + 1 < collectives.size(); ++i) {
-    trace::Span span("wait", "comm", {{"seq", static_cast<int64_t>(collectives[i])}});
+    trace::Span span("wait", "comm", {{"seq", static_cast<int64_t>(collectives[i].seq)}});
   }
   std::unique_ptr<trace::Span> span;
   if (!collectives.empty()) {
-    const auto seq = static_cast<int64_t>(collectives.back());
+    const auto seq = static_cast<int64_t>(collectives.back().seq);
     span = std::make_unique<trace::Span>("wait", "comm", std::initializer_list<trace::Arg>{{"seq", seq}});
   }
+  // The rank's status shows the wait (a comm hook's future is waited for,
+  // not its Work), as Work::wait shows its own.
+  const bool reported = !collectives.empty();
+  if (reported) report(collectives.back(), true);
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [this] { return completed_; });
+  if (reported) report(collectives.back(), false);
   if (error_) std::rethrow_exception(error_);
   return value_;
 }
 
-void Future::add_collective(uint64_t seq) {
+void Future::add_collective(uint64_t seq, const std::string& collective, int rank) {
   std::lock_guard<std::mutex> lock(mutex_);
-  collectives_.push_back(seq);
+  collectives_.push_back(Followed{seq, collective, rank});
 }
 
 bool Future::wait_for(std::chrono::milliseconds timeout) const {
+  std::vector<Followed> collectives;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    collectives = collectives_;
+  }
+  const bool reported = !collectives.empty();
+  if (reported) report(collectives.back(), true);
   std::unique_lock<std::mutex> lock(mutex_);
-  return done_cv_.wait_for(lock, timeout, [this] { return completed_; });
+  const bool completed = done_cv_.wait_for(lock, timeout, [this] { return completed_; });
+  if (reported) report(collectives.back(), false);
+  return completed;
 }
 
 Future::Value Future::value() const {

@@ -28,10 +28,14 @@ void set_wait_listener(WaitListener listener) {
   g_wait_listener.store(listener, std::memory_order_release);
 }
 
-void Work::report_waiting(bool waiting) const {
+void tell_wait_listener(const WaitedCollective& what, bool waiting) {
   if (const WaitListener listener = g_wait_listener.load(std::memory_order_acquire)) {
-    listener(*this, waiting);
+    listener(what, waiting);
   }
+}
+
+void Work::report_waiting(bool waiting) const {
+  tell_wait_listener(WaitedCollective{collective_, seq_, rank_}, waiting);
 }
 
 void Work::wait() {
@@ -126,7 +130,7 @@ std::shared_ptr<Future> Work::get_future() {
     }
     if (future_) return future_;
     future_ = std::make_shared<Future>();
-    future_->add_collective(seq_);
+    future_->add_collective(seq_, collective_, rank_);
     if (!done_) return future_;  // finish() completes it
     // Finished before anyone asked: the future's completion is the first
     // wait (Note [In-flight writes]), here on the calling thread.

@@ -32,19 +32,19 @@ int g_rank = -1;
 // The wait listener of a launched rank: the same status text as spawn's
 // ranks show ("allreduce #3"), written into the mapped file. A fixed buffer,
 // not a std::string: no allocation on the waiting thread.
-void report_wait(const distributed::Work& work, bool waiting) {
+void report_wait(const distributed::WaitedCollective& what, bool waiting) {
   if (g_status == nullptr) return;
   if (!waiting) {
     rank_status::set_waiting(*g_status, "");
     return;
   }
   char text[sizeof g_status->waiting];
-  if (g_rank >= 0 && work.rank() != g_rank) {  // a subgroup: its numbers are its own
-    std::snprintf(text, sizeof text, "%s #%llu (group rank %d)", work.collective().c_str(),
-                  static_cast<unsigned long long>(work.seq()), work.rank());
+  if (g_rank >= 0 && what.rank != g_rank) {  // a subgroup: its numbers are its own
+    std::snprintf(text, sizeof text, "%s #%llu (group rank %d)", what.collective.c_str(),
+                  static_cast<unsigned long long>(what.seq), what.rank);
   } else {
-    std::snprintf(text, sizeof text, "%s #%llu", work.collective().c_str(),
-                  static_cast<unsigned long long>(work.seq()));
+    std::snprintf(text, sizeof text, "%s #%llu", what.collective.c_str(),
+                  static_cast<unsigned long long>(what.seq));
   }
   rank_status::set_waiting(*g_status, text);
 }

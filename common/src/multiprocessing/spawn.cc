@@ -206,14 +206,14 @@ void reset_signal_handling() {
 // hangs or a collective times out, to which collective a rank skipped. A
 // wait that finds the work done already counts too, and its collective
 // becomes the rank's last.
-void report_wait(const distributed::Work& work, bool waiting) {
+void report_wait(const distributed::WaitedCollective& what, bool waiting) {
   if (!waiting) {
     set_rank_waiting("");
     return;
   }
-  std::string status = work.collective() + " #" + std::to_string(work.seq());
-  if (work.rank() != g_current_rank) {
-    status += " (group rank " + std::to_string(work.rank()) + ")";  // a subgroup
+  std::string status = what.collective + " #" + std::to_string(what.seq);
+  if (what.rank != g_current_rank) {
+    status += " (group rank " + std::to_string(what.rank) + ")";  // a subgroup
   }
   set_rank_waiting(status);
 }

@@ -102,9 +102,11 @@ class Future {
   // contract for the thread it runs on.
   std::shared_ptr<Future> then(Callback callback);
 
-  // The sequence numbers of the collectives whose completion this future
-  // follows (see the contract): set by Work::get_future, inherited by then().
-  void add_collective(uint64_t seq);
+  // A collective whose completion this future follows (see the contract):
+  // its sequence number, name and the rank's rank in its group; set by
+  // Work::get_future, inherited by then(). A wait reports the last one to
+  // the wait listener (work.h), as Work::wait reports its own.
+  void add_collective(uint64_t seq, const std::string& collective, int rank);
 
  private:
   // Completes with a value or an error; false, doing nothing, if already
@@ -121,7 +123,14 @@ class Future {
     std::shared_ptr<Future> chained;  // what then() returned
   };
   std::vector<Pending> callbacks_;  // guarded by mutex_; emptied at completion
-  std::vector<uint64_t> collectives_;  // guarded by mutex_; see add_collective
+  struct Followed {
+    uint64_t seq;
+    std::string collective;
+    int rank;
+  };
+  std::vector<Followed> collectives_;  // guarded by mutex_; see add_collective
+  // Tells the wait listener (work.h) a wait for `followed` begins or ends.
+  static void report(const Followed& followed, bool waiting);
 };
 
 }  // namespace tp::distributed

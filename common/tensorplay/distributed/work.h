@@ -30,9 +30,11 @@
 //     result (Note [In-flight writes]). Inside a future's callback, wait()
 //     for a collective that has not finished throws instead of hanging.
 //   - Every wait() tells the process's wait listener (set_wait_listener
-//     below) when it starts and stops waiting: spawn sets one in each rank it
-//     forks, to show which collective a rank waits in when a job hangs and to
-//     count each wait as progress. Without a listener this costs nothing.
+//     below) when it starts and stops waiting, and so does a wait for the
+//     work's future (Future::wait, wait_for: a comm hook's, say): spawn sets
+//     one in each rank it forks, to show which collective a rank waits in
+//     when a job hangs and to count each wait as progress. Without a
+//     listener this costs nothing.
 //   - wait() and is_completed() are virtual, for a group whose collectives
 //     complete on a device rather than on a host thread: ProcessGroupNCCL's
 //     work (process_group_nccl.h) returns from wait() once the caller's CUDA
@@ -137,10 +139,20 @@ class Work {
 // lock, so it must be quick and must not throw or wait on another Work.
 // distributed/ calls out through this pointer instead of calling its
 // watcher, so it depends on nothing above it (spawn's status board, say).
-using WaitListener = void (*)(const Work& work, bool waiting);
+// What is waited for: the collective's name ("allreduce"), its sequence
+// number and the waiting rank's rank in the collective's group. A wait for a
+// Future (a comm hook's) reports the last collective it follows.
+struct WaitedCollective {
+  const std::string& collective;
+  uint64_t seq;
+  int rank;
+};
+using WaitListener = void (*)(const WaitedCollective& what, bool waiting);
 // Sets the process's wait listener; nullptr (the default) removes it.
 // Thread-safe, but meant to be set once, before any collective: spawn sets
 // it in each rank it forks, before the rank's function runs.
 void set_wait_listener(WaitListener listener);
+// Tells the wait listener, if one is set (Work::wait and Future::wait do).
+void tell_wait_listener(const WaitedCollective& what, bool waiting);
 
 }  // namespace tp::distributed
