@@ -10,6 +10,10 @@ own; a typo is a usage error (exit 2) that names the flag and suggests the
 nearest one; a bad value names the flag, the range and the value; nothing
 runs (no table, no verdict) when the command line is wrong; and a value the
 check accepts is the value the flag gets ("2e0" is 2; given twice, the last).
+Where the stage offers comm hooks, plans that cannot run or are mistakes
+(PowerSGD's knobs not whole, without PowerSGD, or above the model's ranks;
+a hook with --divide-by-active-ranks or with the reduce-scatter form) are
+refused the same way, before any rank starts: no "CHECK failed" from a rank.
 """
 import re
 import subprocess
@@ -34,6 +38,9 @@ def expect_usage_error(exe, args, *phrases):
             fail(f"{' '.join(args)}: stderr lacks {phrase!r}: {r.stderr!r}")
     if "verdict" in r.stdout or "PASS" in r.stdout:
         fail(f"{' '.join(args)}: something ran before the usage error: {r.stdout[-500:]!r}")
+    if "CHECK failed" in r.stderr or "rank 0" in r.stderr:
+        fail(f"{' '.join(args)}: refused from inside a rank, not before the ranks start: "
+             f"{r.stderr!r}")
 
 
 def stage_flags(stage_h):
@@ -44,7 +51,9 @@ def stage_flags(stage_h):
     shared = {"bucket_cap_flags": ["--bucket-cap-mb", "--first-bucket-cap-mb"],
               "gradient_as_bucket_view_flag": ["--gradient-as-bucket-view"],
               "find_unused_parameters_flag": ["--find-unused-parameters"],
-              "static_graph_flag": ["--static-graph"]}
+              "static_graph_flag": ["--static-graph"],
+              "comm_hook_flags": ["--comm-hook", "--powersgd-rank", "--powersgd-start-iteration",
+                                  "--powersgd-min-compression-rate"]}
     for call, flags in shared.items():
         if call + "<" in text:
             names.update(flags)
@@ -97,6 +106,25 @@ def main(demo, checker, stage_h):
     if "--bucket-cap-mb" in own:
         expect_usage_error(demo, ["--bucket-cap-mb", "-1"],
                            "--bucket-cap-mb: expects a number from 1e-09 to 1e+06, got '-1'")
+
+    if "--comm-hook" in own:
+        # Plans no rank could run, or that are mistakes, are refused before the ranks start.
+        expect_usage_error(demo, ["--comm-hook", "powersgd", "--powersgd-rank", "1.5"],
+                           "--powersgd-rank: expects a whole number from 1 to 1000000, got '1.5'")
+        expect_usage_error(demo, ["--comm-hook", "powersgd", "--powersgd-start-iteration", "2.5"],
+                           "--powersgd-start-iteration: expects a whole number from 0 to "
+                           "1000000000, got '2.5'")
+        expect_usage_error(demo, ["--comm-hook", "powersgd", "--powersgd-rank", "100000"],
+                           "--powersgd-rank 100000 is above every weight's min(n, m) in this "
+                           "model (the largest is")
+        expect_usage_error(demo, ["--powersgd-rank", "2"], "set PowerSGD's options, and the "
+                           "comm hook is 'none': add --comm-hook powersgd, or drop them")
+        expect_usage_error(demo, ["--comm-hook", "fp16", "--divide-by-active-ranks"],
+                           "--divide-by-active-ranks with --comm-hook fp16: the hook decides")
+    if "--reduce-scatter" in own and "--comm-hook" in own:
+        expect_usage_error(demo, ["--reduce-scatter", "--comm-hook", "fp16"],
+                           "--reduce-scatter with --comm-hook fp16: the reduce-scatter form "
+                           "reduces in the optimizer")
 
     r = run(checker, "--help")
     if r.returncode != 0 or "--expect-fail" not in r.stdout or "--only" not in r.stdout:
