@@ -218,7 +218,9 @@ print("tprun's stderr full or closed: chatty ranks still finish; exit 0, or 1 wh
 # 9. A rank that leaves a process running outside its process group (setsid:
 # a session of its own) and exits 0: tprun, a child subreaper, gets the
 # orphan as its child and ends it with the job, and says so. A sleep that
-# ignores SIGTERM would not matter: it gets SIGKILL.
+# ignores SIGTERM would not matter: it gets SIGKILL. Each rank also leaves
+# one in its group (ended by killpg, it reaches tprun as a zombie): the
+# count names only the 2 that ran outside the groups.
 def kill_leftovers():
     for pid, _ in leftovers():
         try:
@@ -231,7 +233,8 @@ for end in ("exit 0", "exit 3"):
     try:
         # (An orphan left running keeps tprun's stdout open: the run would not end.)
         r, took = run(["--nproc-per-node", "2", "--",
-                       *rank_script(f"setsid sleep 300 & sleep 0.2; {end}")], timeout=20)
+                       *rank_script(f"sleep 300 & setsid sleep 300 & sleep 0.2; {end}")],
+                      timeout=20)
     except subprocess.TimeoutExpired:
         kill_leftovers()
         fail(f"a rank's setsid child ({end}): the job did not end within 20 s; processes "
@@ -244,3 +247,16 @@ for end in ("exit 0", "exit 3"):
     check_nothing_left(f"a rank's setsid child ({end})")
 print("a rank's process started with setsid (outside its group) ends with the job: tprun "
       "is a child subreaper")
+
+# 9b. A child tprun had before it started the ranks (`sleep 300 & exec tprun`)
+# is not the job's: it is left running.
+p = subprocess.run(["sh", "-c", 'sleep 300 >/dev/null 2>&1 & exec "$0" --nproc-per-node 1 -- '
+                    f'sh -c "exit 0" {MARKER}', TPRUN], stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE, text=True, timeout=30)
+mine = [pid for pid, cmd in leftovers() if cmd == "sleep 300"]
+kill_leftovers()
+if p.returncode != 0 or not mine or "ended" in p.stderr:
+    fail(f"a child tprun had before the job: exit {p.returncode}, still running: {mine}, "
+         f"stderr {p.stderr!r}; it must be left alone")
+check_nothing_left("a child tprun had before the job")
+print("a child tprun had before it started the ranks is left alone")
