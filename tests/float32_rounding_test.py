@@ -14,6 +14,9 @@ Checks, on `demo_02 --lr 0.5 --momentum 0.9 --steps 500`:
     on; how far rounding grows depends on the CPU's OpenBLAS kernel), the
     float64 re-run ran, matched, and the verdict says rounding, in the table
     and in the JSON;
+  - the demo says so before the re-run, with the flag that skips it; with
+    --no-float64-rerun it does not re-run, and its verdict says rounding
+    is not ruled out (JSON: float64_rerun_skipped);
   - a float64 plan is never re-run (there is nothing finer to ask).
 
 Run: float32_rounding_test.py build/lessons/demo_02
@@ -62,6 +65,16 @@ def main():
                 fail("the table's verdict does not say rounding:\n" + out[out.index("verdict:"):])
             print(f"ok: the float32 run ends {final['max_param_diff_vs_reference']:.2e} from the "
                   f"reference; the float64 re-run {rerun['max_param_diff']:.2e}: rounding")
+            if "re-running it in float64" not in out or "--no-float64-rerun skips it" not in out:
+                fail("the demo did not say, before the re-run, that it re-runs and how to skip it")
+            # The same plan with the re-run skipped: told as it is, and said so.
+            out, data = run(demo, PLAN + ["--no-float64-rerun"], os.path.join(tmp, "skip.json"))
+            if "re-running" in out or data["final"]["float64_rerun"] is not None or \
+                    not data["final"]["float64_rerun_skipped"] or \
+                    "not re-run in float64 (--no-float64-rerun)" not in out:
+                fail("--no-float64-rerun: the re-run ran, or the verdict does not say it was "
+                     "skipped:\n" + out[out.index("verdict:"):])
+            print("ok: --no-float64-rerun skips the re-run and says rounding is not ruled out")
         out, data = run(demo, PLAN[:2] + ["--steps", "5", "--dtype", "float64"],
                         os.path.join(tmp, "f64.json"))
         if data["final"]["float64_rerun"] is not None or "re-running" in out:

@@ -851,36 +851,44 @@ TEST_CASE("a collective that times out because a rank is stopped (SIGSTOP) names
 
 TEST_CASE("a rank waiting for a collective's future shows it: stopped there, it is named") {
   // Rank 1 waits for allreduce #2 through its future (as a DDP waits for a
-  // comm hook's) and is stopped there; rank 0 never issues #2 and gives up.
-  // The status board shows where rank 1 waits, a future's wait as a Work's.
-  const mp::SpawnError e = spawn_error_of([&] {
-    run_world(
-        2,
-        [](int rank, int) {
-          tp::Tensor t = tp::ones({4});
-          dist::all_reduce(t);  // allreduce #1: both ranks
-          if (rank == 1) {
-            std::shared_ptr<dist::Future> future =
-                dist::default_group()->allreduce(t)->get_future();
-            std::thread([] {
-              std::this_thread::sleep_for(std::chrono::milliseconds(300));
-              ::raise(SIGSTOP);  // the whole process, waiting in the future
-            }).detach();
-            future->wait_for(std::chrono::seconds(60));
-          } else {
-            std::this_thread::sleep_for(std::chrono::milliseconds(2000));
-            throw tp::TimeoutError("rank 0 gave up waiting for rank 1");
-          }
-        },
-        kShortTimeout * 4);
-  });
-  const std::string what = e.what();
-  CAPTURE(what);
-  CHECK(e.rank() == 0);
-  CHECK(what.find("meanwhile: rank 1 was stopped (SIGSTOP), waiting in allreduce #2") !=
-        std::string::npos);
-  CHECK(what.find("rank 1 is the likely cause: it was stopped (SIGSTOP), waiting in "
-                  "allreduce #2") != std::string::npos);
+  // comm hook's), with wait() or wait_for(), and is stopped there; rank 0
+  // never issues #2 and gives up. The status board shows where rank 1
+  // waits, a future's wait as a Work's.
+  for (const bool plain_wait : {true, false}) {
+    CAPTURE(plain_wait);
+    const mp::SpawnError e = spawn_error_of([&] {
+      run_world(
+          2,
+          [plain_wait](int rank, int) {
+            tp::Tensor t = tp::ones({4});
+            dist::all_reduce(t);  // allreduce #1: both ranks
+            if (rank == 1) {
+              std::shared_ptr<dist::Future> future =
+                  dist::default_group()->allreduce(t)->get_future();
+              std::thread([] {
+                std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                ::raise(SIGSTOP);  // the whole process, waiting in the future
+              }).detach();
+              if (plain_wait) {
+                future->wait();
+              } else {
+                future->wait_for(std::chrono::seconds(60));
+              }
+            } else {
+              std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+              throw tp::TimeoutError("rank 0 gave up waiting for rank 1");
+            }
+          },
+          kShortTimeout * 4);
+    });
+    const std::string what = e.what();
+    CAPTURE(what);
+    CHECK(e.rank() == 0);
+    CHECK(what.find("meanwhile: rank 1 was stopped (SIGSTOP), waiting in allreduce #2") !=
+          std::string::npos);
+    CHECK(what.find("rank 1 is the likely cause: it was stopped (SIGSTOP), waiting in "
+                    "allreduce #2") != std::string::npos);
+  }
 }
 
 TEST_CASE("the rank that threw is blamed, not the peer whose connection it broke") {

@@ -398,12 +398,16 @@ TEST_CASE("two processes given the same rank fail at once, naming the rank") {
                                    "127.0.0.1:" + std::to_string(port)) != std::string::npos);
   // Both processes named, so the stray one can be found: the holder, and the
   // one that was refused (process 1 or 2: whichever claimed second).
-  const std::regex both("rank 1 was already claimed in .* by pid ([0-9]+) on host .* \\(this "
-                        "process is pid ([0-9]+) on host ");
+  const std::regex both("rank 1 was already claimed in .* by pid ([0-9]+) on host (\\S+) "
+                        "\\(this process is pid ([0-9]+) on host (\\S+)\\)");
   std::smatch m;
   const std::string what = e.what();
   REQUIRE_MESSAGE(std::regex_search(what, m, both), what);
-  CHECK(m[1] != m[2]);
+  CHECK(m[1] != m[3]);
+  char host[256] = {};
+  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+  CHECK(m[2] == std::string(host));  // all three processes run here
+  CHECK(m[4] == std::string(host));
 }
 
 TEST_CASE("a rank that never arrives makes the others fail within the timeout, naming it") {

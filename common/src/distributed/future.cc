@@ -111,14 +111,22 @@ Future::Value Future::wait() const {
     span = std::make_unique<trace::Span>("wait", "comm", std::initializer_list<trace::Arg>{{"seq", seq}});
   }
   // The rank's status shows the wait (a comm hook's future is waited for,
-  // not its Work), as Work::wait shows its own.
-  const bool reported = !collectives.empty();
+  // not its Work), as Work::wait shows its own; not from inside a future's
+  // callback (the thread that finishes collectives), whose wait for a
+  // completed parent is no wait of the rank's and would wipe its status.
+  const bool reported = !collectives.empty() && !running_future_callback();
   if (reported) report(collectives.back(), true);
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [this] { return completed_; });
-  if (reported) report(collectives.back(), false);
-  if (error_) std::rethrow_exception(error_);
-  return value_;
+  Value value;
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [this] { return completed_; });
+    value = value_;
+    error = error_;
+  }
+  if (reported) report(collectives.back(), false);  // outside the lock: the contract's rule
+  if (error) std::rethrow_exception(error);
+  return value;
 }
 
 void Future::add_collective(uint64_t seq, const std::string& collective, int rank) {
@@ -132,10 +140,13 @@ bool Future::wait_for(std::chrono::milliseconds timeout) const {
     std::lock_guard<std::mutex> lock(mutex_);
     collectives = collectives_;
   }
-  const bool reported = !collectives.empty();
+  const bool reported = !collectives.empty() && !running_future_callback();
   if (reported) report(collectives.back(), true);
-  std::unique_lock<std::mutex> lock(mutex_);
-  const bool completed = done_cv_.wait_for(lock, timeout, [this] { return completed_; });
+  bool completed = false;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    completed = done_cv_.wait_for(lock, timeout, [this] { return completed_; });
+  }
   if (reported) report(collectives.back(), false);
   return completed;
 }

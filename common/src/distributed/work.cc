@@ -24,6 +24,8 @@ thread_local int t_running_future_callbacks = 0;
 
 }  // namespace
 
+bool running_future_callback() { return t_running_future_callbacks > 0; }
+
 void set_wait_listener(WaitListener listener) {
   g_wait_listener.store(listener, std::memory_order_release);
 }

@@ -92,10 +92,10 @@ std::string rank_names(const std::vector<int>& ranks) {
 
 // The one rank whose collective of some number differs from what at least
 // two others issued under it, in words, or "".
-std::string odd_collective(const std::vector<std::string>& lasts) {
+std::string odd_collective(const std::vector<std::string>& issued) {
   std::map<std::string, std::map<std::string, std::vector<int>>> by_number;  // #N -> name -> ranks
-  for (int rank = 0; rank < static_cast<int>(lasts.size()); ++rank) {
-    const std::string& last = lasts[rank];
+  for (int rank = 0; rank < static_cast<int>(issued.size()); ++rank) {
+    const std::string& last = issued[rank];
     const std::size_t hash = last.find(" #");
     if (hash == std::string::npos || last.find('(') != std::string::npos) continue;
     by_number[last.substr(hash + 1)][last.substr(0, hash)].push_back(rank);
@@ -116,22 +116,25 @@ std::string odd_collective(const std::vector<std::string>& lasts) {
 }  // namespace
 
 std::string likely_cause(const std::vector<std::string>& statuses,
-                         const std::vector<std::string>& lasts, int blamed) {
+                         const std::vector<std::string>& issued, int blamed) {
   std::vector<int> stopped, outside, waiting;
   for (int rank = 0; rank < static_cast<int>(statuses.size()); ++rank) {
     if (rank == blamed) continue;
     const std::string& s = statuses[rank];
-    if (starts_with(s, "stopped")) stopped.push_back(rank);
-    else if (starts_with(s, "not in a collective") || starts_with(s, "had returned")) {
+    if (starts_with(s, "stopped")) {
+      stopped.push_back(rank);
+    } else if (starts_with(s, "not in a collective") || starts_with(s, "had returned")) {
       outside.push_back(rank);
-    } else if (starts_with(s, "waiting in")) waiting.push_back(rank);
+    } else if (starts_with(s, "waiting in") && s.find("(group rank") == std::string::npos) {
+      waiting.push_back(rank);  // a subgroup's wait is not a wait for `blamed`
+    }
   }
   const std::string waited = " while rank " + std::to_string(blamed) + " waited";
   if (stopped.size() == 1) {
     return "rank " + std::to_string(stopped[0]) + " is the likely cause: it was " +
            statuses[stopped[0]] + "," + waited + " for it";
   }
-  if (std::string odd = odd_collective(lasts); !odd.empty()) return odd;
+  if (std::string odd = odd_collective(issued); !odd.empty()) return odd;
   const int others = static_cast<int>(statuses.size()) - 1;
   if (outside.size() == 1 && static_cast<int>(waiting.size()) == others - 1) {
     const std::string& s = statuses[outside[0]];

@@ -81,14 +81,17 @@ std::string different_collectives(const std::vector<std::string>& lasts);
 // When rank `blamed` only timed out or lost its peer: the rank the others'
 // `statuses` (as spawn words them: "stopped (SIGSTOP), ...", "not in a
 // collective (...)", "waiting in ...", "had returned (...)", "failed too")
-// and `lasts` single out as the cause, e.g. "rank 1 is the likely cause: it
+// and `issued` (what each rank issued last: the collective it waits in, else
+// the last it finished) single out as the cause, e.g. "rank 1 is the likely cause: it
 // issued barrier as #3 where ranks 0 and 2 issued allreduce", or "". The
 // one rank stopped; the one rank that issued another collective under a
 // number at least two others agree on; the one rank outside any collective,
-// or returned, while every other waited in one. Two ranks that disagree
-// single out neither.
+// or returned, while every other waited in one of the job's own (a
+// subgroup's wait, "(group rank N)", is not a wait for `blamed`). Two ranks
+// that disagree single out neither. tools/tprun's likely_cause says the
+// same, in the same words, for launched ranks.
 std::string likely_cause(const std::vector<std::string>& statuses,
-                         const std::vector<std::string>& lasts, int blamed);
+                         const std::vector<std::string>& issued, int blamed);
 
 // The state letter of /proc/<pid>/stat: 'T' stopped (SIGSTOP, SIGTSTP), 't'
 // stopped by a debugger, 'R' running, 'S' sleeping...; '?' if unreadable.

@@ -105,6 +105,9 @@ void add_run_flags(CLI::App& app, DemoArgs& args, bool offers_worker) {
                     {{"float32", kFloat32}, {"float64", kFloat64}}, config.dtype);
   app.add_flag("--per-rank-seed", config.per_rank_seed,
                "seed each rank's model differently (DDP's broadcast must undo it)");
+  app.add_flag_callback(
+      "--no-float64-rerun", [&args] { args.float64_rerun = false; },
+      "tell a float32 run that differs as it is: no float64 re-run to tell rounding from a bug");
   add_choice<ModelKind>(app, "--model", "the model",
                         {{"mini", ModelKind::MiniMLP},
                          {"branchy", ModelKind::Branchy},
@@ -695,6 +698,9 @@ void print_verdict(const DemoReport& report) {
         std::printf("  re-run in float64, the same plan differs too (parameters %.2e, losses "
                     "%.2e from its reference): not float32 rounding\n",
                     report.rerun.max_param_diff, report.rerun.max_loss_diff);
+      } else if (report.rerun.skipped) {
+        std::printf("  not re-run in float64 (--no-float64-rerun): float32 rounding grown over "
+                    "the run is not ruled out; drop the flag to tell (Note [Rounding or a bug])\n");
       }
       break;
     case Verdict::Float32Rounding:
@@ -894,6 +900,7 @@ Json report_json(const DemoReport& report) {
                                                          {"max_param_diff", report.rerun.max_param_diff},
                                                          {"max_loss_diff", report.rerun.max_loss_diff}}
                                                    : Json(nullptr)},
+                {"float64_rerun_skipped", report.rerun.skipped},
                 {"float32_rounding", report.verdict == Verdict::Float32Rounding},
                 {"approximation", report.approximation},
                 {"allreduce_bytes_first_step", report.bytes_in_first_step},

@@ -136,7 +136,9 @@ class Work {
 // Who wants to know about waits: called by Work::wait() on the waiting
 // thread, with `waiting` true when the wait starts (even if the work is done
 // already: each wait is progress) and false when it ends, under the Work's
-// lock, so it must be quick and must not throw or wait on another Work.
+// lock, so it must be quick and must not throw or wait on another Work; and
+// by Future::wait/wait_for, outside any lock, except inside a future's
+// callback. `what` (its string too) is valid only during the call.
 // distributed/ calls out through this pointer instead of calling its
 // watcher, so it depends on nothing above it (spawn's status board, say).
 // What is waited for: the collective's name ("allreduce"), its sequence
@@ -154,5 +156,9 @@ using WaitListener = void (*)(const WaitedCollective& what, bool waiting);
 void set_wait_listener(WaitListener listener);
 // Tells the wait listener, if one is set (Work::wait and Future::wait do).
 void tell_wait_listener(const WaitedCollective& what, bool waiting);
+
+// Whether this thread is running a future's callbacks (the thread that
+// finishes collectives): a wait there is not the rank's (Future::wait).
+bool running_future_callback();
 
 }  // namespace tp::distributed

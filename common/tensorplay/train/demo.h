@@ -57,6 +57,7 @@ struct DemoArgs {
   std::string json_path;   // empty: no JSON
   std::string trace_path;  // empty: no trace
   bool worker = false;     // --worker: the ranks ran the lesson's own worker
+  bool float64_rerun = true;  // --no-float64-rerun: a float32 run that differs is told as it is
   // Empty: the stage's solution runs. Else the folder of the code that runs
   // instead, named in the header: the demo built against the student's
   // exercise (demo_NN_mine, `./kit demo NN --mine`, built with TP_DEMO_MINE).
@@ -82,6 +83,7 @@ DemoArgs parse_demo_args(int argc, char** argv, const std::string& stage,
 // smaller. A correct DDP then matches; a wrong one differs in float64 too.
 struct Float64Rerun {
   bool ran = false;
+  bool skipped = false;         // it was due, and --no-float64-rerun skipped it
   bool matches = false;         // within float64's tolerance
   double max_param_diff = 0.0;  // the float64 run's, against its reference
   double max_loss_diff = 0.0;
@@ -170,13 +172,19 @@ int demo_main(int argc, char** argv, const StageSpec<typename D::Options>& spec,
     // Note [Rounding or a bug]: the same plan in float64.
     Float64Rerun rerun;
     if (wants_float64_rerun(args, reference, ranks, approximation)) {
-      RunConfig f64 = args.config;
-      f64.dtype = kFloat64;
-      f64.trace = false;
-      std::printf("demo %s: the float32 run differs from the reference; re-running it in "
-                  "float64 to tell rounding from a bug (Note [Rounding or a bug], demo.h)\n",
-                  spec.number.c_str());
-      rerun = judge_float64_rerun(f64, train_reference(f64), run_ddp<D>(f64, options));
+      if (!args.float64_rerun) {
+        rerun.skipped = true;
+      } else {
+        RunConfig f64 = args.config;
+        f64.dtype = kFloat64;
+        f64.trace = false;
+        std::printf("demo %s: the float32 run differs from the reference; re-running it in "
+                    "float64 to tell rounding from a bug (Note [Rounding or a bug], demo.h): "
+                    "as long again as the run (--no-float64-rerun skips it)\n",
+                    spec.number.c_str());
+        std::fflush(stdout);  // said before the wait, also into a pipe
+        rerun = judge_float64_rerun(f64, train_reference(f64), run_ddp<D>(f64, options));
+      }
     }
     report_demo(spec.number, spec.title, args, reference, ranks, spec.advice, approximation,
                 rerun);

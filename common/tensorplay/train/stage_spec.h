@@ -193,12 +193,14 @@ std::vector<OptionFlag<Options>> comm_hook_flags() {
                                "compress a matrix only if it shrinks more than this")};
 }
 
-// Throws tp::Error for a comm hook plan no rank could run, so that the demo
-// refuses it before any rank starts (a usage error) rather than a rank
-// failing a check inside the hook's set-up: PowerSGD's knobs given without
-// PowerSGD (they would be ignored); a PowerSGD rank above every weight's
-// min(n, m) in the plan's model (every matrix would be sent whole); a hook
-// with --divide-by-active-ranks (the hook decides what to divide by).
+// Throws tp::Error for a comm hook plan that cannot run or is a mistake, so
+// that the demo refuses it before any rank starts (a usage error) rather
+// than a rank failing a check inside the hook's set-up: PowerSGD's knobs
+// given without PowerSGD (they would be ignored; a knob given at its
+// default is not told apart); a PowerSGD rank above every weight's min(n,
+// m) in the plan's model (every matrix would be sent whole: lesson 08 calls
+// it a mistake, as default_hooks.cc's check does); a hook with
+// --divide-by-active-ranks (the hook decides what to divide by).
 template <typename Options>
 void check_comm_hook_plan(const RunConfig& config, const Options& options) {
   const Options defaults{};
