@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "fsdp_trace.py")
 sys.path.insert(0, HERE)
 import fsdp_trace  # noqa: E402
+from smoke import expect_refused  # noqa: E402
 
 
 def fail(message):
@@ -117,13 +118,8 @@ def check_refused(tmp):
     empty = os.path.join(tmp, "empty.json")
     with open(empty, "w") as f:
         json.dump({"traceEvents": [span("forward", 0, 10)]}, f)
-    for args, words in [([f"x={empty}"], "no \"step\" spans"),
-                        ([empty], "give each trace as LABEL=TRACE")]:
-        r = subprocess.run([sys.executable, SCRIPT, *args], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-        if r.returncode == 0 or words not in r.stdout:
-            fail(f"fsdp_trace.py {' '.join(args)}: exit {r.returncode}, want an error with "
-                 f"{words!r}; said:\n{r.stdout}")
+    expect_refused(SCRIPT, [([f"x={empty}"], "no \"step\" spans"),
+                            ([empty], "give each trace as LABEL=TRACE")])
 
 
 def main():

@@ -81,6 +81,18 @@ def check_fsdp_counts(path):
                  f"bench_fsdp counted {got}")
 
 
+def expect_refused(script, cases, code=None):
+    """Runs `script` (a bench/ Python script) with each case's arguments and
+    exits the test unless it fails (with exit `code`, when given) saying the
+    case's words: [(args, words)]."""
+    for args, words in cases:
+        r = subprocess.run([sys.executable, script, *args], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=60)
+        if (r.returncode == 0 if code is None else r.returncode != code) or words not in r.stdout:
+            sys.exit(f"FAIL: {os.path.basename(script)} {' '.join(args)}: exit {r.returncode}, "
+                     f"want {code or 'an error'} with {words!r}; said:\n{r.stdout}")
+
+
 def python_with(module):
     """A Python that can import `module`: Debian's (where apt puts packages) or ours."""
     for candidate in ("/usr/bin/python3", sys.executable):

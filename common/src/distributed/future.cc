@@ -5,6 +5,7 @@
 #include "tensorplay/distributed/future.h"
 
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "tensorplay/distributed/work.h"
@@ -135,19 +136,18 @@ void Future::add_collective(uint64_t seq, const std::string& collective, int ran
 }
 
 bool Future::wait_for(std::chrono::milliseconds timeout) const {
-  std::vector<Followed> collectives;
+  std::optional<Followed> last;  // what the rank's status shows it waits for (as in wait())
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    collectives = collectives_;
+    if (!collectives_.empty() && !running_future_callback()) last = collectives_.back();
   }
-  const bool reported = !collectives.empty() && !running_future_callback();
-  if (reported) report(collectives.back(), true);
+  if (last) report(*last, true);
   bool completed = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     completed = done_cv_.wait_for(lock, timeout, [this] { return completed_; });
   }
-  if (reported) report(collectives.back(), false);
+  if (last) report(*last, false);
   return completed;
 }
 
