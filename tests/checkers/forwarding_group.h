@@ -35,6 +35,9 @@ class ForwardingGroup : public tp::distributed::ProcessGroup {
   }
   std::shared_ptr<tp::distributed::Work> barrier() override { return inner_->barrier(); }
   void synchronize() override { inner_->synchronize(); }
+  void check_collective_count(const std::string& where) override {
+    inner_->check_collective_count(where);
+  }
 
  private:
   std::shared_ptr<tp::distributed::ProcessGroup> inner_;

@@ -13,6 +13,10 @@
 //   spin        computes forever, outside any collective
 //   stop        stops itself (SIGSTOP), outside any collective
 //   barrier     calls a barrier where the others all-reduce
+//   skip        leaves that all-reduce out: its next one pairs with the
+//               others' third, and every sum is wrong from there on; each
+//               all-reduce is a step here, whose end compares the ranks'
+//               collective counts, as the kit's trainer does
 //
 // Like a demo under a launcher, it shows its waits to tprun
 // (report_to_launcher) and records its error (record_error).
@@ -25,6 +29,7 @@
 #include <string>
 
 #include "tensorplay/distributed/init.h"
+#include "tensorplay/distributed/process_group.h"
 #include "tensorplay/error.h"
 #include "tensorplay/multiprocessing/launched_rank.h"
 #include "tensorplay/tensor.h"
@@ -33,7 +38,7 @@ namespace dist = tp::distributed;
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::fprintf(stderr, "usage: fault_rank none|throw|unwritable|spin|stop|barrier FAULTY "
+    std::fprintf(stderr, "usage: fault_rank none|throw|unwritable|spin|stop|barrier|skip FAULTY "
                          "TIMEOUT_MS\n");
     return 2;
   }
@@ -56,12 +61,10 @@ int main(int argc, char** argv) {
           for (;;) n = n + 1;
         }
         if (fault == "stop") ::raise(SIGSTOP);
-        if (fault == "barrier") {
-          dist::barrier();
-          continue;
-        }
+        if (fault == "barrier") dist::barrier();
       }
-      dist::all_reduce(t);
+      if (!me || i != 3 || (fault != "barrier" && fault != "skip")) dist::all_reduce(t);
+      dist::default_group()->check_collective_count("the end of step " + std::to_string(i));
     }
     dist::destroy_process_group();
   } catch (const std::exception& e) {

@@ -4,8 +4,8 @@
     launched_faults_test.py TPRUN FAULT_RANK
 
 FAULT_RANK is tests/multinode/fault_rank.cc: a rank that all-reduces and, on
-one rank, throws, spins, stops or calls a barrier where its third all-reduce
-is due. Each case checks tprun's report names the rank at fault (first, as
+one rank, throws, spins, stops, calls a barrier or skips where its third
+all-reduce is due. Each case checks tprun's report names the rank at fault (first, as
 "the likely cause", where the others only waited for it) and says where the
 others were (from the ranks' status files), as spawn's report does for forked
 ranks. The stray-rank case starts ranks by hand, as a bare env://
@@ -90,6 +90,16 @@ expect("barrier vs allreduce, 3 ranks", r, report, 1, "timed out")
 expect_first("barrier vs allreduce, 3 ranks", report, "tprun: rank 1 is the likely cause: it "
              "issued barrier as #3 where ranks 0 and 2 issued allreduce")
 print(f"a barrier against two all-reduces: {report.splitlines()[0]}; {seconds:.2f} s")
+
+# 4b. A rank that leaves an all-reduce out, of the same shape as the next:
+# nothing times out, the sums are wrong, and the step's collective counts
+# name it (found by rank 0, the rank before it, which arrives later).
+r, report, seconds = tprun("skip", world=3)
+expect("skipped all-reduce, 3 ranks", r, report, 1, "rank 0 (local rank 0 on node 0) failed")
+expect_first("skipped all-reduce, 3 ranks", report, "tprun: rank 1 is the likely cause: by the end "
+             "of step 3 it had issued 2 collectives on this group where ranks 0 and 2 had "
+             "issued 3: it skipped a collective the others issued (rank 0 found it)")
+print(f"a skipped all-reduce: {report.splitlines()[0]}; {seconds:.2f} s")
 
 # 5. A rank that throws is blamed, not its peers, which only lost their
 # connection, also when no rank can write its error file; the report then

@@ -722,6 +722,80 @@ TEST_CASE("a rank that skips a collective makes the waiting rank time out naming
   CHECK(seconds_since(start) < 30.0);
 }
 
+// Each rank all-reduces ones three times per step and checks its count at
+// each step's end, as the kit's trainer does; rank 1 may leave one out of
+// step 2 or add one to it. Every all-reduce has the same shape, so Gloo pairs
+// rank 1's next one with the others' skipped one and nothing times out:
+// without the count, every rank's sum is silently wrong from step 2 on.
+void three_per_step(int rank, int skip_or_extra) {
+  tp::Tensor t = tp::ones({4});
+  for (int step = 0; step < 5; ++step) {
+    int issue = 3;
+    if (rank == 1 && step == 2) issue += skip_or_extra;
+    for (int k = 0; k < issue; ++k) dist::all_reduce(t);
+    dist::default_group()->check_collective_count("the end of step " + std::to_string(step));
+  }
+}
+
+TEST_CASE("a rank that skips an all-reduce of the same shape is named at the step's end, with "
+          "every rank's count") {
+  const std::string three =
+      spawn_error_of([] { run_world(3, [](int rank, int) { three_per_step(rank, -1); }); })
+          .what();
+  // spawn leads with the rank found, not with the rank that found it.
+  CHECK_MESSAGE(three.rfind("tp::multiprocessing::spawn: rank 1 is the likely cause: by the end of "
+                            "step 2 it had issued 8 collectives on this group where ranks 0 and 2 "
+                            "had issued 9: it skipped a collective the others issued (rank 0 "
+                            "found it)\n  rank 0 failed: ", 0) == 0,
+                three);
+  CHECK_MESSAGE(three.find("rank 1 is the likely cause: by the end of step 2 it had issued 8 "
+                           "collectives on this group where ranks 0 and 2 had issued 9: it "
+                           "skipped a collective the others issued. Where a rank skips one") !=
+                    std::string::npos,
+                three);
+  // Two ranks cannot outvote each other: both readings are given.
+  const std::string two =
+      spawn_error_of([] { run_world(2, [](int rank, int) { three_per_step(rank, -1); }); })
+          .what();
+  CHECK_MESSAGE(two.find("rank 1 issued fewer collectives on this group than rank 0 by the end "
+                         "of step 2 (8 against 9): it skipped one, or rank 0 issued an extra "
+                         "one") != std::string::npos,
+                two);
+}
+
+TEST_CASE("a rank that issues an extra all-reduce of the same shape names itself at the step's "
+          "end") {
+  const std::string message =
+      spawn_error_of([] { run_world(4, [](int rank, int) { three_per_step(rank, +1); }); })
+          .what();
+  CHECK_MESSAGE(message.find("rank 1 is the likely cause: by the end of step 2 it had issued 10 "
+                             "collectives on this group where ranks 0, 2 and 3 had issued 9: it "
+                             "issued a collective the others did not") != std::string::npos,
+                message);
+  CHECK_MESSAGE(message.find("rank 1 failed: tp::DistributedError: rank 1 is the likely cause")
+                    != std::string::npos, message);
+}
+
+TEST_CASE("collective counts that agree pass, and a rank that stops checking (it joined) is not "
+          "compared") {
+  for (int world : {1, 2, 4}) {
+    CHECK_NOTHROW(run_world(world, [](int rank, int) {
+      tp::Tensor t = tp::ones({4});
+      for (int step = 0; step < 6; ++step) {
+        dist::all_reduce(t);
+        dist::all_reduce(t);
+        // Rank 0 has no inputs after step 2: it keeps shadowing the others'
+        // collectives, as a joined rank does, but checks no more ends.
+        if (rank != 0 || step < 2) {
+          dist::default_group()->check_collective_count("the end of step " + std::to_string(step));
+        }
+      }
+      expect_values(t, std::vector<double>(4, std::pow(static_cast<double>(dist::get_world_size()), 12)),
+                    "after twelve all-reduces of ones");
+    }));
+  }
+}
+
 TEST_CASE("a barrier against an allreduce names both sides, whichever rank times out first") {
   // Both ranks time out, each in its own collective #2; the report must show
   // both calls, not only the blamed rank's.

@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "collective_fingerprint.h"
+#include "dir_store.h"
 #include "gloo_cuda_staging.h"
 #include "gloo_rendezvous.h"
 #include "in_flight_writes.h"
@@ -513,6 +514,7 @@ ProcessGroupGloo::ProcessGroupGloo(const std::string& rendezvous_dir, int rank, 
   gloo::rendezvous::FileStore store(rendezvous_dir);
   impl_->context =
       connect_mesh(store, impl_->device, rank, size, options_.timeout, connect_failed);
+  set_count_store(std::make_shared<detail::DirStore>(rendezvous_dir));
   impl_->comm_thread = std::thread([impl = impl_.get()] { impl->loop(); });
 }
 
@@ -555,6 +557,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   detail::GlooStoreAdapter gloo_store(*impl_->store, options_.timeout);
   impl_->context =
       connect_mesh(gloo_store, impl_->device, rank, size, options_.timeout, connect_failed);
+  set_count_store(impl_->store);
   impl_->comm_thread = std::thread([impl = impl_.get()] { impl->loop(); });
 }
 

@@ -592,6 +592,7 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int s
   }
   impl_->device = device;
   impl_->store = std::move(store);
+  set_count_store(impl_->store);
   Store& s = *impl_->store;
   // Rank 0's ncclUniqueId first: a missing rank 0 is a timeout naming its
   // key. Then the claims and world sizes (Note [Rendezvous in a store]),

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <regex>
+#include <string>
 #include <utility>
 
 namespace tp::multiprocessing::rank_status {
@@ -143,6 +145,12 @@ std::string likely_cause(const std::vector<std::string>& statuses,
            " in a collective for it";
   }
   return "";
+}
+
+std::string cause_named_in(const std::string& message) {
+  static const std::regex named(R"(rank \d+ is the likely cause: [^\n]*?(?=\. |\n|$))");
+  std::smatch found;
+  return std::regex_search(message, found, named) ? found.str() : std::string();
 }
 
 char process_state(pid_t pid) {

@@ -93,6 +93,13 @@ std::string different_collectives(const std::vector<std::string>& lasts);
 std::string likely_cause(const std::vector<std::string>& statuses,
                          const std::vector<std::string>& issued, int blamed);
 
+// When a rank's own error names another as the likely cause (a rank that
+// found the collective counts differ: "rank 1 is the likely cause: by the
+// end of step 2 it had issued 8 collectives ..."), that sentence, up to its
+// first ". " or line end; "" when the message names none. spawn and tprun
+// lead their report with it, as with likely_cause.
+std::string cause_named_in(const std::string& message);
+
 // The state letter of /proc/<pid>/stat: 'T' stopped (SIGSTOP, SIGTSTP), 't'
 // stopped by a debugger, 'R' running, 'S' sleeping...; '?' if unreadable.
 char process_state(pid_t pid);

@@ -743,6 +743,11 @@ void Job::throw_failure() {
       message = "tp::multiprocessing::spawn: " + cause + "\n  " +
                 message.substr(std::string("tp::multiprocessing::spawn: ").size());
     }
+  } else if (const std::string named = rank_status::cause_named_in(blamed_outcome.message);
+             !named.empty() && named.rfind("rank " + std::to_string(blamed) + " ", 0) != 0) {
+    // The rank that failed found another at fault (its collective count).
+    message = "tp::multiprocessing::spawn: " + named + " (rank " + std::to_string(blamed) +
+              " found it)\n  " + message.substr(std::string("tp::multiprocessing::spawn: ").size());
   }
   throw SpawnError(blamed, message, blamed_outcome.kind);
 }

@@ -37,6 +37,12 @@
 //   - counters() counts the collectives issued since construction or
 //     reset_counters(); checkers use them ("one all-reduce per parameter").
 //     Issuing methods may be called from one thread at a time.
+//   - A rank that skips a collective pairs its next one with the others'
+//     skipped one; no collective can tell. check_collective_count, called
+//     at a point every rank passes with the same collectives issued (the
+//     kit's trainer: each step's end), compares the ranks' counts through
+//     the group's store and names the rank that skipped one or issued an
+//     extra one, without a collective and without waiting.
 //   - A collective budget (set_collective_budget; none by default) bounds
 //     how many collectives the group issues from the call on: the one past it
 //     throws tp::DistributedError at the call that issues it, naming the
@@ -58,6 +64,8 @@
 #include "tensorplay/tensor.h"
 
 namespace tp::distributed {
+
+class Store;
 
 enum class ReduceOp { SUM, AVG, MIN, MAX };
 std::string to_string(ReduceOp op);
@@ -159,6 +167,23 @@ class ProcessGroup {
   // wait() returned is not missed.
   virtual void synchronize() {}
 
+  // A point every rank passes having issued the same collectives on this
+  // group, such as the end of a training step (the kit's trainer calls it
+  // there): `where` names it for the message, "the end of step 4". Records
+  // how many collectives this rank has issued, in the group's store, and
+  // compares with the next rank's record of the same point if that rank has
+  // passed it already; throws tp::DistributedError naming each rank's count
+  // and the likely cause when they differ (Note [Counting collectives] in
+  // process_group.cc: a rank that skips a collective otherwise pairs its next
+  // one with the others' skipped one, and when the two have the same shape
+  // every rank's sum is silently wrong). Never waits for another rank and
+  // issues no collective. Every rank must call it at the same points, the
+  // same number of times, except that a rank may stop calling it (a rank
+  // that ran out of inputs and joined). A group without a store (a test's
+  // recording group) checks nothing; a wrapper group forwards the call.
+  // Issuing thread only.
+  virtual void check_collective_count(const std::string& where);
+
   const CollectiveCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
 
@@ -176,6 +201,11 @@ class ProcessGroup {
   // counts the collective against the budget; throws past it.
   void charge_budget(const char* collective);
 
+  // The store check_collective_count writes and reads: one every rank of
+  // this group reaches without a collective (the rendezvous store, or a
+  // file:// job's directory). Backends set it at construction.
+  void set_count_store(std::shared_ptr<Store> store) { count_store_ = std::move(store); }
+
   CollectiveCounters counters_;  // issuing thread only
 
  private:
@@ -185,6 +215,11 @@ class ProcessGroup {
   std::string budget_reason_;  // where the budget comes from, for the error
   uint64_t issued_ = 0;        // issuing thread only; never reset
   uint64_t budget_from_ = 0;   // issued_ when the budget was set
+  // check_collective_count's state, issuing thread only: the store (null:
+  // no check), the calls so far, and what this rank's two records hold.
+  std::shared_ptr<Store> count_store_;
+  int64_t count_points_ = 0;
+  int64_t count_records_[2] = {0, 0};
 };
 
 }  // namespace tp::distributed

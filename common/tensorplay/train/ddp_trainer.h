@@ -274,6 +274,9 @@ RankResult train_rank(int rank, const RunConfig& config,
         }
         record_micro_batch(result, group->counters(), ddp.parameters());  // what it did
       }
+      // Every rank has issued as many collectives as the others by now; one
+      // that skipped a collective is named here, before its wrong sums go on.
+      group->check_collective_count(detail::cat("the end of step ", step));
       if (step == 0) {
         result.after_first_step = snapshot_parameters(ddp, peaks);
         if (config.trace_first_step && !config.trace) trace::disable();  // (demo.cc)
