@@ -20,6 +20,12 @@
 //                    queued, run on the communication thread (which has
 //                    nothing to reduce and skips Gloo), waited for: the
 //                    hand-off between threads alone.
+//   BM_CountCheck    ProcessGroup::check_collective_count(): what the kit's
+//                    trainer adds to every step to catch a skipped
+//                    collective (two round trips to the group's store: the
+//                    rendezvous directory under spawn, the TCP or redis
+//                    store when launched). No collective in between, so
+//                    the counts always agree.
 //
 // Counters, from every single all-reduce's wall time (Google Benchmark's own
 // time is the mean of the pair's sum, which one stall drags up):
@@ -209,10 +215,19 @@ void bm_kit_handoff(benchmark::State& state, const std::shared_ptr<dist::Process
                                  [&] { group->allreduce(empty, dist::ReduceOp::SUM)->wait(); });
 }
 
+void bm_count_check(benchmark::State& state, const std::shared_ptr<dist::ProcessGroup>& group) {
+  group->barrier()->wait();
+  tp::bench::time_each_iteration(state, "us",
+                                 [&] { group->check_collective_count("a benchmark iteration"); });
+}
+
 void register_benchmarks(const tp::bench::RankSetup& setup) {
   const auto& group = setup.group;
   benchmark::RegisterBenchmark("BM_KitHandoff",
                                [group](benchmark::State& state) { bm_kit_handoff(state, group); })
+      ->Iterations(tp::bench::iterations(1000))->Unit(benchmark::kMicrosecond)->UseRealTime();
+  benchmark::RegisterBenchmark("BM_CountCheck",
+                               [group](benchmark::State& state) { bm_count_check(state, group); })
       ->Iterations(tp::bench::iterations(1000))->Unit(benchmark::kMicrosecond)->UseRealTime();
   // Connected once per rank, before any benchmark runs; the registered
   // benchmarks share it. Not for launched ranks (see the top of the file).

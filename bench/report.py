@@ -338,6 +338,11 @@ def report_allreduce(results, report, fits):
             report.add(f"- the kit's hand-off alone (an empty all-reduce: queued, run on the "
                        f"communication thread, waited for; no Gloo): p50 "
                        f"{handoff['p50_us']:.1f} us, p90 {handoff['p90_us']:.1f} us")
+        count_check = result["runs"].get("BM_CountCheck")
+        if count_check:
+            report.add(f"- the collective count check the trainer makes at every step's end "
+                       f"(check_collective_count: two round trips to the group's store): p50 "
+                       f"{count_check['p50_us']:.1f} us, p90 {count_check['p90_us']:.1f} us")
         report.add("- kit and raw Gloo ran interleaved (one of each per iteration); kit/Gloo is "
                    "the median of the per-iteration ratios, fair even when the machine's load "
                    "moves. PyTorch ran in its own process at another time.")

@@ -24,7 +24,7 @@ import tempfile
 # (program, world sizes, benchmarks its JSON must contain, by name prefix)
 PROGRAMS = [
     ("bench_ops", [None], ["BM_"]),
-    ("bench_allreduce", [2, 4], ["BM_KitHandoff", "BM_Allreduce/4",
+    ("bench_allreduce", [2, 4], ["BM_KitHandoff", "BM_CountCheck", "BM_Allreduce/4",
                                  "BM_Allreduce/67108864"]),
     ("bench_sync", [2], ["BM_Stage01SyncGrads/64", "BM_Stage02SyncGrads/64",
                          "BM_OneFlatAllreduce/64", "BM_Stage02BucketCap/10",

@@ -92,6 +92,10 @@ TEST_CASE("TCPStore sets, gets, adds and checks keys between a server and a clie
   CHECK(client.add("count", 2) == 2);
   CHECK(server.add("count", 3) == 5);
   CHECK(client.add("count", -5) == 0);
+  // Several adds in one message, answered in order (the count check's write
+  // and read).
+  CHECK(client.add_each({{"count", 4}, {"never set", 0}, {"count", 1}}) ==
+        std::vector<int64_t>{4, 0, 5});
   // A get that waits: the key appears 100 ms later, from another thread.
   std::thread writer([&] {
     std::this_thread::sleep_for(milliseconds(100));
@@ -227,6 +231,27 @@ TEST_CASE("the first host of a Slurm host list") {
   CHECK(first_slurm_host("rack[1-2]-n[3,5-6]") == "rack1-n3");
   CHECK(first_slurm_host("node[7]") == "node7");
   CHECK(first_slurm_host("localhost") == "localhost");
+}
+
+TEST_CASE("under env:// the store carries the collective counts: a rank that skips an all-reduce "
+          "of the same shape is named at the step's end") {
+  const int port = free_port();
+  const std::string message = spawn_error_of([&] {
+    spawn_ranks(3, [&](int rank) {
+      set_rank_environment("127.0.0.1", port, rank, 3);
+      dist::init_process_group("gloo", "env://", kTimeout);
+      tp::Tensor t = tp::ones({4});
+      for (int step = 0; step < 4; ++step) {
+        for (int k = 0; k < (rank == 1 && step == 1 ? 1 : 2); ++k) dist::all_reduce(t);
+        dist::default_group()->check_collective_count("the end of step " + std::to_string(step));
+      }
+      dist::destroy_process_group();
+    });
+  }).what();
+  CHECK_MESSAGE(message.find("rank 1 is the likely cause: by the end of step 1 it had issued 3 "
+                             "collectives on this group where ranks 0 and 2 had issued 4") !=
+                    std::string::npos,
+                message);
 }
 
 TEST_CASE("tcp://HOST:PORT is env:// with the address inline, at world sizes 1 to 4") {

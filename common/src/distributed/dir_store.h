@@ -28,6 +28,7 @@ class DirStore : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::vector<std::string>& keys) override;
   std::string describe() const override { return "the directory store in '" + dir_ + "'"; }
+  const std::string& dir() const { return dir_; }
 
  private:
   std::string path(const std::string& key) const;

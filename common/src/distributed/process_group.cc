@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "tensorplay/distributed/store.h"
+#include "count_board.h"
 #include "tensorplay/error.h"
 
 namespace tp::distributed {
@@ -63,7 +63,7 @@ void ProcessGroup::charge_budget(const char* collective) {
   if (budget_ == 0 || issued_ - budget_from_ <= budget_) return;
   TP_THROW(DistributedError, "tp::distributed::ProcessGroup: rank ", rank_, " issued collective #",
            issued_, " (", collective, "), past the budget of ", budget_, " collectives",
-           budget_from_ > 0 ? detail::cat(" from #", budget_from_ + 1) : std::string(),
+           budget_from_ > 0 ? tp::detail::cat(" from #", budget_from_ + 1) : std::string(),
            budget_reason_.empty() ? std::string() : " (" + budget_reason_ + ")",
            ": a loop that keeps issuing collectives never ends; is a sync loop or join's "
            "shadowing loop missing its exit? (Note [Collective budget])");
@@ -80,7 +80,8 @@ void ProcessGroup::charge_budget(const char* collective) {
 // of the others whatever each meant by it; only a point the ranks agree
 // on can, such as the end of a step, where every rank must have issued as
 // many collectives as the others. So check_collective_count writes this
-// rank's count at its n-th point into the group's store, beside n, and
+// rank's count at its n-th point where the other ranks can read it, beside
+// n (a CountBoard: the group's store, or a file:// job's mapped file), and
 // reads the next rank's record of the same point. No rank waits:
 //   - the rank that skipped reaches the point first (the others' last
 //     collective of the step completes only once it issues its next one,
@@ -95,25 +96,20 @@ void ProcessGroup::charge_budget(const char* collective) {
 // even points, since the next rank is never more than one point away
 // while each step has a collective; a record of another point is not
 // compared (a rank that joined stops calling, and its old record stays).
-// The store's add() carries the records, being the one write every store
-// allows more than once: the value is (point << 32) | count.
-// Its cost is two store round trips per point: the trainer's demo and
-// checker call it once per step (the measured cost is in README's
-// "Mismatched collectives").
+// A record is (point << 32) | count.
+// Its cost, per check (bench_allreduce's BM_CountCheck): a memory write and
+// read under file://; one round trip to env://'s TCP store, two to redis
+// (README, "Mismatched collectives", has the measured cost).
 namespace {
 
 constexpr int kCountBits = 32;
 constexpr int64_t kCountMask = (int64_t{1} << kCountBits) - 1;
 
-std::string count_key(int rank, int64_t point) {
-  return detail::cat("tp-collective-count-", rank, "-", point % 2);
-}
-
 // "rank 1", "ranks 0 and 2".
 std::string rank_words(const std::vector<int>& ranks) {
   std::string out = ranks.size() == 1 ? "rank " : "ranks ";
   for (std::size_t i = 0; i < ranks.size(); ++i) {
-    out += detail::cat(i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ", ranks[i]);
+    out += tp::detail::cat(i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ", ranks[i]);
   }
   return out;
 }
@@ -121,16 +117,14 @@ std::string rank_words(const std::vector<int>& ranks) {
 }  // namespace
 
 void ProcessGroup::check_collective_count(const std::string& where) {
-  if (!count_store_ || size_ == 1) return;
+  if (!count_board_ || size_ == 1) return;
   ++count_points_;
-  const int64_t slot = count_points_ % 2;
+  const int slot = static_cast<int>(count_points_ % 2);
   const int64_t mine = (count_points_ << kCountBits) | (static_cast<int64_t>(issued_) & kCountMask);
   std::map<int64_t, std::vector<int>> ranks_by_count;
   std::vector<int> not_there;
   try {
-    count_store_->add(count_key(rank_, count_points_), mine - count_records_[slot]);
-    count_records_[slot] = mine;
-    const int64_t next = count_store_->add(count_key((rank_ + 1) % size_, count_points_), 0);
+    const int64_t next = count_board_->write_then_read(rank_, slot, mine, (rank_ + 1) % size_);
     if (next >> kCountBits != count_points_ || next == mine) return;
     // Found. The ranks on their way to this point are given a moment to
     // record theirs, so that the message can name the odd one out.
@@ -139,8 +133,7 @@ void ProcessGroup::check_collective_count(const std::string& where) {
       ranks_by_count.clear();
       not_there.clear();
       for (int r = 0; r < size_; ++r) {
-        const int64_t theirs =
-            r == rank_ ? mine : count_store_->add(count_key(r, count_points_), 0);
+        const int64_t theirs = r == rank_ ? mine : count_board_->read(r, slot);
         if (theirs >> kCountBits == count_points_) {
           ranks_by_count[theirs & kCountMask].push_back(r);
         } else {
@@ -155,14 +148,14 @@ void ProcessGroup::check_collective_count(const std::string& where) {
     // redis-server that stopped after rendezvous), and so does this rank,
     // unchecked from here on. (Under env:// the store leaves with rank 0,
     // after its last collective: nothing is left to count.)
-    count_store_.reset();
+    count_board_.reset();
     std::fprintf(stderr, "tp::distributed: rank %d: collective counts are no longer checked: %s\n",
                  rank_, e.what());
     return;
   }
   std::string counts;
   for (const auto& [count, ranks] : ranks_by_count) {
-    counts += detail::cat(counts.empty() ? "" : ", ", rank_words(ranks), " ", count);
+    counts += tp::detail::cat(counts.empty() ? "" : ", ", rank_words(ranks), " ", count);
   }
   std::string lead;
   const auto fewest = ranks_by_count.begin();
@@ -172,22 +165,22 @@ void ProcessGroup::check_collective_count(const std::string& where) {
     const bool one_fewer = fewest->second.size() == 1;
     const auto& odd = one_fewer ? *fewest : *most;
     const auto& rest = one_fewer ? *most : *fewest;
-    lead = detail::cat(rank_words(odd.second), " is the likely cause: by ", where, " it had issued ",
+    lead = tp::detail::cat(rank_words(odd.second), " is the likely cause: by ", where, " it had issued ",
                        odd.first, " collectives on this group where ", rank_words(rest.second),
                        " had issued ", rest.first, one_fewer
                            ? ": it skipped a collective the others issued"
                            : ": it issued a collective the others did not");
   } else if (ranks_by_count.size() == 2 && fewest->second.size() == 1) {
-    lead = detail::cat(rank_words(fewest->second), " issued fewer collectives on this group than ",
+    lead = tp::detail::cat(rank_words(fewest->second), " issued fewer collectives on this group than ",
                        rank_words(most->second), " by ", where, " (", fewest->first, " against ",
                        most->first, "): it skipped one, or ", rank_words(most->second),
                        " issued an extra one");
   } else {
-    lead = detail::cat("the ranks had issued different numbers of collectives on this group by ",
+    lead = tp::detail::cat("the ranks had issued different numbers of collectives on this group by ",
                        where, ": ", counts);
   }
   TP_THROW(DistributedError, lead, not_there.empty() ? std::string()
-           : detail::cat(" (", rank_words(not_there), " had not reached it yet)"),
+           : tp::detail::cat(" (", rank_words(not_there), " had not reached it yet)"),
            ". Where a rank skips one, its next collective pairs with the others' skipped one, "
            "and when the two have the same shape every rank's results are wrong from there on. "
            "Every rank must issue the same collectives in the same order "

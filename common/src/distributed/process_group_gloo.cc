@@ -58,7 +58,7 @@
 #include <vector>
 
 #include "collective_fingerprint.h"
-#include "dir_store.h"
+#include "count_board.h"
 #include "gloo_cuda_staging.h"
 #include "gloo_rendezvous.h"
 #include "in_flight_writes.h"
@@ -514,7 +514,7 @@ ProcessGroupGloo::ProcessGroupGloo(const std::string& rendezvous_dir, int rank, 
   gloo::rendezvous::FileStore store(rendezvous_dir);
   impl_->context =
       connect_mesh(store, impl_->device, rank, size, options_.timeout, connect_failed);
-  set_count_store(std::make_shared<detail::DirStore>(rendezvous_dir));
+  set_count_board(std::make_shared<detail::FileCountBoard>(rendezvous_dir, size));
   impl_->comm_thread = std::thread([impl = impl_.get()] { impl->loop(); });
 }
 
@@ -557,7 +557,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   detail::GlooStoreAdapter gloo_store(*impl_->store, options_.timeout);
   impl_->context =
       connect_mesh(gloo_store, impl_->device, rank, size, options_.timeout, connect_failed);
-  set_count_store(impl_->store);
+  set_count_board(std::make_shared<detail::StoreCountBoard>(impl_->store));
   impl_->comm_thread = std::thread([impl = impl_.get()] { impl->loop(); });
 }
 

@@ -42,6 +42,8 @@
 #include "nccl_backend.h"
 #include "network.h"
 #include "split_sizes.h"
+#include "count_board.h"
+#include "dir_store.h"
 #include "store_rendezvous.h"
 #include "tensorplay/cuda/runtime.h"
 #include "tensorplay/distributed/init.h"
@@ -592,7 +594,13 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int s
   }
   impl_->device = device;
   impl_->store = std::move(store);
-  set_count_store(impl_->store);
+  // A file:// job's directory store: its ranks share a machine, and a
+  // mapped file is faster than the store's files (count_board.h).
+  if (const auto* dir = dynamic_cast<const detail::DirStore*>(impl_->store.get())) {
+    set_count_board(std::make_shared<detail::FileCountBoard>(dir->dir(), size));
+  } else {
+    set_count_board(std::make_shared<detail::StoreCountBoard>(impl_->store));
+  }
   Store& s = *impl_->store;
   // Rank 0's ncclUniqueId first: a missing rank 0 is a timeout naming its
   // key. Then the claims and world sizes (Note [Rendezvous in a store]),

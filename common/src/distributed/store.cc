@@ -7,6 +7,12 @@
 
 namespace tp::distributed {
 
+std::vector<int64_t> Store::add_each(const std::vector<std::pair<std::string, int64_t>>& adds) {
+  std::vector<int64_t> values;
+  for (const auto& [key, delta] : adds) values.push_back(add(key, delta));
+  return values;
+}
+
 void Store::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   const auto start = std::chrono::steady_clock::now();
   while (!check(keys)) {

@@ -41,7 +41,7 @@
 //     skipped one; no collective can tell. check_collective_count, called
 //     at a point every rank passes with the same collectives issued (the
 //     kit's trainer: each step's end), compares the ranks' counts through
-//     the group's store and names the rank that skipped one or issued an
+//     the group's store or directory and names the rank that skipped one or issued an
 //     extra one, without a collective and without waiting.
 //   - A collective budget (set_collective_budget; none by default) bounds
 //     how many collectives the group issues from the call on: the one past it
@@ -65,7 +65,7 @@
 
 namespace tp::distributed {
 
-class Store;
+class CountBoard;  // where ranks leave their collective counts (check_collective_count)
 
 enum class ReduceOp { SUM, AVG, MIN, MAX };
 std::string to_string(ReduceOp op);
@@ -170,7 +170,8 @@ class ProcessGroup {
   // A point every rank passes having issued the same collectives on this
   // group, such as the end of a training step (the kit's trainer calls it
   // there): `where` names it for the message, "the end of step 4". Records
-  // how many collectives this rank has issued, in the group's store, and
+  // how many collectives this rank has issued where the other ranks read
+  // it (the group's store, or a file:// job's directory), and
   // compares with the next rank's record of the same point if that rank has
   // passed it already; throws tp::DistributedError naming each rank's count
   // and the likely cause when they differ (Note [Counting collectives] in
@@ -179,7 +180,7 @@ class ProcessGroup {
   // every rank's sum is silently wrong). Never waits for another rank and
   // issues no collective. Every rank must call it at the same points, the
   // same number of times, except that a rank may stop calling it (a rank
-  // that ran out of inputs and joined). A group without a store (a test's
+  // that ran out of inputs and joined). A group without a board (a test's
   // recording group) checks nothing; a wrapper group forwards the call.
   // Issuing thread only.
   virtual void check_collective_count(const std::string& where);
@@ -201,10 +202,11 @@ class ProcessGroup {
   // counts the collective against the budget; throws past it.
   void charge_budget(const char* collective);
 
-  // The store check_collective_count writes and reads: one every rank of
-  // this group reaches without a collective (the rendezvous store, or a
-  // file:// job's directory). Backends set it at construction.
-  void set_count_store(std::shared_ptr<Store> store) { count_store_ = std::move(store); }
+  // Where check_collective_count writes and reads the ranks' counts, a
+  // place every rank of this group reaches without a collective (the
+  // rendezvous store; a file:// job's directory). Backends set it at
+  // construction.
+  void set_count_board(std::shared_ptr<CountBoard> board) { count_board_ = std::move(board); }
 
   CollectiveCounters counters_;  // issuing thread only
 
@@ -215,11 +217,10 @@ class ProcessGroup {
   std::string budget_reason_;  // where the budget comes from, for the error
   uint64_t issued_ = 0;        // issuing thread only; never reset
   uint64_t budget_from_ = 0;   // issued_ when the budget was set
-  // check_collective_count's state, issuing thread only: the store (null:
-  // no check), the calls so far, and what this rank's two records hold.
-  std::shared_ptr<Store> count_store_;
+  // check_collective_count's state, issuing thread only: the board (null:
+  // no check) and the calls so far.
+  std::shared_ptr<CountBoard> count_board_;
   int64_t count_points_ = 0;
-  int64_t count_records_[2] = {0, 0};
 };
 
 }  // namespace tp::distributed

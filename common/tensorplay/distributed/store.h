@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tp::distributed {
@@ -34,6 +35,10 @@ class Store {
   // Waits until `key` exists (at most timeout), then returns its value.
   virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // add(key, delta) for each pair, in order, returning each new value: in
+  // one round trip where the store can send them together (TCPStore), one
+  // after another otherwise.
+  virtual std::vector<int64_t> add_each(const std::vector<std::pair<std::string, int64_t>>& adds);
   // True when every key exists.
   virtual bool check(const std::vector<std::string>& keys) = 0;
   // Waits until every key exists, at most timeout.

@@ -40,6 +40,8 @@ class TCPStore : public Store {
   void set(const std::string& key, const std::string& value) override;
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  // Every add in one message; the server answers them in order.
+  std::vector<int64_t> add_each(const std::vector<std::pair<std::string, int64_t>>& adds) override;
   bool check(const std::vector<std::string>& keys) override;
   std::string describe() const override;
 
