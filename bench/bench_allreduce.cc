@@ -22,9 +22,9 @@
 //                    hand-off between threads alone.
 //   BM_CountCheck    ProcessGroup::check_collective_count(): what the kit's
 //                    trainer adds to every step to catch a skipped
-//                    collective (two round trips to the group's store: the
-//                    rendezvous directory under spawn, the TCP or redis
-//                    store when launched). No collective in between, so
+//                    collective: a write and a read of a file every rank
+//                    maps under spawn, one round trip to the TCP store when
+//                    launched with env://. No collective in between, so
 //                    the counts always agree.
 //
 // Counters, from every single all-reduce's wall time (Google Benchmark's own

@@ -341,7 +341,8 @@ def report_allreduce(results, report, fits):
         count_check = result["runs"].get("BM_CountCheck")
         if count_check:
             report.add(f"- the collective count check the trainer makes at every step's end "
-                       f"(check_collective_count: two round trips to the group's store): p50 "
+                       f"(check_collective_count: a mapped file under spawn, one round trip to the "
+                       f"TCP store when launched): p50 "
                        f"{count_check['p50_us']:.1f} us, p90 {count_check['p90_us']:.1f} us")
         report.add("- kit and raw Gloo ran interleaved (one of each per iteration); kit/Gloo is "
                    "the median of the per-iteration ratios, fair even when the machine's load "

@@ -796,6 +796,42 @@ TEST_CASE("collective counts that agree pass, and a rank that stops checking (it
   }
 }
 
+TEST_CASE("a rank that joined skips the points it missed, so the next run on the group checks "
+          "the same points") {
+  // Two runs on one group (a launched checker's cases): in the first, rank 0
+  // checks 5 of the 6 step ends. Without skip_count_points its numbering
+  // runs one behind, and its next check meets rank 1's record of the last
+  // step of the first run: a false alarm.
+  for (const bool skip : {true, false}) {
+    CAPTURE(skip);
+    auto job = [&] {
+      run_world(2, [&](int rank, int) {
+        tp::Tensor t = tp::ones({4});
+        for (int run = 0; run < 2; ++run) {
+          const int steps = (run == 0 && rank == 0) ? 5 : 6;
+          for (int step = 0; step < 6; ++step) {
+            dist::all_reduce(t);
+            if (step < steps) {
+              dist::default_group()->check_collective_count("the end of step " +
+                                                            std::to_string(step));
+            }
+          }
+          dist::barrier();  // the run ends together
+          if (skip) dist::default_group()->skip_count_points(6 - steps);
+        }
+      });
+    };
+    if (skip) {
+      CHECK_NOTHROW(job());
+    } else {
+      CHECK_THROWS_AS(job(), mp::SpawnError);
+    }
+  }
+  CHECK_THROWS_WITH_AS(run_world(1, [](int, int) { dist::default_group()->skip_count_points(-1); }),
+                       Contains("pass how many check_collective_count calls this rank left out"),
+                       mp::SpawnError);
+}
+
 TEST_CASE("a barrier against an allreduce names both sides, whichever rank times out first") {
   // Both ranks time out, each in its own collective #2; the report must show
   // both calls, not only the blamed rank's.

@@ -60,14 +60,18 @@ FileCountBoard::FileCountBoard(const std::string& dir, int size)
   words_ = static_cast<int64_t*>(mapped);
 }
 
+// Shared with the other ranks' processes: the word must be lock-free.
+static_assert(std::atomic_ref<int64_t>::required_alignment == alignof(int64_t) &&
+              std::atomic<int64_t>::is_always_lock_free);
+
 FileCountBoard::~FileCountBoard() { ::munmap(words_, bytes_); }
 
 void FileCountBoard::write(int rank, int slot, int64_t value) {
-  std::atomic_ref<int64_t>(words_[2 * rank + slot]).store(value, std::memory_order_release);
+  std::atomic_ref<int64_t>(words_[2 * rank + slot]).store(value, std::memory_order_seq_cst);
 }
 
 int64_t FileCountBoard::read(int rank, int slot) {
-  return std::atomic_ref<int64_t>(words_[2 * rank + slot]).load(std::memory_order_acquire);
+  return std::atomic_ref<int64_t>(words_[2 * rank + slot]).load(std::memory_order_seq_cst);
 }
 
 }  // namespace tp::distributed::detail

@@ -4,8 +4,8 @@
 // for odd and even points, each a 64-bit value; 0 until written.
 //
 //   - StoreCountBoard keeps them in the group's rendezvous store (env://'s
-//     TCP store, redis://): one round trip per check to a TCP store, two to
-//     redis.
+//     TCP store, redis://): one round trip per check to a TCP store, four
+//     to redis (each add is two commands there).
 //   - FileCountBoard keeps them in a file of a file:// job's rendezvous
 //     directory that every rank maps into memory (the ranks of such a job
 //     share one machine): a check is two memory accesses. Files written and

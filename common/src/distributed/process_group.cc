@@ -95,10 +95,13 @@ void ProcessGroup::charge_budget(const char* collective) {
 // with the odd one out. Each rank keeps two records, for odd and
 // even points, since the next rank is never more than one point away
 // while each step has a collective; a record of another point is not
-// compared (a rank that joined stops calling, and its old record stays).
+// compared (a rank that joined stops calling, and its old record stays;
+// it skips the points it missed once the others are done, or its next
+// check would meet theirs one point off, as in a launched checker whose
+// cases share a group).
 // A record is (point << 32) | count.
 // Its cost, per check (bench_allreduce's BM_CountCheck): a memory write and
-// read under file://; one round trip to env://'s TCP store, two to redis
+// read under file://; one round trip to env://'s TCP store, four to redis
 // (README, "Mismatched collectives", has the measured cost).
 namespace {
 
@@ -186,6 +189,15 @@ void ProcessGroup::check_collective_count(const std::string& where) {
            "Every rank must issue the same collectives in the same order "
            "[tp::distributed::ProcessGroup::check_collective_count on rank ", rank_,
            "; Note [Counting collectives]]");
+}
+
+void ProcessGroup::skip_count_points(int64_t missed) {
+  if (missed < 0) {
+    TP_THROW(DistributedError, "tp::distributed::ProcessGroup::skip_count_points: rank ", rank_,
+             ": ", missed, " points missed; pass how many check_collective_count calls this rank "
+             "left out (0 or more)");
+  }
+  count_points_ += missed;
 }
 
 // A group of the kit's own (a test's recording group, a checker's wrapper)

@@ -180,10 +180,17 @@ class ProcessGroup {
   // every rank's sum is silently wrong). Never waits for another rank and
   // issues no collective. Every rank must call it at the same points, the
   // same number of times, except that a rank may stop calling it (a rank
-  // that ran out of inputs and joined). A group without a board (a test's
+  // that ran out of inputs and joined) and then skip the points it missed
+  // (skip_count_points). A group without a board (a test's
   // recording group) checks nothing; a wrapper group forwards the call.
   // Issuing thread only.
   virtual void check_collective_count(const std::string& where);
+  // For a rank that stopped calling check_collective_count before the
+  // others (it joined): the number of points it missed, so that its next
+  // check and the others' meet at the same point. Points are numbered by
+  // the calls, and a rank whose numbering ran one behind would compare its
+  // count with another point's. Issuing thread only.
+  virtual void skip_count_points(int64_t missed);
 
   const CollectiveCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }

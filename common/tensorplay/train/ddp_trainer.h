@@ -34,6 +34,7 @@
 //     its own process; the launcher reports it.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <functional>
 #include <memory>
@@ -291,6 +292,12 @@ RankResult train_rank(int rank, const RunConfig& config,
   } else {
     train_loop();
   }
+  // A rank with fewer steps (it joined) checked fewer step ends: it skips
+  // the rest, so that the next run on this group (a launched checker's next
+  // case) checks the same points on every rank.
+  int64_t most_steps = 0;
+  for (int r = 0; r < group->size(); ++r) most_steps = std::max(most_steps, steps_of(config, r));
+  group->skip_count_points(most_steps - steps_of(config, rank));
   // On a GPU the last step's collectives may still be finishing (an NCCL
   // wait() only orders streams): a failure among them is thrown here.
   group->synchronize();
