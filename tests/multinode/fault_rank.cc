@@ -13,6 +13,7 @@
 //   spin        computes forever, outside any collective
 //   stop        stops itself (SIGSTOP), outside any collective
 //   barrier     calls a barrier where the others all-reduce
+//   size        all-reduces 9 elements there where the others all-reduce 8
 //   skip        leaves that all-reduce out: its next one pairs with the
 //               others' third, and every sum is wrong from there on; each
 //               all-reduce is a step here, whose end compares the ranks'
@@ -38,7 +39,7 @@ namespace dist = tp::distributed;
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::fprintf(stderr, "usage: fault_rank none|throw|unwritable|spin|stop|barrier|skip FAULTY "
+    std::fprintf(stderr, "usage: fault_rank none|throw|unwritable|spin|stop|barrier|size|skip FAULTY "
                          "TIMEOUT_MS\n");
     return 2;
   }
@@ -63,7 +64,10 @@ int main(int argc, char** argv) {
         if (fault == "stop") ::raise(SIGSTOP);
         if (fault == "barrier") dist::barrier();
       }
-      if (!me || i != 3 || (fault != "barrier" && fault != "skip")) dist::all_reduce(t);
+      if (me && i == 3 && fault == "size") dist::all_reduce(tp::ones({9}));
+      if (!me || i != 3 || (fault != "barrier" && fault != "skip" && fault != "size")) {
+        dist::all_reduce(t);
+      }
       dist::default_group()->check_collective_count("the end of step " + std::to_string(i));
     }
     dist::destroy_process_group();

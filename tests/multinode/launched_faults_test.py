@@ -4,8 +4,8 @@
     launched_faults_test.py TPRUN FAULT_RANK
 
 FAULT_RANK is tests/multinode/fault_rank.cc: a rank that all-reduces and, on
-one rank, throws, spins, stops, calls a barrier or skips where its third
-all-reduce is due. Each case checks tprun's report names the rank at fault (first, as
+one rank, throws, spins, stops, calls a barrier, all-reduces another size or
+skips where its third all-reduce is due. Each case checks tprun's report names the rank at fault (first, as
 "the likely cause", where the others only waited for it) and says where the
 others were (from the ranks' status files), as spawn's report does for forked
 ranks. The stray-rank case starts ranks by hand, as a bare env://
@@ -90,6 +90,15 @@ expect("barrier vs allreduce, 3 ranks", r, report, 1, "timed out")
 expect_first("barrier vs allreduce, 3 ranks", report, "tprun: rank 1 is the likely cause: it "
              "issued barrier as #3 where ranks 0 and 2 issued allreduce")
 print(f"a barrier against two all-reduces: {report.splitlines()[0]}; {seconds:.2f} s")
+
+# 4a. An all-reduce of another size: the same name and number, so only the
+# sizes in the ranks' status files tell rank 1 apart.
+r, report, seconds = tprun("size", world=3)
+expect("all-reduce of another size, 3 ranks", r, report, 1, "timed out")
+expect_first("all-reduce of another size, 3 ranks", report, "tprun: rank 1 is the likely cause: it "
+             "issued allreduce of 9 float32 as #3 where ranks 0 and 2 issued allreduce of 8 "
+             "float32")
+print(f"an all-reduce of another size: {report.splitlines()[0]}; {seconds:.2f} s")
 
 # 4b. A rank that leaves an all-reduce out, of the same shape as the next:
 # nothing times out, the sums are wrong, and the step's collective counts

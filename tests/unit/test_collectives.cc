@@ -860,6 +860,25 @@ TEST_CASE("a barrier against an allreduce names both sides, whichever rank times
   }
 }
 
+TEST_CASE("an allreduce of another size on one of three ranks is the likely cause, by its size") {
+  // The same name and number on every rank: only the sizes tell them apart
+  // (a hook that skipped a bucket launches the next bucket's all-reduce
+  // where the others launch the skipped one's).
+  const std::string message = spawn_error_of([] {
+    run_world(
+        3,
+        [](int rank, int) {
+          dist::all_reduce(tp::ones({4}));  // #1 on every rank
+          dist::all_reduce(tp::ones({rank == 1 ? 4 : 3}));
+        },
+        kShortTimeout);
+  }).what();
+  CHECK_MESSAGE(message.rfind("tp::multiprocessing::spawn: rank 1 is the likely cause: it issued "
+                              "allreduce of 4 float32 as #2 where ranks 0 and 2 issued allreduce "
+                              "of 3 float32", 0) == 0,
+                message);
+}
+
 TEST_CASE("allreduce of different sizes on two ranks fails in that allreduce, not later") {
   // Without the size in Gloo's tag, one rank would return a wrong sum here.
   CHECK_THROWS_WITH_AS(run_world(

@@ -128,6 +128,19 @@ std::string ranks(const std::vector<int>& list) {
 // the broken connection, as without debug mode.
 constexpr uint64_t kFingerprintCheck = 0x7470666370ull;  // "tpfcp"
 
+std::string shape_text(const Call& c) {
+  switch (c.kind) {
+    case Call::kAllreduce:
+    case Call::kReduceScatterTensor:
+    case Call::kAllgatherIntoTensor:
+      return cat(c.count, " ", to_string(static_cast<Dtype>(c.dtype)));
+    case Call::kBroadcast:
+    case Call::kAllgather:
+      return cat(c.count, " bytes");
+  }
+  return "";
+}
+
 bool debug_from_environment(int rank) {
   const char* value = std::getenv("TP_DISTRIBUTED_DEBUG");
   if (value == nullptr) return false;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace tp::distributed::detail {
@@ -57,6 +58,10 @@ struct Call {
     return make_tag(seq, must_agree);
   }
 };
+
+// What `call` carries, for a rank's status (Work::shape): "1733 float32"
+// (elements), "64 bytes" (broadcast, allgather), "" (barrier).
+std::string shape_text(const Call& call);
 
 // Whether TP_DISTRIBUTED_DEBUG asks for debug mode: true for DETAIL; false
 // when unset, empty, OFF or INFO. Throws tp::DistributedError naming `rank`

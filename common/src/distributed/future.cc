@@ -92,7 +92,8 @@ bool Future::has_error() const {
 }
 
 void Future::report(const Followed& followed, bool waiting) {
-  tell_wait_listener(WaitedCollective{followed.collective, followed.seq, followed.rank}, waiting);
+  tell_wait_listener(
+      WaitedCollective{followed.collective, followed.seq, followed.rank, followed.shape}, waiting);
 }
 
 Future::Value Future::wait() const {
@@ -130,9 +131,10 @@ Future::Value Future::wait() const {
   return value;
 }
 
-void Future::add_collective(uint64_t seq, const std::string& collective, int rank) {
+void Future::add_collective(uint64_t seq, const std::string& collective, int rank,
+                            const std::string& shape) {
   std::lock_guard<std::mutex> lock(mutex_);
-  collectives_.push_back(Followed{seq, collective, rank});
+  collectives_.push_back(Followed{seq, collective, rank, shape});
 }
 
 bool Future::wait_for(std::chrono::milliseconds timeout) const {

@@ -83,6 +83,7 @@ using detail::Buffer;
 using detail::buffer_for_collective;
 using detail::buffer_of;
 using detail::Call;
+using detail::shape_text;
 using detail::check_blocks;
 using detail::CheckedTensor;
 using detail::compare_calls;
@@ -309,7 +310,7 @@ struct ProcessGroupGloo::Impl {
         run(tag);
       };
     }
-    auto work = std::make_shared<Work>(op, seq, rank);
+    auto work = std::make_shared<Work>(op, seq, rank, shape_text(call));
     if (staging) {
       // Step 1, then step 5 at every wait(): the caller's stream (whichever
       // thread waits) is ordered after the copy back.
@@ -511,10 +512,12 @@ ProcessGroupGloo::ProcessGroupGloo(const std::string& rendezvous_dir, int rank, 
     return cat(kWho, ": rank ", rank, " of ", size,
                ": connecting to the other ranks through Gloo failed (", gloo, ")", hint);
   };
+  // Before connecting: a rank that cannot make it (a full disk) fails
+  // before the others count on it.
+  set_count_board(std::make_shared<detail::FileCountBoard>(rendezvous_dir, size));
   gloo::rendezvous::FileStore store(rendezvous_dir);
   impl_->context =
       connect_mesh(store, impl_->device, rank, size, options_.timeout, connect_failed);
-  set_count_board(std::make_shared<detail::FileCountBoard>(rendezvous_dir, size));
   impl_->comm_thread = std::thread([impl = impl_.get()] { impl->loop(); });
 }
 

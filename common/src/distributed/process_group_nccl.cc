@@ -594,6 +594,13 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int s
   }
   impl_->device = device;
   impl_->store = std::move(store);
+  Store& s = *impl_->store;
+  // Rank 0's ncclUniqueId first: a missing rank 0 is a timeout naming its
+  // key. Then the claims and world sizes (Note [Rendezvous in a store]),
+  // then Note [One GPU per rank], all before NCCL sees the id.
+  const ncclUniqueId id = exchange_unique_id(s, rank, options_.timeout);
+  detail::meet_in_store(s, rank, size, options_.timeout, kWho);
+  // After the ranks agreed on the world size, which sizes the board.
   // A file:// job's directory store: its ranks share a machine, and a
   // mapped file is faster than the store's files (count_board.h).
   if (const auto* dir = dynamic_cast<const detail::DirStore*>(impl_->store.get())) {
@@ -601,12 +608,6 @@ ProcessGroupNCCL::ProcessGroupNCCL(std::shared_ptr<Store> store, int rank, int s
   } else {
     set_count_board(std::make_shared<detail::StoreCountBoard>(impl_->store));
   }
-  Store& s = *impl_->store;
-  // Rank 0's ncclUniqueId first: a missing rank 0 is a timeout naming its
-  // key. Then the claims and world sizes (Note [Rendezvous in a store]),
-  // then Note [One GPU per rank], all before NCCL sees the id.
-  const ncclUniqueId id = exchange_unique_id(s, rank, options_.timeout);
-  detail::meet_in_store(s, rank, size, options_.timeout, kWho);
   check_one_gpu_per_rank(s, rank, size, device, options_.timeout);
 
   cuda::set_device(device);

@@ -37,7 +37,7 @@ void tell_wait_listener(const WaitedCollective& what, bool waiting) {
 }
 
 void Work::report_waiting(bool waiting) const {
-  tell_wait_listener(WaitedCollective{collective_, seq_, rank_}, waiting);
+  tell_wait_listener(WaitedCollective{collective_, seq_, rank_, shape_}, waiting);
 }
 
 void Work::wait() {
@@ -132,7 +132,7 @@ std::shared_ptr<Future> Work::get_future() {
     }
     if (future_) return future_;
     future_ = std::make_shared<Future>();
-    future_->add_collective(seq_, collective_, rank_);
+    future_->add_collective(seq_, collective_, rank_, shape_);
     if (!done_) return future_;  // finish() completes it
     // Finished before anyone asked: the future's completion is the first
     // wait (Note [In-flight writes]), here on the calling thread.

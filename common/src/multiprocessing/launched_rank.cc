@@ -46,7 +46,7 @@ void report_wait(const distributed::WaitedCollective& what, bool waiting) {
     std::snprintf(text, sizeof text, "%s #%llu", what.collective.c_str(),
                   static_cast<unsigned long long>(what.seq));
   }
-  rank_status::set_waiting(*g_status, text);
+  rank_status::set_waiting(*g_status, text, what.shape);
 }
 
 }  // namespace

@@ -23,15 +23,27 @@ std::string read_field(const char* field, std::size_t size) {
 
 }  // namespace
 
-void set_waiting(RankStatus& status, std::string_view collective) {
+void set_waiting(RankStatus& status, std::string_view collective, std::string_view shape) {
   // No allocation: the wait listener calls this on any waiting thread.
-  if (collective.empty()) copy_into(status.last, field_view(status.waiting, sizeof status.waiting));
+  if (collective.empty()) {
+    copy_into(status.last, field_view(status.waiting, sizeof status.waiting));
+    copy_into(status.last_shape, field_view(status.waiting_shape, sizeof status.waiting_shape));
+  }
+  copy_into(status.waiting_shape, shape);
   copy_into(status.waiting, collective);
   status.progress.fetch_add(1, std::memory_order_relaxed);
 }
 
 std::string last_collective(const RankStatus& status) {
   return read_field(status.last, sizeof status.last);
+}
+
+std::string last_shape(const RankStatus& status) {
+  return read_field(status.last_shape, sizeof status.last_shape);
+}
+
+std::string waiting_shape(const RankStatus& status) {
+  return read_field(status.waiting_shape, sizeof status.waiting_shape);
 }
 
 std::string describe(const RankStatus& status, pid_t pid) {
@@ -53,23 +65,54 @@ std::string describe(const RankStatus& status, pid_t pid) {
   return text;
 }
 
-std::string different_collectives(const std::vector<std::string>& lasts) {
-  // number -> (name, rank) of each rank whose last collective had that number
-  std::map<std::string, std::vector<std::pair<std::string, int>>> by_number;
-  for (int rank = 0; rank < static_cast<int>(lasts.size()); ++rank) {
-    const std::string& last = lasts[rank];
-    const std::size_t hash = last.find(" #");
-    // A subgroup's collective ("... (group rank 1)") counts in its own group.
-    if (hash == std::string::npos || last.find('(') != std::string::npos) continue;
-    by_number[last.substr(hash + 1)].emplace_back(last.substr(0, hash), rank);
+namespace {
+
+// The ranks' collectives under each number ("#2"): what each rank issued
+// there, with its rank. What is the name ("allreduce"), or, where every
+// rank under that number issued the same name but not the same size, the
+// name and the size ("allreduce of 4 float32"). A subgroup's collective
+// ("... (group rank 1)") counts in its own group: left out.
+std::map<std::string, std::vector<std::pair<std::string, int>>> calls_by_number(
+    const std::vector<std::string>& issued, const std::vector<std::string>& shapes) {
+  struct Call {
+    std::string name, shape;
+    int rank;
+  };
+  std::map<std::string, std::vector<Call>> by_number;
+  for (int rank = 0; rank < static_cast<int>(issued.size()); ++rank) {
+    const std::string& text = issued[rank];
+    const std::size_t hash = text.find(" #");
+    if (hash == std::string::npos || text.find('(') != std::string::npos) continue;
+    const std::string shape = rank < static_cast<int>(shapes.size()) ? shapes[rank] : "";
+    by_number[text.substr(hash + 1)].push_back({text.substr(0, hash), shape, rank});
   }
+  std::map<std::string, std::vector<std::pair<std::string, int>>> out;
   for (const auto& [number, calls] : by_number) {
+    bool same_name = true, same_shape = true, shapes_known = true;
+    for (const Call& c : calls) {
+      same_name = same_name && c.name == calls.front().name;
+      same_shape = same_shape && c.shape == calls.front().shape;
+      shapes_known = shapes_known && !c.shape.empty();
+    }
+    const bool by_size = same_name && !same_shape && shapes_known;
+    for (const Call& c : calls) {
+      out[number].emplace_back(by_size ? c.name + " of " + c.shape : c.name, c.rank);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string different_collectives(const std::vector<std::string>& lasts,
+                                  const std::vector<std::string>& shapes) {
+  for (const auto& [number, calls] : calls_by_number(lasts, shapes)) {
     bool differ = false;
     for (const auto& call : calls) differ = differ || call.first != calls.front().first;
     if (!differ) continue;
     std::string list;
-    for (const auto& [name, rank] : calls) {
-      list += (list.empty() ? "" : ", ") + name + " on rank " + std::to_string(rank);
+    for (const auto& [what, rank] : calls) {
+      list += (list.empty() ? "" : ", ") + what + " on rank " + std::to_string(rank);
     }
     return "\n  the ranks issued different collectives as " + number + ": " + list +
            "; every rank must issue the same collectives in the same order";
@@ -93,18 +136,14 @@ std::string rank_names(const std::vector<int>& ranks) {
 }
 
 // The one rank whose collective of some number differs from what at least
-// two others issued under it, in words, or "".
-std::string odd_collective(const std::vector<std::string>& issued) {
-  std::map<std::string, std::map<std::string, std::vector<int>>> by_number;  // #N -> name -> ranks
-  for (int rank = 0; rank < static_cast<int>(issued.size()); ++rank) {
-    const std::string& last = issued[rank];
-    const std::size_t hash = last.find(" #");
-    if (hash == std::string::npos || last.find('(') != std::string::npos) continue;
-    by_number[last.substr(hash + 1)][last.substr(0, hash)].push_back(rank);
-  }
-  for (const auto& [number, names] : by_number) {
-    if (names.size() != 2) continue;
-    auto odd = names.begin(), usual = std::next(odd);
+// two others issued under it (in name, or only in size), in words, or "".
+std::string odd_collective(const std::vector<std::string>& issued,
+                           const std::vector<std::string>& shapes) {
+  for (const auto& [number, calls] : calls_by_number(issued, shapes)) {
+    std::map<std::string, std::vector<int>> ranks_by_what;
+    for (const auto& [what, rank] : calls) ranks_by_what[what].push_back(rank);
+    if (ranks_by_what.size() != 2) continue;
+    auto odd = ranks_by_what.begin(), usual = std::next(odd);
     if (odd->second.size() > usual->second.size()) std::swap(odd, usual);
     if (odd->second.size() == 1 && usual->second.size() >= 2) {
       return "rank " + std::to_string(odd->second.front()) + " is the likely cause: it issued " +
@@ -118,7 +157,8 @@ std::string odd_collective(const std::vector<std::string>& issued) {
 }  // namespace
 
 std::string likely_cause(const std::vector<std::string>& statuses,
-                         const std::vector<std::string>& issued, int blamed) {
+                         const std::vector<std::string>& issued,
+                         const std::vector<std::string>& shapes, int blamed) {
   std::vector<int> stopped, outside, waiting;
   for (int rank = 0; rank < static_cast<int>(statuses.size()); ++rank) {
     if (rank == blamed) continue;
@@ -136,7 +176,7 @@ std::string likely_cause(const std::vector<std::string>& statuses,
     return "rank " + std::to_string(stopped[0]) + " is the likely cause: it was " +
            statuses[stopped[0]] + "," + waited + " for it";
   }
-  if (std::string odd = odd_collective(issued); !odd.empty()) return odd;
+  if (std::string odd = odd_collective(issued, shapes); !odd.empty()) return odd;
   const int others = static_cast<int>(statuses.size()) - 1;
   if (outside.size() == 1 && static_cast<int>(waiting.size()) == others - 1) {
     const std::string& s = statuses[outside[0]];

@@ -215,7 +215,7 @@ void report_wait(const distributed::WaitedCollective& what, bool waiting) {
   if (what.rank != g_current_rank) {
     status += " (group rank " + std::to_string(what.rank) + ")";  // a subgroup
   }
-  set_rank_waiting(status);
+  set_rank_waiting(status, what.shape);
 }
 
 // The body of a child process. Never returns: returning would continue the
@@ -725,20 +725,24 @@ void Job::throw_failure() {
             "collectives than it: did it skip some (or did the waiting rank issue extra)?";
       }
     }
-    std::vector<std::string> lasts;
+    std::vector<std::string> lasts, last_shapes;
     for (int rank = 0; rank < nprocs(); ++rank) {
       lasts.push_back(rank_status::last_collective(board_[rank]));
+      last_shapes.push_back(rank_status::last_shape(board_[rank]));
     }
-    message += rank_status::different_collectives(lasts);
+    message += rank_status::different_collectives(lasts, last_shapes);
     // First: the rank that failed only waited for this one. What each rank
     // issued last: the collective it waited in when it was looked at, else
-    // the last it finished.
-    std::vector<std::string> issued = lasts;
+    // the last it finished, and what that carried.
+    std::vector<std::string> issued = lasts, issued_shapes = last_shapes;
     for (int rank = 0; rank < nprocs(); ++rank) {
       const std::size_t at = statuses[rank].find("waiting in ");
-      if (at != std::string::npos) issued[rank] = statuses[rank].substr(at + 11);
+      if (at != std::string::npos) {
+        issued[rank] = statuses[rank].substr(at + 11);
+        issued_shapes[rank] = rank_status::waiting_shape(board_[rank]);
+      }
     }
-    const std::string cause = rank_status::likely_cause(statuses, issued, blamed);
+    const std::string cause = rank_status::likely_cause(statuses, issued, issued_shapes, blamed);
     if (!cause.empty()) {
       message = "tp::multiprocessing::spawn: " + cause + "\n  " +
                 message.substr(std::string("tp::multiprocessing::spawn: ").size());
@@ -832,9 +836,9 @@ std::vector<std::string> spawn_processes(const RankFn& fn, int nprocs,
   return job.join();
 }
 
-void set_rank_waiting(std::string_view collective) {
+void set_rank_waiting(std::string_view collective, std::string_view shape) {
   if (g_status_board == nullptr || g_current_rank < 0) return;
-  rank_status::set_waiting(g_status_board[g_current_rank], collective);
+  rank_status::set_waiting(g_status_board[g_current_rank], collective, shape);
 }
 
 int current_rank() { return g_current_rank; }

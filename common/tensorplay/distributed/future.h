@@ -104,10 +104,12 @@ class Future {
   std::shared_ptr<Future> then(Callback callback);
 
   // A collective whose completion this future follows (see the contract):
-  // its sequence number, name and the rank's rank in its group; set by
-  // Work::get_future, inherited by then(). A wait reports the last one to
-  // the wait listener (work.h), as Work::wait reports its own.
-  void add_collective(uint64_t seq, const std::string& collective, int rank);
+  // its sequence number, name, the rank's rank in its group and what it
+  // carries (Work::shape); set by Work::get_future, inherited by then(). A
+  // wait reports the last one to the wait listener (work.h), as Work::wait
+  // reports its own.
+  void add_collective(uint64_t seq, const std::string& collective, int rank,
+                      const std::string& shape = "");
 
  private:
   // Completes with a value or an error; false, doing nothing, if already
@@ -128,6 +130,7 @@ class Future {
     uint64_t seq;
     std::string collective;
     int rank;
+    std::string shape;
   };
   std::vector<Followed> collectives_;  // guarded by mutex_; see add_collective
   // Tells the wait listener (work.h) a wait for `followed` begins or ends.

@@ -58,8 +58,8 @@ namespace tp::distributed {
 
 class Work {
  public:
-  Work(std::string collective, uint64_t seq, int rank)
-      : collective_(std::move(collective)), seq_(seq), rank_(rank) {}
+  Work(std::string collective, uint64_t seq, int rank, std::string shape = "")
+      : collective_(std::move(collective)), seq_(seq), rank_(rank), shape_(std::move(shape)) {}
   virtual ~Work() = default;
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
@@ -74,6 +74,10 @@ class Work {
   uint64_t seq() const { return seq_; }
   // The rank, in its group, of the process that issued the collective.
   int rank() const { return rank_; }
+  // What it carries, where the group says: "1733 float32" (elements), "64
+  // bytes" (broadcast, allgather); "" for a barrier or a group that does
+  // not say. Shown where ranks' collectives of one number differ.
+  const std::string& shape() const { return shape_; }
 
   // Called once by the communication thread; completes the future, if one
   // was handed out, and runs its callbacks on this thread.
@@ -115,6 +119,7 @@ class Work {
   const std::string collective_;
   const uint64_t seq_;
   const int rank_;
+  const std::string shape_;
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;              // guarded by mutex_
@@ -142,12 +147,14 @@ class Work {
 // distributed/ calls out through this pointer instead of calling its
 // watcher, so it depends on nothing above it (spawn's status board, say).
 // What is waited for: the collective's name ("allreduce"), its sequence
-// number and the waiting rank's rank in the collective's group. A wait for a
-// Future (a comm hook's) reports the last collective it follows.
+// number, the waiting rank's rank in the collective's group and what it
+// carries (Work::shape). A wait for a Future (a comm hook's) reports the
+// last collective it follows.
 struct WaitedCollective {
   const std::string& collective;
   uint64_t seq;
   int rank;
+  const std::string& shape;
 };
 using WaitListener = void (*)(const WaitedCollective& what, bool waiting);
 // Sets the process's wait listener; nullptr (the default) removes it.

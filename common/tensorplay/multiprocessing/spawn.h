@@ -105,10 +105,11 @@ std::vector<std::string> spawn_processes(const RankFn& fn, int nprocs,
                                          const SpawnOptions& options);
 
 // Inside a spawned rank: this rank now waits in `collective` (for example
-// "allreduce #7"); an empty string: it no longer waits (the collective becomes
-// its last). Shown when a job hangs or a collective times out, and counted as
-// progress. A no-op outside a spawned rank.
-void set_rank_waiting(std::string_view collective);
+// "allreduce #7"), which carries `shape` ("1733 float32", or ""); an empty
+// string: it no longer waits (the collective becomes its last). Shown when a
+// job hangs or a collective times out, and counted as progress. A no-op
+// outside a spawned rank.
+void set_rank_waiting(std::string_view collective, std::string_view shape = "");
 // Inside a spawned rank: its rank; -1 outside spawn.
 int current_rank();
 
