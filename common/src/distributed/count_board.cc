@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "tensorplay/distributed/tcp_store.h"
 #include "tensorplay/error.h"
 
 namespace tp::distributed::detail {
@@ -22,6 +23,18 @@ std::string record_key(int rank, int slot) {
 }
 
 }  // namespace
+
+StoreCountBoard::StoreCountBoard(std::shared_ptr<Store> store) : store_(std::move(store)) {
+  if (const auto* tcp = dynamic_cast<const TCPStore*>(store_.get())) {
+    try {
+      store_ = std::make_shared<TCPStore>(tcp->host(), tcp->port(), /*is_server=*/false,
+                                          kStoreAnswer);
+    } catch (const DistributedError&) {
+      // Not connected within kStoreAnswer (a loaded machine): the group's
+      // own connection serves, with the group's timeout.
+    }
+  }
+}
 
 void StoreCountBoard::write(int rank, int slot, int64_t value) {
   store_->add(record_key(rank, slot), value - written_[slot]);

@@ -16,6 +16,7 @@
 // by the other ranks at any time, each a single atomic 64-bit word.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -44,9 +45,18 @@ namespace detail {
 
 // Records as store keys, written with add() (the one write every store
 // allows more than once: redis refuses a second set).
+//
+// A TCP store lives in rank 0's process. A check must not hang on a rank 0
+// that is stopped or busy: it would hold every other rank at its step's end
+// for the store's timeout (the collective timeout), outside any collective,
+// before its next collective timed out in turn. So for a TCP store the
+// board opens a connection of its own with a short timeout (kStoreAnswer):
+// past it the check stops, saying so, and the rank goes on to the
+// collective where the hang is named.
 class StoreCountBoard : public CountBoard {
  public:
-  explicit StoreCountBoard(std::shared_ptr<Store> store) : store_(std::move(store)) {}
+  static constexpr std::chrono::milliseconds kStoreAnswer{1000};
+  explicit StoreCountBoard(std::shared_ptr<Store> store);
   void write(int rank, int slot, int64_t value) override;
   int64_t read(int rank, int slot) override;
   // Both in one round trip where the store can (Store::add_each).

@@ -47,6 +47,8 @@ class TCPStore : public Store {
 
   // The port the server listens on (the chosen one when constructed with 0).
   int port() const { return port_; }
+  // The host the client connects to.
+  const std::string& host() const { return host_; }
 
  private:
   class Server;
