@@ -146,11 +146,17 @@ void ProcessGroup::check_collective_count(const std::string& where) {
       if (not_there.empty() || std::chrono::steady_clock::now() >= until) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+  } catch (const PeerFailedError&) {
+    // The TCP store left with rank 0's process, which ends its job once its
+    // collectives are done, perhaps while this rank checks its last step:
+    // nothing is left to count. (Had rank 0 left early, this rank's next
+    // collective says so.)
+    count_board_.reset();
+    return;
   } catch (const DistributedError& e) {
     // The store is needed only to meet: a job goes on without it (a
-    // redis-server that stopped after rendezvous), and so does this rank,
-    // unchecked from here on. (Under env:// the store leaves with rank 0,
-    // after its last collective: nothing is left to count.)
+    // redis-server that stopped after rendezvous, a rank 0 too busy to
+    // answer), and so does this rank, unchecked from here on.
     count_board_.reset();
     std::fprintf(stderr, "tp::distributed: rank %d: collective counts are no longer checked: %s\n",
                  rank_, e.what());

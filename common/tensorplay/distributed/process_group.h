@@ -183,6 +183,9 @@ class ProcessGroup {
   // that ran out of inputs and joined) and then skip the points it missed
   // (skip_count_points). A group without a board (a test's
   // recording group) checks nothing; a wrapper group forwards the call.
+  // The ranks the message names are this group's. A store that stops
+  // answering ends the checks on this rank (saying so on stderr), not the
+  // job.
   // Issuing thread only.
   virtual void check_collective_count(const std::string& where);
   // For a rank that stopped calling check_collective_count before the
