@@ -57,6 +57,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from alpha_beta import fit_alpha_beta  # noqa: E402
 from atomic_file import write_text  # noqa: E402
 import shaped_link  # noqa: E402
 from namespaces import SKIP, Unavailable, clean_stale  # noqa: E402
@@ -258,7 +259,6 @@ def predict_step03(alpha, beta, compute, bwd, cap_bytes):
 
 def allreduce_fit(result):
     """(alpha s, beta s/B) fitted to the kit's medians on the link, or None."""
-    from report import fit_alpha_beta  # report.py imports this module: not at the top
     runs = [b for b in result.get("benchmarks", []) if b["name"].startswith("BM_Allreduce/")]
     sizes = [int(b["name"].split("/")[1]) for b in runs]
     return fit_alpha_beta(sizes, [b["kit_p50_us"] * 1e-6 for b in runs])

@@ -74,7 +74,6 @@ class Stream {
   static Stream create(int priority = 0);
 
   StreamHandle handle() const;
-  bool is_default() const { return owner_ == nullptr; }
   // Later work on this stream waits until `event` has completed (the event
   // as last recorded). The host does not wait.
   void wait(const class Event& event) const;
