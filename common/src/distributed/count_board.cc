@@ -25,7 +25,8 @@ std::string record_key(int rank, int slot) {
 }  // namespace
 
 StoreCountBoard::StoreCountBoard(std::shared_ptr<Store> store) : store_(std::move(store)) {
-  if (const auto* tcp = dynamic_cast<const TCPStore*>(store_.get())) {
+  // Rank 0 runs the server in its own process: nothing to wait for there.
+  if (const auto* tcp = dynamic_cast<const TCPStore*>(store_.get()); tcp && !tcp->is_server()) {
     try {
       store_ = std::make_shared<TCPStore>(tcp->host(), tcp->port(), /*is_server=*/false,
                                           kStoreAnswer);

@@ -50,12 +50,14 @@ namespace detail {
 // that is stopped or busy: it would hold every other rank at its step's end
 // for the store's timeout (the collective timeout), outside any collective,
 // before its next collective timed out in turn. So for a TCP store the
-// board opens a connection of its own with a short timeout (kStoreAnswer):
+// board opens a connection of its own (except on rank 0, which runs the
+// server) with a short timeout (kStoreAnswer):
 // past it the check stops, saying so, and the rank goes on to the
 // collective where the hang is named.
 class StoreCountBoard : public CountBoard {
  public:
-  static constexpr std::chrono::milliseconds kStoreAnswer{1000};
+  // Far below a collective timeout, far above a loaded machine's stall.
+  static constexpr std::chrono::milliseconds kStoreAnswer{2000};
   explicit StoreCountBoard(std::shared_ptr<Store> store);
   void write(int rank, int slot, int64_t value) override;
   int64_t read(int rank, int slot) override;

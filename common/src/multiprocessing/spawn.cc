@@ -669,9 +669,14 @@ void Job::throw_failure() {
     reap_finished();
   }
   // Where the others are, read before they are ended: for a collective that
-  // timed out, the rank that was not in it is the one to look at.
-  std::vector<std::string> statuses;
+  // timed out, the rank that was not in it is the one to look at. What each
+  // collective carried is read in the same pass, so that a wait that ends
+  // meanwhile cannot pair one collective's name with the next one's size.
+  std::vector<std::string> statuses, lasts, last_shapes, waiting_shapes;
   for (int rank = 0; rank < nprocs(); ++rank) {
+    lasts.push_back(rank_status::last_collective(board_[rank]));
+    last_shapes.push_back(rank_status::last_shape(board_[rank]));
+    waiting_shapes.push_back(rank_status::waiting_shape(board_[rank]));
     const Child& c = children_[rank];
     if (!c.reaped) {
       statuses.push_back(status_of(rank));
@@ -682,7 +687,7 @@ void Job::throw_failure() {
     } else {
       // Failed: weighed below; described by the collective it was last in,
       // which for a collective that timed out is that one.
-      const std::string last = rank_status::last_collective(board_[rank]);
+      const std::string& last = lasts[rank];
       statuses.push_back("failed too" + (last.empty() ? "" : " (last collective: " + last + ")"));
     }
   }
@@ -725,11 +730,6 @@ void Job::throw_failure() {
             "collectives than it: did it skip some (or did the waiting rank issue extra)?";
       }
     }
-    std::vector<std::string> lasts, last_shapes;
-    for (int rank = 0; rank < nprocs(); ++rank) {
-      lasts.push_back(rank_status::last_collective(board_[rank]));
-      last_shapes.push_back(rank_status::last_shape(board_[rank]));
-    }
     message += rank_status::different_collectives(lasts, last_shapes);
     // First: the rank that failed only waited for this one. What each rank
     // issued last: the collective it waited in when it was looked at, else
@@ -739,7 +739,7 @@ void Job::throw_failure() {
       const std::size_t at = statuses[rank].find("waiting in ");
       if (at != std::string::npos) {
         issued[rank] = statuses[rank].substr(at + 11);
-        issued_shapes[rank] = rank_status::waiting_shape(board_[rank]);
+        issued_shapes[rank] = waiting_shapes[rank];
       }
     }
     const std::string cause = rank_status::likely_cause(statuses, issued, issued_shapes, blamed);

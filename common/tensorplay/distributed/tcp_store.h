@@ -49,6 +49,8 @@ class TCPStore : public Store {
   int port() const { return port_; }
   // The host the client connects to.
   const std::string& host() const { return host_; }
+  // Whether this object runs the server (rank 0's, under env://).
+  bool is_server() const { return server_ != nullptr; }
 
  private:
   class Server;
