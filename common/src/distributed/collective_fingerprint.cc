@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "rank_list.h"
 #include "split_sizes.h"
 #include "tensorplay/distributed/process_group.h"
 #include "tensorplay/error.h"
@@ -85,14 +86,6 @@ std::string describe(const Call& c) {
   return cat("an unknown collective (kind ", c.kind, ")");
 }
 
-// "rank 1", "ranks 0 and 2", "ranks 0, 2 and 3".
-std::string ranks(const std::vector<int>& list) {
-  std::string out = list.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    out += cat(i == 0 ? "" : i + 1 == list.size() ? " and " : ", ", list[i]);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -192,7 +185,7 @@ void compare_calls(const std::shared_ptr<gloo::Context>& context, const Call& ca
   std::string skipped;
   if (!closed.empty() && !issuing.empty()) {
     skipped = cat(". A rank that closes the group while another still issues collectives is "
-                  "behind: ", ranks(closed), " skipped a collective, or ", ranks(issuing),
+                  "behind: ", rank_words(closed), " skipped a collective, or ", rank_words(issuing),
                   " issued an extra one");
   }
   TP_THROW(DistributedError, "TP_DISTRIBUTED_DEBUG=DETAIL found the ranks calling different "

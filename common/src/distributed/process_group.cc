@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "count_board.h"
+#include "rank_list.h"
 #include "tensorplay/error.h"
 
 namespace tp::distributed {
@@ -105,17 +106,11 @@ void ProcessGroup::charge_budget(const char* collective) {
 // (README, "Mismatched collectives", has the measured cost).
 namespace {
 
+using detail::rank_words;
+
 constexpr int kCountBits = 32;
 constexpr int64_t kCountMask = (int64_t{1} << kCountBits) - 1;
 
-// "rank 1", "ranks 0 and 2".
-std::string rank_words(const std::vector<int>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    out += tp::detail::cat(i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ", ranks[i]);
-  }
-  return out;
-}
 
 }  // namespace
 
