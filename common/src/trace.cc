@@ -282,66 +282,69 @@ void write_chrome_json(const std::string& path) {
   }
 }
 
-std::string render_ascii(const std::vector<Event>& events, int width) {
-  TP_CHECK(width >= 1, "tp::trace::render_ascii: width must be at least 1, got ", width);
-  if (events.empty()) return "(no trace events)\n";
+namespace {
 
-  // Time range covered by the whole recording.
-  int64_t t0 = events.front().ts_us;
-  int64_t t1 = t0;
-  for (const Event& e : events) {
-    t0 = std::min(t0, e.ts_us);
-    t1 = std::max(t1, e.ts_us + (e.phase == 'X' ? std::max<int64_t>(e.dur_us, 0) : 0));
+// The ASCII timeline's time axis: column c covers the times
+// [t0 + c*range/width, t0 + (c+1)*range/width). A point falls in column
+// floor((t - t0) * width / range); a span fills every column it overlaps,
+// and at least the one it starts in.
+struct Columns {
+  int64_t t0 = 0, t1 = 0, range = 1;
+  int width = 1;
+
+  Columns(const std::vector<Event>& events, int width_) : width(width_) {
+    t0 = t1 = events.front().ts_us;  // the time covered by the whole recording
+    for (const Event& e : events) {
+      t0 = std::min(t0, e.ts_us);
+      t1 = std::max(t1, e.ts_us + (e.phase == 'X' ? std::max<int64_t>(e.dur_us, 0) : 0));
+    }
+    range = std::max<int64_t>(t1 - t0, 1);
   }
-  const int64_t range = std::max<int64_t>(t1 - t0, 1);
-  // Column c covers the times [t0 + c*range/width, t0 + (c+1)*range/width).
-  // A point falls in column floor((t - t0) * width / range); a span fills
-  // every column it overlaps, and at least the one it starts in.
-  auto clamp_col = [&](int64_t c) {
-    return static_cast<int>(std::clamp<int64_t>(c, 0, width - 1));
-  };
-  auto column = [&](int64_t t) { return clamp_col((t - t0) * width / range); };
-  auto last_column = [&](int64_t t_end) {  // ceil((t_end - t0) * width / range) - 1
-    return clamp_col(((t_end - t0) * width + range - 1) / range - 1);
-  };
+  int clamp(int64_t c) const { return static_cast<int>(std::clamp<int64_t>(c, 0, width - 1)); }
+  int of(int64_t t) const { return clamp((t - t0) * width / range); }
+  int last_of(int64_t t_end) const {  // ceil((t_end - t0) * width / range) - 1
+    return clamp(((t_end - t0) * width + range - 1) / range - 1);
+  }
+};
 
-  // One row per (pid, tid), in sorted order; each row starts blank.
-  std::map<std::pair<int, int>, std::string> rows;
-  for (const Event& e : events) rows.try_emplace({e.pid, e.tid}, std::string(width, '.'));
+using Rows = std::map<std::pair<int, int>, std::string>;  // (pid, tid) -> its row
+using Legend = std::map<char, std::set<std::string>>;     // glyph -> the names it stands for
 
-  // Draw in begin order so a nested (later-starting) span paints over its parent.
+// Paints each span with its name's first letter, in begin order so that a
+// nested (later-starting) span paints over its parent; then the instants on
+// top, so a span never hides them: '^' for the autograd engine's marks (a
+// gradient ready, the graph done), '|' for the rest (a collective queued),
+// so the two things overlap is about differ.
+void paint(const std::vector<Event>& events, const Columns& cols, Rows& rows, Legend& legend) {
   std::vector<const Event*> order;
   for (const Event& e : events) order.push_back(&e);
   std::stable_sort(order.begin(), order.end(), [](const Event* a, const Event* b) {
     return a->begin_order < b->begin_order;
   });
-  std::map<char, std::set<std::string>> legend;
   for (const Event* e : order) {
+    if (e->phase != 'X') continue;
+    // A GPU span ("gpu backward", device_trace.h) takes the letter of what
+    // it times, as its host counterpart does: b for backward on either row.
+    const bool gpu = e->category == "cuda" && e->name.rfind("gpu ", 0) == 0;
+    const std::string& name = e->name;
+    const char letter = name.size() <= (gpu ? 4u : 0u) ? '?' : name[gpu ? 4 : 0];
+    legend[letter].insert(e->name);
+    const int c0 = cols.of(e->ts_us);
+    const int c1 = std::max(c0, cols.last_of(e->ts_us + std::max<int64_t>(e->dur_us, 0)));
     std::string& row = rows[{e->pid, e->tid}];
-    if (e->phase == 'X') {
-      // A GPU span ("gpu backward", device_trace.h) takes the letter of what
-      // it times, as its host counterpart does: b for backward on either row.
-      const bool gpu = e->category == "cuda" && e->name.rfind("gpu ", 0) == 0;
-      const std::string& name = e->name;
-      const char letter = name.size() <= (gpu ? 4u : 0u) ? '?' : name[gpu ? 4 : 0];
-      legend[letter].insert(e->name);
-      const int c0 = column(e->ts_us);
-      const int c1 = std::max(c0, last_column(e->ts_us + std::max<int64_t>(e->dur_us, 0)));
-      for (int c = c0; c <= c1; ++c) row[static_cast<size_t>(c)] = letter;
-    }
+    for (int c = c0; c <= c1; ++c) row[static_cast<size_t>(c)] = letter;
   }
-  // Instants go on top so they are never hidden by a span: '^' for the
-  // autograd engine's marks (a gradient ready, the graph done), '|' for the
-  // rest (a collective queued), so the two things overlap is about differ.
   for (const Event* e : order) {
-    if (e->phase == 'i') {
-      const char glyph = e->category == "autograd" ? '^' : '|';
-      rows[{e->pid, e->tid}][static_cast<size_t>(column(e->ts_us))] = glyph;
-      legend[glyph].insert(e->name);
-    }
+    if (e->phase != 'i') continue;
+    const char glyph = e->category == "autograd" ? '^' : '|';
+    rows[{e->pid, e->tid}][static_cast<size_t>(cols.of(e->ts_us))] = glyph;
+    legend[glyph].insert(e->name);
   }
+}
 
-  // Labels: "rank 0 main", padded to one width.
+// The rows under labels ("rank 0 main", padded to one width), then the legend.
+std::string format_timeline(const std::vector<Event>& events, const Columns& cols,
+                            const Rows& rows, const Legend& legend) {
   std::vector<std::pair<std::string, const std::string*>> lines;
   size_t label_width = 0;
   for (const auto& [key, row] : rows) {
@@ -350,9 +353,8 @@ std::string render_ascii(const std::vector<Event>& events, int width) {
     label_width = std::max(label_width, label.size());
     lines.emplace_back(std::move(label), &row);
   }
-
   std::ostringstream out;
-  out << "timeline: " << (t1 - t0) << " us in " << width << " columns\n";
+  out << "timeline: " << (cols.t1 - cols.t0) << " us in " << cols.width << " columns\n";
   for (const auto& [label, row] : lines) {
     out << label << std::string(label_width - label.size(), ' ') << " |" << *row << "|\n";
   }
@@ -369,6 +371,20 @@ std::string render_ascii(const std::vector<Event>& events, int width) {
   }
   out << '\n';
   return out.str();
+}
+
+}  // namespace
+
+std::string render_ascii(const std::vector<Event>& events, int width) {
+  TP_CHECK(width >= 1, "tp::trace::render_ascii: width must be at least 1, got ", width);
+  if (events.empty()) return "(no trace events)\n";
+  const Columns cols(events, width);
+  // One row per (pid, tid), in sorted order; each row starts blank.
+  Rows rows;
+  for (const Event& e : events) rows.try_emplace({e.pid, e.tid}, std::string(width, '.'));
+  Legend legend;
+  paint(events, cols, rows, legend);
+  return format_timeline(events, cols, rows, legend);
 }
 
 }  // namespace tp::trace

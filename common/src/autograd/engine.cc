@@ -113,8 +113,10 @@ std::unordered_map<Node*, int> count_dependencies(const std::shared_ptr<Node>& r
 
 }  // namespace
 
-void backward(const Tensor& root, const Tensor& grad) {
-  // Errors are worded for Tensor::backward, the usual way in.
+namespace {
+
+// backward()'s preconditions, worded for Tensor::backward, the usual way in.
+void check_backward_arguments(const Tensor& root, const Tensor& grad) {
   TP_CHECK(root.defined(), "tp::Tensor::backward: called on an undefined tensor");
   TP_CHECK(!t_state.running,
            "tp::Tensor::backward: called while another backward pass runs on this "
@@ -138,24 +140,19 @@ void backward(const Tensor& root, const Tensor& grad) {
              "tp::Tensor::backward: grad can be implicitly created only for "
              "one-element tensors; pass a gradient of shape ", to_string(root.shape()));
   }
+}
 
-  NoGradGuard no_grad;  // backward rules must not build graphs
-  RunningPass running;
-
-  const std::shared_ptr<Node> root_node = gradient_edge(root);
+// Step 2: runs every node reachable from root_node once, when all its
+// gradients are in; root_node's gradient is root_grad.
+void run_nodes(const std::shared_ptr<Node>& root_node, Tensor root_grad) {
   std::unordered_map<Node*, int> dependencies = count_dependencies(root_node);
   // A node's input buffer: the sum of the gradients that arrived so far.
   std::unordered_map<Node*, Tensor> buffers;
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>,
                       LaterCreatedFirst>
       ready;  // see Note [Ready order]
-
-  // The implicit gradient 1 lives where the root does (a CUDA loss: on its GPU).
-  buffers[root_node.get()] =
-      grad.defined() ? grad : ones(root.shape(), root.dtype(), root.device());
+  buffers[root_node.get()] = std::move(root_grad);
   ready.push(root_node);
-
-  // Step 2: run every node once, when all its gradients are in.
   while (!ready.empty()) {
     const std::shared_ptr<Node> node = ready.top();
     ready.pop();
@@ -187,6 +184,18 @@ void backward(const Tensor& root, const Tensor& grad) {
       ready.push(next);
     }
   }
+}
+
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& grad) {
+  check_backward_arguments(root, grad);
+  NoGradGuard no_grad;  // backward rules must not build graphs
+  RunningPass running;
+
+  // The implicit gradient 1 lives where the root does (a CUDA loss: on its GPU).
+  run_nodes(gradient_edge(root),
+            grad.defined() ? grad : ones(root.shape(), root.dtype(), root.device()));
 
   // On a GPU the host only queued the kernels: the same mark as a zero-length
   // span on the compute stream says when the GPU finished them (the trace's

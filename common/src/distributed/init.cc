@@ -179,13 +179,12 @@ auto with_context(const std::string& context, const std::string& fix, Make make)
   }
 }
 
-// make_process_group's work, with errors naming `who`: the function the
-// caller called (init_process_group or make_process_group).
-std::shared_ptr<ProcessGroup> build_group(const char* who, const std::string& backend, int rank,
-                                          int world_size, const std::string& init_method,
-                                          const GroupOptions& group_options) {
-  // torch.distributed's convention: -1 reads WORLD_SIZE and RANK (not for
-  // file://, whose ranks are forked by spawn and told their rank).
+// The rank and world size a group is made with: torch.distributed's
+// convention, -1 reads WORLD_SIZE and RANK (not for file://, whose ranks are
+// forked by spawn and told their rank). Throws for a size below 1 or a rank
+// out of range.
+void resolve_rank_and_size(const char* who, const std::string& init_method, int& rank,
+                           int& world_size) {
   const bool from_env = !starts_with(init_method, "file://");
   if (world_size == kFromEnvironment && from_env) {
     const LauncherValue size = env_value(who, "WORLD_SIZE", rank, init_method);
@@ -203,13 +202,18 @@ std::shared_ptr<ProcessGroup> build_group(const char* who, const std::string& ba
     TP_THROW(DistributedError, who, ": rank ", rank, " is out of range for world_size ",
              world_size, "; pass a rank in 0 .. ", world_size - 1);
   }
-  const bool nccl = backend == "nccl";
-  if (backend != "gloo" && !nccl) {
+}
+
+// Throws for a backend the kit does not have or this build lacks, and for a
+// timeout that is not positive.
+void check_backend_and_timeout(const char* who, const std::string& backend, int rank,
+                               std::chrono::milliseconds timeout) {
+  if (backend != "gloo" && backend != "nccl") {
     TP_THROW(DistributedError, who, ": rank ", rank, ": unknown backend '", backend,
              "'; supported backends: gloo and nccl (CUDA tensors, one GPU per rank, in a "
              "build with NCCL)");
   }
-  if (nccl) {
+  if (backend == "nccl") {
     if (const std::string why = nccl_unavailable_reason(); !why.empty()) {
       TP_THROW(DistributedError, who, ": rank ", rank, ": backend 'nccl' is not available: ",
                why, why.find("gloo") == std::string::npos
@@ -218,22 +222,56 @@ std::shared_ptr<ProcessGroup> build_group(const char* who, const std::string& ba
                         : "");
     }
   }
-  const std::chrono::milliseconds timeout = group_options.timeout;
   if (timeout.count() <= 0) {
     TP_THROW(DistributedError, who, ": rank ", rank, ": timeout must be positive (got ",
              timeout.count(), " ms)");
   }
+}
+
+// PyTorch's TORCH_NCCL_BLOCKING_WAIT=1, or the kit's own name for it:
+// Work::wait() of the NCCL backend then blocks the host too. The group's
+// options decide when they say.
+bool nccl_blocking_wait(const GroupOptions& group_options) {
+  if (group_options.blocking_wait) return *group_options.blocking_wait;
+  for (const char* name : {"TP_NCCL_BLOCKING_WAIT", "TORCH_NCCL_BLOCKING_WAIT"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && std::string(value) == "1") return true;
+  }
+  return false;
+}
+
+// The store of an env:// or redis:// rendezvous. Under env:// rank 0 hosts
+// it, as in torch.distributed, and every rank checks that the store's job
+// is its own.
+std::shared_ptr<Store> rendezvous_store(const InitMethod& method, int rank,
+                                        std::chrono::milliseconds timeout,
+                                        const std::string& context) {
+  if (method.scheme == InitMethod::Scheme::Redis) {
+    return with_context(context, "", [&] {
+      return std::make_shared<RedisStore>(method.host, method.port, method.job_id, timeout);
+    });
+  }
+  const std::string fix =
+      rank == 0 ? cat("; set MASTER_PORT to a free port on rank 0's machine")
+                : cat("; is rank 0 running, and do MASTER_ADDR and MASTER_PORT name its "
+                      "machine and port on every rank?");
+  std::shared_ptr<Store> store = with_context(context, fix, [&] {
+    return std::make_shared<TCPStore>(method.host, method.port, rank == 0, timeout);
+  });
+  with_context(context, "", [&] { detail::check_same_job(*store, rank, method.job_id, timeout); });
+  return store;
+}
+
+// make_process_group's work, with errors naming `who`: the function the
+// caller called (init_process_group or make_process_group).
+std::shared_ptr<ProcessGroup> build_group(const char* who, const std::string& backend, int rank,
+                                          int world_size, const std::string& init_method,
+                                          const GroupOptions& group_options) {
+  resolve_rank_and_size(who, init_method, rank, world_size);
+  const std::chrono::milliseconds timeout = group_options.timeout;
+  check_backend_and_timeout(who, backend, rank, timeout);
+  const bool nccl = backend == "nccl";
   const InitMethod method = parse_init_method(who, init_method, rank);
-  // PyTorch's TORCH_NCCL_BLOCKING_WAIT=1, or the kit's own name for it:
-  // Work::wait() of the NCCL backend then blocks the host too.
-  const auto blocking_wait = [&] {
-    if (group_options.blocking_wait) return *group_options.blocking_wait;
-    for (const char* name : {"TP_NCCL_BLOCKING_WAIT", "TORCH_NCCL_BLOCKING_WAIT"}) {
-      const char* value = std::getenv(name);
-      if (value != nullptr && std::string(value) == "1") return true;
-    }
-    return false;
-  };
   GlooOptions options;
   options.timeout = timeout;
   options.check_in_flight_writes = group_options.check_in_flight_writes;
@@ -245,7 +283,7 @@ std::shared_ptr<ProcessGroup> build_group(const char* who, const std::string& ba
       return with_context(cat(who, ": rank ", rank, " of ", world_size, ", ", init_method, ": "),
                           "", [&] {
         return detail::make_nccl_group(std::make_shared<detail::DirStore>(method.dir), rank,
-                                       world_size, timeout, blocking_wait());
+                                       world_size, timeout, nccl_blocking_wait(group_options));
       });
     }
     return std::make_shared<ProcessGroupGloo>(method.dir, rank, world_size, options);
@@ -263,25 +301,11 @@ std::shared_ptr<ProcessGroup> build_group(const char* who, const std::string& ba
   }
   const std::string context = cat(who, ": rank ", rank, " of ", world_size, ", ",
                                   method.origin, ": ");
-  std::shared_ptr<Store> store;
-  if (method.scheme == InitMethod::Scheme::Env) {
-    // Rank 0 hosts the store, as in torch.distributed.
-    const std::string fix =
-        rank == 0 ? cat("; set MASTER_PORT to a free port on rank 0's machine")
-                  : cat("; is rank 0 running, and do MASTER_ADDR and MASTER_PORT name its "
-                        "machine and port on every rank?");
-    store = with_context(context, fix, [&] {
-      return std::make_shared<TCPStore>(method.host, method.port, rank == 0, timeout);
-    });
-    with_context(context, "", [&] { detail::check_same_job(*store, rank, method.job_id, timeout); });
-  } else {
-    store = with_context(context, "", [&] {
-      return std::make_shared<RedisStore>(method.host, method.port, method.job_id, timeout);
-    });
-  }
+  const std::shared_ptr<Store> store = rendezvous_store(method, rank, timeout, context);
   if (nccl) {
     return with_context(context, "", [&] {
-      return detail::make_nccl_group(store, rank, world_size, timeout, blocking_wait());
+      return detail::make_nccl_group(store, rank, world_size, timeout,
+                                     nccl_blocking_wait(group_options));
     });
   }
   return with_context(context, "", [&]() -> std::shared_ptr<ProcessGroup> {

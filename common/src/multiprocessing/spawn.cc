@@ -395,6 +395,24 @@ class Job {
   [[noreturn]] void throw_failure();
   void throw_if_interrupted();
 
+  // The pieces of throw_failure(). What each rank was seen doing when a
+  // rank failed, rank by rank: a status ("waiting in allreduce #3", "had
+  // returned", "failed too"), the last collective it finished and its
+  // size, and the size of the one it waits in.
+  struct Sightings {
+    std::vector<std::string> statuses, lasts, last_shapes, waiting_shapes;
+  };
+  // Gives the other ranks a moment to fail too (at most kCauseWait; less
+  // once a failure other than a consequence is in), so the cause is among
+  // the failures weighed.
+  void settle_after_failure();
+  Sightings look_at_ranks() const;
+  // The failed rank to blame (blamed_before), and its outcome; -1 if none.
+  int blame(Outcome& outcome) const;
+  // `message` for a collective that timed out or a lost peer, with where
+  // the others were and, when it can be told, the likely cause first.
+  std::string explain_wait(const Sightings& seen, int blamed, std::string message) const;
+
   const SpawnOptions options_;
   InterruptGuard& interrupts_;
   std::vector<Child> children_;
@@ -650,7 +668,7 @@ bool blamed_before(const Outcome& a, const Outcome& b) {
   return a.failed_ns < b.failed_ns;
 }
 
-void Job::throw_failure() {
+void Job::settle_after_failure() {
   const auto first = Clock::now();
   const auto settle = first + std::min(options_.kill_grace, milliseconds(500));
   const auto only_consequences = [this] {
@@ -668,41 +686,96 @@ void Job::throw_failure() {
     read_pipes(kTick);
     reap_finished();
   }
-  // Where the others are, read before they are ended: for a collective that
-  // timed out, the rank that was not in it is the one to look at. What each
-  // collective carried is read in the same pass, so that a wait that ends
-  // meanwhile cannot pair one collective's name with the next one's size.
-  std::vector<std::string> statuses, lasts, last_shapes, waiting_shapes;
+}
+
+Job::Sightings Job::look_at_ranks() const {
+  Sightings seen;
   for (int rank = 0; rank < nprocs(); ++rank) {
-    lasts.push_back(rank_status::last_collective(board_[rank]));
-    last_shapes.push_back(rank_status::last_shape(board_[rank]));
-    waiting_shapes.push_back(rank_status::waiting_shape(board_[rank]));
+    seen.lasts.push_back(rank_status::last_collective(board_[rank]));
+    seen.last_shapes.push_back(rank_status::last_shape(board_[rank]));
+    seen.waiting_shapes.push_back(rank_status::waiting_shape(board_[rank]));
     const Child& c = children_[rank];
     if (!c.reaped) {
-      statuses.push_back(status_of(rank));
+      seen.statuses.push_back(status_of(rank));
     } else if (decode(c).ok) {
       std::string last = status_of(rank);
       const std::size_t at = last.find(" (");
-      statuses.push_back("had returned" + (at == std::string::npos ? "" : last.substr(at)));
+      seen.statuses.push_back("had returned" + (at == std::string::npos ? "" : last.substr(at)));
     } else {
       // Failed: weighed below; described by the collective it was last in,
       // which for a collective that timed out is that one.
-      const std::string& last = lasts[rank];
-      statuses.push_back("failed too" + (last.empty() ? "" : " (last collective: " + last + ")"));
+      const std::string& last = seen.lasts[rank];
+      seen.statuses.push_back("failed too" +
+                              (last.empty() ? "" : " (last collective: " + last + ")"));
     }
   }
-  end_all();
+  return seen;
+}
+
+int Job::blame(Outcome& outcome) const {
   int blamed = -1;
-  Outcome blamed_outcome;
   for (int rank = 0; rank < nprocs(); ++rank) {
     const Child& child = children_[rank];
     const Outcome o = decode(child);
     if (o.ok || (child.ended_by_spawn && !o.reported)) continue;
-    if (blamed < 0 || blamed_before(o, blamed_outcome)) {
+    if (blamed < 0 || blamed_before(o, outcome)) {
       blamed = rank;
-      blamed_outcome = o;
+      outcome = o;
     }
   }
+  return blamed;
+}
+
+std::string Job::explain_wait(const Sightings& seen, int blamed, std::string message) const {
+  // Which ranks were not in the collective that timed out, or where the
+  // rank that broke the connection was.
+  const std::vector<std::string>& statuses = seen.statuses;
+  std::string others;
+  bool returned = false;
+  for (int rank = 0; rank < nprocs(); ++rank) {
+    if (rank == blamed) continue;
+    const bool verb_included = statuses[rank].rfind("had returned", 0) == 0 ||
+                               statuses[rank].rfind("failed too", 0) == 0;
+    others += (others.empty() ? "" : "; ") + ("rank " + std::to_string(rank) + " ") +
+              (verb_included ? "" : "was ") + statuses[rank];
+    returned = returned || statuses[rank].rfind("had returned", 0) == 0;
+  }
+  if (!others.empty()) {
+    message += "\n  meanwhile: " + others;
+    if (returned) {
+      message +=
+          "\n  a rank that returned while another waited in a collective issued fewer "
+          "collectives than it: did it skip some (or did the waiting rank issue extra)?";
+    }
+  }
+  message += rank_status::different_collectives(seen.lasts, seen.last_shapes);
+  // First: the rank that failed only waited for this one. What each rank
+  // issued last: the collective it waited in when it was looked at, else
+  // the last it finished, and what that carried.
+  std::vector<std::string> issued = seen.lasts, issued_shapes = seen.last_shapes;
+  for (int rank = 0; rank < nprocs(); ++rank) {
+    const std::size_t at = statuses[rank].find("waiting in ");
+    if (at != std::string::npos) {
+      issued[rank] = statuses[rank].substr(at + 11);
+      issued_shapes[rank] = seen.waiting_shapes[rank];
+    }
+  }
+  const std::string cause = rank_status::likely_cause(statuses, issued, issued_shapes, blamed);
+  if (cause.empty()) return message;
+  return "tp::multiprocessing::spawn: " + cause + "\n  " +
+         message.substr(std::string("tp::multiprocessing::spawn: ").size());
+}
+
+void Job::throw_failure() {
+  settle_after_failure();
+  // Where the others are, read before they are ended: for a collective that
+  // timed out, the rank that was not in it is the one to look at. What each
+  // collective carried is read in the same pass, so that a wait that ends
+  // meanwhile cannot pair one collective's name with the next one's size.
+  const Sightings seen = look_at_ranks();
+  end_all();
+  Outcome blamed_outcome;
+  const int blamed = blame(blamed_outcome);
   if (blamed < 0) {  // unreachable: the failure that led here was reaped before end_all()
     throw SpawnError(-1, "tp::multiprocessing::spawn: a rank failed but none could be blamed");
   }
@@ -710,43 +783,7 @@ void Job::throw_failure() {
                         " failed: " + blamed_outcome.message;
   if (blamed_outcome.kind == ErrorKind::Timeout ||
       blamed_outcome.kind == ErrorKind::Consequence) {
-    // Which ranks were not in the collective that timed out, or where the
-    // rank that broke the connection was.
-    std::string others;
-    bool returned = false;
-    for (int rank = 0; rank < nprocs(); ++rank) {
-      if (rank == blamed) continue;
-      const bool verb_included = statuses[rank].rfind("had returned", 0) == 0 ||
-                                 statuses[rank].rfind("failed too", 0) == 0;
-      others += (others.empty() ? "" : "; ") + ("rank " + std::to_string(rank) + " ") +
-                (verb_included ? "" : "was ") + statuses[rank];
-      returned = returned || statuses[rank].rfind("had returned", 0) == 0;
-    }
-    if (!others.empty()) {
-      message += "\n  meanwhile: " + others;
-      if (returned) {
-        message +=
-            "\n  a rank that returned while another waited in a collective issued fewer "
-            "collectives than it: did it skip some (or did the waiting rank issue extra)?";
-      }
-    }
-    message += rank_status::different_collectives(lasts, last_shapes);
-    // First: the rank that failed only waited for this one. What each rank
-    // issued last: the collective it waited in when it was looked at, else
-    // the last it finished, and what that carried.
-    std::vector<std::string> issued = lasts, issued_shapes = last_shapes;
-    for (int rank = 0; rank < nprocs(); ++rank) {
-      const std::size_t at = statuses[rank].find("waiting in ");
-      if (at != std::string::npos) {
-        issued[rank] = statuses[rank].substr(at + 11);
-        issued_shapes[rank] = waiting_shapes[rank];
-      }
-    }
-    const std::string cause = rank_status::likely_cause(statuses, issued, issued_shapes, blamed);
-    if (!cause.empty()) {
-      message = "tp::multiprocessing::spawn: " + cause + "\n  " +
-                message.substr(std::string("tp::multiprocessing::spawn: ").size());
-    }
+    message = explain_wait(seen, blamed, std::move(message));
   } else if (const std::string named = rank_status::cause_named_in(blamed_outcome.message);
              !named.empty() && named.rfind("rank " + std::to_string(blamed) + " ", 0) != 0) {
     // The rank that failed found another at fault (its collective count).

@@ -163,128 +163,154 @@ Snapshot snapshot_parameters(D& ddp, memory::Stats& peaks) {
   }
 }
 
-// One rank's training loop. Seeds and builds the plan's model, wraps it,
-// then per optimizer step: zero_grad; per micro-batch forward on this rank's
-// shard, mse loss, backward of loss / K (under no_sync for all but the last
-// micro-batch, when the stage has it); sync_grads() when the stage syncs
-// after backward; SGD step. Records losses, snapshots and collective counts.
+// The pieces of train_rank that are not templates (ddp_trainer.cc).
+// Starts rank `rank` of `config`: turns its trace on when the plan traces,
+// makes its GPU current (kernels run on the thread's current GPU), resets
+// the memory peaks (RankResult::memory: the whole run counts), then seeds
+// and builds the plan's model on the CPU, exactly as the reference builds
+// it, and moves it to the rank's device: the same numbers start on every
+// device.
+std::shared_ptr<nn::Module> start_rank(int rank, const RunConfig& config);
+// Gives the group its collective budget for this plan and model: a loop
+// that never stops issuing collectives ends there (Note [Collective
+// budget] in process_group.cc).
+void set_rank_collective_budget(distributed::ProcessGroup& group, const RunConfig& config,
+                                const nn::Module& model);
+// RankResult's construction counts: what the DDP's constructor issued.
+void record_construction(RankResult& result, const distributed::CollectiveCounters& counters);
+// RankResult's parameter identities (their TensorImpl addresses) and
+// initial buffers.
+void record_identities(RankResult& result, const std::vector<nn::NamedTensor>& parameters,
+                       const nn::Module& model);
+// After the loop: a rank with fewer steps (it joined) checked fewer step
+// ends; it skips the rest, so that the next run on this group (a launched
+// checker's next case) checks the same points on every rank.
+void skip_missed_count_points(distributed::ProcessGroup& group, const RunConfig& config,
+                              int rank);
+// When the plan traced: turns the trace off and keeps its events, the
+// GPU's own spans (device_trace.h) included, once its work has finished.
+void collect_trace(const RunConfig& config, RankResult& result);
+
+// The kit's SGD, or the stage's own (sharded) optimizer: make_optimizer,
+// found by argument-dependent lookup.
+template <DataParallelModel D>
+auto make_rank_optimizer(D& ddp, const RunConfig& config, const typename D::Options& options) {
+  const optim::SGDOptions sgd{config.lr, config.momentum};
+  if constexpr (D::capabilities.sharded_optimizer) {
+    return make_optimizer(ddp, sgd, options);
+  } else {
+    return std::make_unique<optim::SGD>(ddp.parameters(), sgd);
+  }
+}
+
+// [snippet:rank-step]
+// Micro-batch i of this rank: forward on its shard, mse loss, backward of
+// loss / K. Records the loss and the parameters it leaves without a
+// gradient.
+template <DataParallelModel D>
+void train_micro_batch(D& ddp, const data::SyntheticRegression& dataset, const RunConfig& config,
+                       int rank, int64_t i, RankResult& result) {
+  const bool on_gpu = config.device.type == DeviceType::CUDA;  // GPU spans in the trace
+  data::Batch batch = micro_batch(dataset, config, rank, i);
+  Tensor loss;
+  {
+    trace::Span span("forward", "compute", {{"micro", i}});
+    trace::DeviceSpan gpu("gpu forward", cuda::current_stream(), "compute stream",
+                          {{"micro", i}}, on_gpu);
+    loss = mse_loss(ddp(batch.x), batch.y);
+  }
+  result.losses.push_back(loss.item());
+  // The parameters this micro-batch leaves without a gradient (lesson 05).
+  result.unreached_per_micro.push_back(unreached_parameters(loss, ddp.named_parameters()));
+  trace::Span span("backward", "compute", {{"micro", i}});
+  trace::DeviceSpan gpu("gpu backward", cuda::current_stream(), "compute stream",
+                        {{"micro", i}}, on_gpu);
+  // Accumulating K micro-batches averages their losses.
+  const int64_t k_micro = config.micro_batches;
+  (k_micro == 1 ? loss : mul(loss, 1.0 / static_cast<double>(k_micro))).backward();
+}
+
+// This rank's optimizer steps. Per step: zero_grad; its K micro-batches,
+// all but the last under no_sync when the stage has it; sync_grads() when
+// the stage syncs after backward; the optimizer's step; then the count
+// check. Records what each micro-batch did, and the parameters after the
+// first step.
+template <DataParallelModel D, typename Optimizer>
+void train_steps(D& ddp, Optimizer& optimizer, distributed::ProcessGroup& group,
+                 const data::SyntheticRegression& dataset, const RunConfig& config, int rank,
+                 RankResult& result, memory::Stats& peaks) {
+  constexpr Capabilities caps = D::capabilities;
+  const int64_t k_micro = config.micro_batches;
+  for (int64_t step = 0; step < steps_of(config, rank); ++step) {
+    trace::Span step_span("step", "train", {{"step", step}});
+    optimizer.zero_grad(config.zero_grad_set_to_none);
+    for (int64_t micro = 0; micro < k_micro; ++micro) {
+      const int64_t i = step * k_micro + micro;
+      group.reset_counters();
+      if constexpr (caps.no_sync) {
+        if (micro + 1 < k_micro) {
+          auto no_sync = ddp.no_sync();  // this micro-batch only accumulates
+          train_micro_batch(ddp, dataset, config, rank, i, result);
+        } else {
+          train_micro_batch(ddp, dataset, config, rank, i, result);
+        }
+      } else {
+        train_micro_batch(ddp, dataset, config, rank, i, result);
+      }
+      if (micro + 1 == k_micro) {
+        if constexpr (caps.syncs_after_backward) {
+          trace::Span span("sync_grads", "ddp");
+          ddp.sync_grads();
+        }
+        trace::Span span("optimizer", "compute");
+        optimizer.step();
+      }
+      record_micro_batch(result, group.counters(), ddp.parameters());  // what it did
+    }
+    // Every rank has issued as many collectives as the others by now; one
+    // that skipped a collective is named here, before its wrong sums go on.
+    group.check_collective_count(detail::cat("the end of step ", step));
+    if (step == 0) {
+      result.after_first_step = snapshot_parameters(ddp, peaks);
+      if (config.trace_first_step && !config.trace) trace::disable();  // (demo.cc)
+    }
+  }
+}
+// [/snippet:rank-step]
+
+// One rank's training loop. Starts the rank (seed, model, device), wraps
+// the model, registers the options' comm hook (comm_hooks), then runs the
+// optimizer steps of train_steps, inside join() when the stage has it.
+// Records losses, snapshots and collective counts.
 template <DataParallelModel D>
 RankResult train_rank(int rank, const RunConfig& config,
                       const std::shared_ptr<distributed::ProcessGroup>& group,
                       const typename D::Options& options) {
   check_plan_fits_stage<D>(config);
   constexpr Capabilities caps = D::capabilities;
-  if (config.trace || config.trace_first_step) {
-    trace::enable(rank);
-    trace::set_thread_name("main");
-  }
-  // Built on the CPU from the seed, exactly as the reference builds it, then
-  // moved: the same numbers start on every device. Kernels run on the
-  // thread's current GPU, so this rank's GPU is made current first.
-  if (config.device.type == DeviceType::CUDA) {
-    cuda::set_device(device_for_rank(config, rank).index);
-  }
-  manual_seed(model_seed_for_rank(config, rank));
-  memory::reset_peaks();  // RankResult::memory: the whole run counts
-  std::shared_ptr<nn::Module> model = [&] {
-    memory::KindScope parameters(memory::Kind::Parameter);  // (to() keeps the kind)
-    return make_model(config);
-  }();
-  if (config.device != kCPU) model->to(device_for_rank(config, rank));
-
-  // A loop that never stops issuing collectives ends at the plan's budget
-  // (Note [Collective budget] in process_group.cc).
-  const size_t tensors = model->named_parameters().size() + model->named_buffers().size();
-  group->set_collective_budget(collective_budget(config, tensors), budget_reason(config, tensors));
+  std::shared_ptr<nn::Module> model = start_rank(rank, config);
+  set_rank_collective_budget(*group, config, *model);
   RankResult result;
   result.rank = rank;
   group->reset_counters();
   D ddp(model, group, options);
   if constexpr (caps.comm_hooks) register_builtin_hook(ddp, options);
-  result.construction_allreduces = group->counters().allreduce;
-  result.construction_broadcasts = group->counters().broadcast;
-  result.construction_allgathers = group->counters().allgather;
+  record_construction(result, group->counters());
   // Every rank builds the whole model before a fully sharded stage shards
   // it (the kit has no meta-device construction), so for such a stage
   // RankResult::memory counts from after this snapshot: `construction`
   // takes the peaks before it, and is dropped.
   memory::Stats construction;
   result.initial_params = snapshot_parameters(ddp, construction);
-  memory::Stats peaks;  // fully sharded: the peaks before the last snapshot
   if constexpr (caps.buckets) result.initial_buckets = ddp.bucket_assignment();
-  for (const nn::NamedTensor& p : ddp.named_parameters()) {
-    result.param_ids.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(p.second.impl())));
-  }
-  result.initial_buffers = snapshot(model->named_buffers());
+  record_identities(result, ddp.named_parameters(), *model);
 
-  data::SyntheticRegression dataset(data_options(config));
-  // The kit's SGD, or the stage's own (sharded) optimizer.
-  auto optimizer = [&] {
-    const optim::SGDOptions sgd{config.lr, config.momentum};
-    if constexpr (caps.sharded_optimizer) {
-      return make_optimizer(ddp, sgd, options);
-    } else {
-      return std::make_unique<optim::SGD>(ddp.parameters(), sgd);
-    }
-  }();
-  const int64_t k_micro = config.micro_batches;
-  const bool on_gpu = config.device.type == DeviceType::CUDA;  // GPU spans in the trace
-  // [snippet:rank-step]
-  auto micro_step = [&](int64_t i) {
-    data::Batch batch = micro_batch(dataset, config, rank, i);
-    Tensor loss;
-    {
-      trace::Span span("forward", "compute", {{"micro", i}});
-      trace::DeviceSpan gpu("gpu forward", cuda::current_stream(), "compute stream",
-                            {{"micro", i}}, on_gpu);
-      loss = mse_loss(ddp(batch.x), batch.y);
-    }
-    result.losses.push_back(loss.item());
-    // The parameters this micro-batch leaves without a gradient (lesson 05).
-    result.unreached_per_micro.push_back(unreached_parameters(loss, ddp.named_parameters()));
-    trace::Span span("backward", "compute", {{"micro", i}});
-    trace::DeviceSpan gpu("gpu backward", cuda::current_stream(), "compute stream",
-                          {{"micro", i}}, on_gpu);
-    // Accumulating K micro-batches averages their losses.
-    (k_micro == 1 ? loss : mul(loss, 1.0 / static_cast<double>(k_micro))).backward();
-  };
+  const data::SyntheticRegression dataset(data_options(config));
+  auto optimizer = make_rank_optimizer(ddp, config, options);
+  memory::Stats peaks;  // fully sharded: the peaks before the last snapshot
   auto train_loop = [&] {
-    for (int64_t step = 0; step < steps_of(config, rank); ++step) {
-      trace::Span step_span("step", "train", {{"step", step}});
-      optimizer->zero_grad(config.zero_grad_set_to_none);
-      for (int64_t micro = 0; micro < k_micro; ++micro) {
-        const int64_t i = step * k_micro + micro;
-        group->reset_counters();
-        if constexpr (caps.no_sync) {
-          if (micro + 1 < k_micro) {
-            auto no_sync = ddp.no_sync();  // this micro-batch only accumulates
-            micro_step(i);
-          } else {
-            micro_step(i);
-          }
-        } else {
-          micro_step(i);
-        }
-        if (micro + 1 == k_micro) {
-          if constexpr (caps.syncs_after_backward) {
-            trace::Span span("sync_grads", "ddp");
-            ddp.sync_grads();
-          }
-          trace::Span span("optimizer", "compute");
-          optimizer->step();
-        }
-        record_micro_batch(result, group->counters(), ddp.parameters());  // what it did
-      }
-      // Every rank has issued as many collectives as the others by now; one
-      // that skipped a collective is named here, before its wrong sums go on.
-      group->check_collective_count(detail::cat("the end of step ", step));
-      if (step == 0) {
-        result.after_first_step = snapshot_parameters(ddp, peaks);
-        if (config.trace_first_step && !config.trace) trace::disable();  // (demo.cc)
-      }
-    }
+    train_steps(ddp, *optimizer, *group, dataset, config, rank, result, peaks);
   };
-  // [/snippet:rank-step]
   if constexpr (caps.join && caps.sharded_optimizer) {
     join_with_optimizer(ddp, *optimizer, options, std::function<void()>(train_loop));
   } else if constexpr (caps.join) {
@@ -292,12 +318,7 @@ RankResult train_rank(int rank, const RunConfig& config,
   } else {
     train_loop();
   }
-  // A rank with fewer steps (it joined) checked fewer step ends: it skips
-  // the rest, so that the next run on this group (a launched checker's next
-  // case) checks the same points on every rank.
-  int64_t most_steps = 0;
-  for (int r = 0; r < group->size(); ++r) most_steps = std::max(most_steps, steps_of(config, r));
-  group->skip_count_points(most_steps - steps_of(config, rank));
+  skip_missed_count_points(*group, config, rank);
   // On a GPU the last step's collectives may still be finishing (an NCCL
   // wait() only orders streams): a failure among them is thrown here.
   group->synchronize();
@@ -310,12 +331,7 @@ RankResult train_rank(int rank, const RunConfig& config,
     result.shard_partition = optimizer->partition();
     result.params_with_state = optimizer->params_with_state();
   }
-  if (config.trace || config.trace_first_step) {
-    trace::disable();
-    result.events = trace::events();
-    // The GPU's own spans (device_trace.h), once its work has finished.
-    for (trace::Event& e : trace::device_events()) result.events.push_back(std::move(e));
-  }
+  collect_trace(config, result);
   return result;
 }
 

@@ -110,6 +110,61 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
                  const Advice& advice = {}, const std::string& approximation = "",
                  const Float64Rerun& rerun = {});
 
+// The ranks' results for the demo's plan: from the lesson's own rank
+// worker, from ranks it spawns, or, launched, every rank's. Empty on a
+// launched rank other than 0, which has said that it trained.
+template <DataParallelModel D>
+std::vector<RankResult> run_demo_ranks(const std::string& stage, const DemoArgs& args,
+                                       const typename D::Options& options,
+                                       const RankWorker<typename D::Options>& worker) {
+  if (args.worker) {
+    const RunConfig& config = args.config;
+    std::vector<WorkerResult> results =
+        run_workers(config, [&](int rank, const std::string& init_method) {
+          return worker(rank, config, init_method, options);
+        });
+    std::vector<RankResult> ranks;
+    for (size_t r = 0; r < results.size(); ++r) {
+      ranks.push_back(as_rank_result(static_cast<int>(r), results[r]));
+    }
+    return ranks;
+  }
+  if (args.init_method.empty()) return run_ddp<D>(args.config, options);
+  multiprocessing::report_to_launcher();  // where it waits, for tprun
+  LaunchedRun run = run_launched_rank<D>(args.config, options, args.init_method);
+  if (run.rank != 0) {
+    std::printf("demo %s: rank %d of %d trained; rank 0 prints the table\n", stage.c_str(),
+                run.rank, args.config.world_size);
+    return {};
+  }
+  return std::move(run.ranks);
+}
+
+// Note [Rounding or a bug]: when the float32 run differs from the
+// reference, the same plan in float64 (unless --no-float64-rerun).
+template <DataParallelModel D>
+Float64Rerun float64_rerun_if_differs(const std::string& stage, const DemoArgs& args,
+                                      const typename D::Options& options,
+                                      const ReferenceResult& reference,
+                                      const std::vector<RankResult>& ranks,
+                                      const std::string& approximation) {
+  Float64Rerun rerun;
+  if (!wants_float64_rerun(args, reference, ranks, approximation)) return rerun;
+  if (!args.float64_rerun) {
+    rerun.skipped = true;
+    return rerun;
+  }
+  RunConfig f64 = args.config;
+  f64.dtype = kFloat64;
+  f64.trace = false;
+  std::printf("demo %s: the float32 run differs from the reference; re-running it in "
+              "float64 to tell rounding from a bug (Note [Rounding or a bug], demo.h): "
+              "as long again as the run (--no-float64-rerun skips it)\n",
+              stage.c_str());
+  std::fflush(stdout);  // said before the wait, also into a pipe
+  return judge_float64_rerun(f64, train_reference(f64), run_ddp<D>(f64, options));
+}
+
 // The whole main() of a lesson's demo: the stage's spec says what it is
 // and which flags it takes; `worker` is the lesson's own rank worker, if it
 // has one. The flags write one Options object while the command line is
@@ -145,47 +200,12 @@ int demo_main(int argc, char** argv, const StageSpec<typename D::Options>& spec,
   }
   try {
     if (spec.adapt) spec.adapt(args.config, options);
-    std::vector<RankResult> ranks;
-    if (args.worker) {
-      const RunConfig& config = args.config;
-      std::vector<WorkerResult> results =
-          run_workers(config, [&](int rank, const std::string& init_method) {
-            return worker(rank, config, init_method, options);
-          });
-      for (size_t r = 0; r < results.size(); ++r) {
-        ranks.push_back(as_rank_result(static_cast<int>(r), results[r]));
-      }
-    } else if (args.init_method.empty()) {
-      ranks = run_ddp<D>(args.config, options);
-    } else {
-      multiprocessing::report_to_launcher();  // where it waits, for tprun
-      LaunchedRun run = run_launched_rank<D>(args.config, options, args.init_method);
-      if (run.rank != 0) {
-        std::printf("demo %s: rank %d of %d trained; rank 0 prints the table\n",
-                    spec.number.c_str(), run.rank, args.config.world_size);
-        return 0;
-      }
-      ranks = std::move(run.ranks);
-    }
-    ReferenceResult reference = train_reference(args.config);
+    const std::vector<RankResult> ranks = run_demo_ranks<D>(spec.number, args, options, worker);
+    if (ranks.empty()) return 0;  // a launched rank other than 0
+    const ReferenceResult reference = train_reference(args.config);
     const std::string approximation = spec.approximation ? spec.approximation(options) : "";
-    // Note [Rounding or a bug]: the same plan in float64.
-    Float64Rerun rerun;
-    if (wants_float64_rerun(args, reference, ranks, approximation)) {
-      if (!args.float64_rerun) {
-        rerun.skipped = true;
-      } else {
-        RunConfig f64 = args.config;
-        f64.dtype = kFloat64;
-        f64.trace = false;
-        std::printf("demo %s: the float32 run differs from the reference; re-running it in "
-                    "float64 to tell rounding from a bug (Note [Rounding or a bug], demo.h): "
-                    "as long again as the run (--no-float64-rerun skips it)\n",
-                    spec.number.c_str());
-        std::fflush(stdout);  // said before the wait, also into a pipe
-        rerun = judge_float64_rerun(f64, train_reference(f64), run_ddp<D>(f64, options));
-      }
-    }
+    const Float64Rerun rerun =
+        float64_rerun_if_differs<D>(spec.number, args, options, reference, ranks, approximation);
     report_demo(spec.number, spec.title, args, reference, ranks, spec.advice, approximation,
                 rerun);
   } catch (const std::exception& error) {
