@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "kit"))
 from kit_diff_test import parse_diff  # noqa: E402  (one reader of the diff)
 
 LINE = re.compile(r"^stage (\d\d): (\d+) of the (\d+) lines of code it adds .*?(?:\[(.*)\])?$")

@@ -12,7 +12,7 @@ stand-ins (shell scripts) that answer as the real ones would on a GPU.
   - NCCL not built (no test_nccl): that row is SKIP with the reason, the
     check still passes.
 The real programs' side (their exit codes, JSON and trace) is tested where
-they run: tests/gpu_skip_test.py without a GPU, ./kit gpu-check with one.
+they run: tests/gpu/gpu_skip_test.py without a GPU, ./kit gpu-check with one.
 
 Usage: gpu_check_flow_test.py SOURCE_DIR
 """
