@@ -28,7 +28,7 @@
 #include "test_util.h"
 // Private to the library; tested here because only the NCCL backend uses
 // it (init_process_group("nccl", ..., "file://DIR")), which needs a GPU.
-#include "../../common/src/distributed/dir_store.h"
+#include "../../common/src/distributed/rendezvous/dir_store.h"
 
 namespace dist = tp::distributed;
 namespace mp = tp::multiprocessing;

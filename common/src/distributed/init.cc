@@ -18,11 +18,11 @@
 #include <optional>
 #include <utility>
 
-#include "dir_store.h"
+#include "rendezvous/dir_store.h"
 #include "nccl_backend.h"
-#include "network.h"
-#include "rendezvous_dir.h"
-#include "store_rendezvous.h"
+#include "rendezvous/network.h"
+#include "rendezvous/rendezvous_dir.h"
+#include "rendezvous/store_rendezvous.h"
 #include "tensorplay/distributed/launcher_env.h"
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/distributed/redis_store.h"

@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "collective_fingerprint.h"
-#include "rank_list.h"
+#include "../collective_fingerprint.h"
+#include "../rank_list.h"
 #include "tensorplay/error.h"
 
 namespace tp::distributed::detail {

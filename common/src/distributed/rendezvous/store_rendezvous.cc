@@ -3,7 +3,7 @@
 #include "store_rendezvous.h"
 
 #include "network.h"
-#include "rank_list.h"
+#include "../rank_list.h"
 
 #include <unistd.h>
 
