@@ -3,8 +3,8 @@
 // a rank's collectives carry, and to the model state a rank holds. Lesson 10
 // quotes these numbers.
 //
-// What it measures, on bench_step.cc's deep_mlp(16, kWidth, kDepth, 4) (130
-// parameter tensors in 65 Linear layers, 4.2 MB of float32 parameters) and
+// What it measures, on the step benchmarks' deep model (tp::bench::deep_model:
+// 130 parameter tensors in 65 Linear layers, 4.2 MB of float32 parameters) and
 // 64 rows per rank (--batch=N), SGD with momentum 0.9, one step being
 // zero_grad, forward, loss, backward and the optimizer's step:
 //   BM_StepStage10/setup:S   the step with set-up S, one of
@@ -65,11 +65,9 @@
 #include "tensorplay/data.h"
 #include "tensorplay/distributed/process_group.h"
 #include "tensorplay/memory.h"
-#include "tensorplay/nn/models.h"
 #include "tensorplay/nn/sequential.h"
 #include "tensorplay/ops.h"
 #include "tensorplay/optim/sgd.h"
-#include "tensorplay/random.h"
 #include "ranked_benchmark.h"
 
 namespace {
@@ -77,10 +75,8 @@ namespace {
 namespace dist = tp::distributed;
 namespace memory = tp::memory;
 
-constexpr int64_t kDefaultBatch = 64;
-constexpr int kDefaultWorldSize = 2;
-constexpr int64_t kWidth = 128;  // bench_step.cc's model
-constexpr int64_t kDepth = 64;
+using tp::bench::deep_model;
+
 constexpr double kMomentum = 0.9;
 
 enum class Family { Ddp, ZeroRs, Fsdp };
@@ -116,17 +112,12 @@ constexpr Setup kSetups[] = {
      BackwardPrefetch::BACKWARD_PRE, true},
 };
 
-std::shared_ptr<tp::nn::Module> model() {
-  tp::manual_seed(0);
-  return tp::nn::deep_mlp(16, kWidth, kDepth, 4);
-}
-
 // The same model (the same values, the same order), its layers grouped into
 // Sequentials of kBlock Linears and their ReLUs; the last Linear stays a
 // child of its own. Under children_wrap_policy each block is one unit.
 constexpr size_t kBlock = 16;
 std::shared_ptr<tp::nn::Module> model_in_blocks() {
-  const std::shared_ptr<tp::nn::Module> flat = model();
+  const std::shared_ptr<tp::nn::Module> flat = deep_model();
   std::vector<std::shared_ptr<tp::nn::Module>> blocks;
   std::vector<std::shared_ptr<tp::nn::Module>> block;
   for (const auto& [name, layer] : flat->children()) {
@@ -160,13 +151,13 @@ class ShardedStep {
       options.forward_prefetch = setup.forward_prefetch;
       if (setup.blocks) options.auto_wrap_policy = stage10::children_wrap_policy();
       fsdp_ = std::make_unique<stage10::FullyShardedDataParallel>(
-          setup.blocks ? model_in_blocks() : model(), rank.group, options);
+          setup.blocks ? model_in_blocks() : deep_model(), rank.group, options);
       sgd_ = std::make_unique<tp::optim::SGD>(fsdp_->parameters(), sgd);
       return;
     }
     stage09::Options options;
     options.reduce_scatter = setup.family == Family::ZeroRs;
-    ddp_ = std::make_unique<stage09::DistributedDataParallel>(model(), rank.group, options);
+    ddp_ = std::make_unique<stage09::DistributedDataParallel>(deep_model(), rank.group, options);
     if (setup.family == Family::ZeroRs) {
       zero_ = stage09::make_optimizer(*ddp_, sgd, options);
     } else {
@@ -225,24 +216,16 @@ void bm_step(benchmark::State& state, const Setup& setup, const Rank& rank) {
   state.counters["peak_model_state_bytes"] = static_cast<double>(
       peaks.model_state_peak - empty.live_bytes(memory::Kind::Parameter) -
       empty.live_bytes(memory::Kind::Gradient) - empty.live_bytes(memory::Kind::OptimizerState));
-  uint64_t model_bytes = 0;
-  for (const tp::Tensor& p : model()->parameters()) model_bytes += p.nbytes();
-  state.counters["model_bytes"] = static_cast<double>(model_bytes);
+  state.counters["model_bytes"] = static_cast<double>(tp::bench::deep_model_bytes());
   state.counters["units"] = static_cast<double>(step->units());
-}
-
-void register_benchmarks(const Rank& rank) {
-  tp::bench::describe_stage(stage10::stage_spec());
-  benchmark::AddCustomContext("momentum", std::to_string(kMomentum));
-  // kSetups[0], "ddp", is what the round's "<label>_over_ddp" ratios divide by.
-  tp::bench::register_step_variants<ShardedStep, Setup>(
-      "BM_StepStage10", "setup", std::span<const Setup>(kSetups), rank, bm_step,
-      "BM_FsdpRound");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return tp::bench::step_benchmark_main(argc, argv, "bench_fsdp", kDefaultWorldSize,
-                                        kDefaultBatch, register_benchmarks);
+  // kSetups[0], "ddp", is what the round's "<label>_over_ddp" ratios divide by.
+  return tp::bench::step_variants_main<ShardedStep, Setup>(
+      argc, argv, "bench_fsdp", stage10::stage_spec(),
+      {.family = "BM_StepStage10", .key = "setup", .variants = kSetups, .one = bm_step,
+       .round_name = "BM_FsdpRound", .context = {{"momentum", std::to_string(kMomentum)}}});
 }

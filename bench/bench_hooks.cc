@@ -2,8 +2,8 @@
 // does to a training step's time and to the bytes a rank all-reduces.
 // Lesson 08 quotes these numbers.
 //
-// What it measures, on bench_step.cc's deep_mlp(16, kWidth, kDepth, 4) (130
-// parameter tensors, 4.2 MB of float32 gradients) and 64 rows per rank
+// What it measures, on the step benchmarks' deep model (tp::bench::deep_model:
+// 130 parameter tensors, 4.2 MB of float32 gradients) and 64 rows per rank
 // (--batch=N), one step being zero_grad, forward, loss, backward (which
 // syncs, bucket by bucket, through the hook) and an SGD step:
 //   BM_StepStage08Hook/hook:H   the step with hook H registered, H one of
@@ -66,10 +66,8 @@
 #include "08-comm-hooks/stage.h"
 #include "tensorplay/data.h"
 #include "tensorplay/distributed/process_group.h"
-#include "tensorplay/nn/models.h"
 #include "tensorplay/ops.h"
 #include "tensorplay/optim/sgd.h"
-#include "tensorplay/random.h"
 #include "ranked_benchmark.h"
 
 namespace {
@@ -78,16 +76,6 @@ namespace dist = tp::distributed;
 using Clock = std::chrono::steady_clock;
 using tp::bench::ms_since;
 using tp::bench::process_cpu_seconds;
-
-// Ranks unless --world-size=N says otherwise.
-constexpr int kDefaultWorldSize = 2;
-// Rows per rank and step unless --batch=N says otherwise.
-constexpr int64_t kDefaultBatch = 64;
-
-// bench_step.cc's model: 2 * (kDepth + 1) = 130 parameter tensors, almost
-// all (kWidth, kWidth) weights, which PowerSGD compresses.
-constexpr int64_t kWidth = 128;
-constexpr int64_t kDepth = 64;
 
 // Iterations of plain all-reduce before PowerSGD compresses: 2, the least
 // PowerSGDState accepts with error feedback and warm start.
@@ -115,7 +103,7 @@ using Rank = tp::bench::StepRank;
 class HookedStep {
  public:
   HookedStep(const Hook& hook, const Rank& rank)
-      : ddp_(model(), rank.group, options_of(hook)),
+      : ddp_(tp::bench::deep_model(), rank.group, options_of(hook)),
         optimizer_(ddp_.parameters(), {.lr = 1e-3}),
         batch_(tp::data::SyntheticRegression().rows(rank.group->rank() * rank.batch,
                                                     rank.batch)) {
@@ -138,18 +126,7 @@ class HookedStep {
     for (int64_t i = 0; i < kPowerSGDStart + tp::bench::warmup_iterations(); ++i) run();
   }
 
-  // Bytes of the model's gradients: what one step all-reduces without a hook.
-  uint64_t grad_bytes() const {
-    uint64_t bytes = 0;
-    for (const tp::Tensor& p : ddp_.parameters()) bytes += p.nbytes();
-    return bytes;
-  }
-
  private:
-  static std::shared_ptr<tp::nn::Module> model() {
-    tp::manual_seed(0);
-    return tp::nn::deep_mlp(16, kWidth, kDepth, 4);
-  }
   static stage08::Options options_of(const Hook& hook) {
     stage08::Options options;
     options.comm_hook = hook.name;
@@ -183,25 +160,22 @@ void bm_step_hook(benchmark::State& state, const Hook& hook, const Rank& rank) {
   const double bytes = static_cast<double>(after.allreduce_bytes - before.allreduce_bytes) / steps;
   state.counters["allreduce_bytes"] = bytes;
   state.counters["allreduces"] = static_cast<double>(after.allreduce - before.allreduce) / steps;
-  state.counters["grad_bytes"] = static_cast<double>(step.grad_bytes());
-  state.counters["compression"] = static_cast<double>(step.grad_bytes()) / bytes;
+  // The model's gradients: what one step all-reduces without a hook.
+  const auto grad_bytes = static_cast<double>(tp::bench::deep_model_bytes());
+  state.counters["grad_bytes"] = grad_bytes;
+  state.counters["compression"] = grad_bytes / bytes;
   state.counters["bwd_ms"] = Counter(backward_ms, Counter::kAvgIterations);
   state.counters["cpu_ms"] = cpu_ms / steps;
   state.counters["cores"] = cpu_ms / wall_ms;
 }
 
-void register_benchmarks(const Rank& rank) {
-  tp::bench::describe_stage(stage08::stage_spec());
-  benchmark::AddCustomContext("powersgd_start_iteration", std::to_string(kPowerSGDStart));
-  // kHooks[0], "none", is what the round's "<label>_over_none" ratios divide by.
-  tp::bench::register_step_variants<HookedStep, Hook>(
-      "BM_StepStage08Hook", "hook", std::span<const Hook>(kHooks), rank, bm_step_hook,
-      "BM_HookRound");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  return tp::bench::step_benchmark_main(argc, argv, "bench_hooks", kDefaultWorldSize,
-                                        kDefaultBatch, register_benchmarks);
+  // kHooks[0], "none", is what the round's "<label>_over_none" ratios divide by.
+  return tp::bench::step_variants_main<HookedStep, Hook>(
+      argc, argv, "bench_hooks", stage08::stage_spec(),
+      {.family = "BM_StepStage08Hook", .key = "hook", .variants = kHooks, .one = bm_step_hook,
+       .round_name = "BM_HookRound",
+       .context = {{"powersgd_start_iteration", std::to_string(kPowerSGDStart)}}});
 }

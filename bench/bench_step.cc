@@ -3,9 +3,9 @@
 // and 03. Lesson 03 quotes these numbers: they show how much of stage 02's
 // sync stage 03 hides behind backward, and on which machine it can.
 //
-// What it measures, for deep_mlp(16, kWidth, kDepth, 4) (130 parameter
-// tensors, 4.2 MB of float32 gradients) and a batch of 64 rows per rank
-// (--batch=N):
+// What it measures, for the step benchmarks' deep model (tp::bench::
+// deep_model: deep_mlp(16, 128, 64, 4), 130 parameter tensors, 4.2 MB of
+// float32 gradients) and a batch of 64 rows per rank (--batch=N):
 //   BM_StepNoDDP             the step with no communication at all: what a
 //                            rank computes. Every rank runs it at the same
 //                            time, so it competes for the cores as the
@@ -130,18 +130,9 @@ using Clock = std::chrono::steady_clock;
 using tp::bench::ms_since;
 using tp::bench::process_cpu_seconds;
 
-// Ranks unless --world-size=N says otherwise.
-constexpr int kDefaultWorldSize = 2;
-// Rows per rank and step unless --batch=N says otherwise.
-constexpr int64_t kDefaultBatch = 64;
-
-// The model, deep_mlp(16, kWidth, kDepth, 4) on SyntheticRegression's 16
-// features and 4 targets: 2 * (kDepth + 1) = 130 parameter tensors, almost
-// all of them (kWidth, kWidth) weights of 64 KiB. The width and the default
-// batch make a step about 8 ms of compute on one core, comparable to the
-// sync of its 4.2 MB over loopback, so neither hides the other by sheer size.
-constexpr int64_t kWidth = 128;
-constexpr int64_t kDepth = 64;
+// The model, the step benchmarks' (ranked_benchmark.h says why its size):
+// deep_mlp(16, 128, 64, 4), 130 parameter tensors, 4.2 MB.
+using tp::bench::deep_model;
 
 // Fixed iteration counts (the same on every rank). Stage 01 is some 20 times
 // slower than the others: fewer steps keep the run short.
@@ -171,11 +162,6 @@ Caps caps_of(int64_t cap_kib) {
   if (cap_kib == 0) return {};
   const double mb = static_cast<double>(cap_kib) / 1024.0;
   return {mb, mb};
-}
-
-std::shared_ptr<tp::nn::Module> make_model() {
-  tp::manual_seed(0);
-  return tp::nn::deep_mlp(16, kWidth, kDepth, 4);
 }
 
 // What every benchmark of one rank needs: its process group, and the batch
@@ -254,7 +240,7 @@ void run_steps(benchmark::State& state, dist::ProcessGroup& group, OneStep&& one
 }
 
 void bm_no_ddp(benchmark::State& state, const Rank& rank) {
-  auto model = make_model();
+  auto model = deep_model();
   tp::optim::SGD optimizer(model->parameters(), {.lr = 1e-3});
   const tp::data::Batch batch = batch_of(rank);
   run_steps(state, *rank.group, [&](Phases& phases) {
@@ -263,7 +249,7 @@ void bm_no_ddp(benchmark::State& state, const Rank& rank) {
 }
 
 void bm_stage01(benchmark::State& state, const Rank& rank) {
-  stage01::DistributedDataParallel ddp(make_model(), rank.group);
+  stage01::DistributedDataParallel ddp(deep_model(), rank.group);
   tp::optim::SGD optimizer(ddp.parameters(), {.lr = 1e-3});
   const tp::data::Batch batch = batch_of(rank);
   run_steps(state, *rank.group, [&](Phases& phases) {
@@ -275,7 +261,7 @@ void bm_stage01(benchmark::State& state, const Rank& rank) {
 void bm_stage02(benchmark::State& state, const Rank& rank) {
   const Caps caps = caps_of(state.range(0));
   stage02::DistributedDataParallel ddp(
-      make_model(), rank.group,
+      deep_model(), rank.group,
       {.bucket_cap_mb = caps.bucket_cap_mb, .first_bucket_cap_mb = caps.first_bucket_cap_mb});
   tp::optim::SGD optimizer(ddp.parameters(), {.lr = 1e-3});
   const tp::data::Batch batch = batch_of(rank);
@@ -289,7 +275,7 @@ void bm_stage02(benchmark::State& state, const Rank& rank) {
 void bm_stage03(benchmark::State& state, const Rank& rank) {
   const Caps caps = caps_of(state.range(0));
   stage03::DistributedDataParallel ddp(
-      make_model(), rank.group,
+      deep_model(), rank.group,
       {.bucket_cap_mb = caps.bucket_cap_mb, .first_bucket_cap_mb = caps.first_bucket_cap_mb});
   tp::optim::SGD optimizer(ddp.parameters(), {.lr = 1e-3});
   const tp::data::Batch batch = batch_of(rank);
@@ -307,8 +293,8 @@ void bm_stage03(benchmark::State& state, const Rank& rank) {
 class StagePair {
  public:
   StagePair(const Rank& rank, int64_t cap_kib)
-      : ddp02_(make_model(), rank.group, options_of<stage02::Options>(cap_kib)),
-        ddp03_(make_model(), rank.group, options_of<stage03::Options>(cap_kib)),
+      : ddp02_(deep_model(), rank.group, options_of<stage02::Options>(cap_kib)),
+        ddp03_(deep_model(), rank.group, options_of<stage03::Options>(cap_kib)),
         sgd02_(ddp02_.parameters(), {.lr = 1e-3}),
         sgd03_(ddp03_.parameters(), {.lr = 1e-3}),
         batch_(batch_of(rank)) {}
@@ -450,7 +436,7 @@ enum class Accumulate { NoDDP, NoSync, SyncEvery };
 template <Accumulate mode>
 void bm_accumulate(benchmark::State& state, const Rank& rank) {
   const int64_t k = state.range(0);
-  std::shared_ptr<tp::nn::Module> model = make_model();
+  std::shared_ptr<tp::nn::Module> model = deep_model();
   std::unique_ptr<stage04::DistributedDataParallel> ddp;
   if (mode != Accumulate::NoDDP) {
     ddp = std::make_unique<stage04::DistributedDataParallel>(model, rank.group);
@@ -541,10 +527,10 @@ void register_benchmarks(const Rank& rank, bool cap_sweep) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  long batch = kDefaultBatch;
+  long batch = tp::bench::kStepBatch;
   long cap_sweep = 0;
   return tp::bench::ranked_benchmark_main(
-      argc, argv, "bench_step", kDefaultWorldSize,
+      argc, argv, "bench_step", tp::bench::kStepWorldSize,
       {tp::bench::batch_flag(&batch),
        {"cap-sweep", 0, 1, "1 adds BM_CapSweep, stages 02 and 03 at caps of 64 KiB to "
                            "4 MiB", &cap_sweep}},

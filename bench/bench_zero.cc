@@ -2,8 +2,8 @@
 // training step's time, to the bytes a rank's collectives carry, and to the
 // optimizer state a rank holds. Lesson 09 quotes these numbers.
 //
-// What it measures, on bench_step.cc's deep_mlp(16, kWidth, kDepth, 4) (130
-// parameter tensors, 4.2 MB of float32 parameters) and 64 rows per rank
+// What it measures, on the step benchmarks' deep model (tp::bench::deep_model:
+// 130 parameter tensors, 4.2 MB of float32 parameters) and 64 rows per rank
 // (--batch=N), SGD with momentum 0.9, one step being zero_grad, forward,
 // loss, backward (the DDP's buckets, bucket by bucket) and the optimizer's
 // step:
@@ -51,20 +51,14 @@
 #include "tensorplay/data.h"
 #include "tensorplay/distributed/process_group.h"
 #include "tensorplay/memory.h"
-#include "tensorplay/nn/models.h"
 #include "tensorplay/ops.h"
 #include "tensorplay/optim/sgd.h"
-#include "tensorplay/random.h"
 #include "ranked_benchmark.h"
 
 namespace {
 
 namespace dist = tp::distributed;
 
-constexpr int kDefaultWorldSize = 2;
-constexpr int64_t kDefaultBatch = 64;
-constexpr int64_t kWidth = 128;  // bench_step.cc's model
-constexpr int64_t kDepth = 64;
 constexpr double kMomentum = 0.9;
 
 // One optimizer set-up, as its label names it.
@@ -85,7 +79,7 @@ using Rank = tp::bench::StepRank;  // its group and --batch
 class ZeroStep {
  public:
   ZeroStep(const Optimizer& opt, const Rank& rank)
-      : ddp_(model(), rank.group, options_of(opt)),
+      : ddp_(tp::bench::deep_model(), rank.group, options_of(opt)),
         batch_(tp::data::SyntheticRegression().rows(rank.group->rank() * rank.batch,
                                                     rank.batch)) {
     const tp::optim::SGDOptions sgd{.lr = 1e-3, .momentum = kMomentum};
@@ -106,17 +100,7 @@ class ZeroStep {
     for (int64_t i = 0; i < 1 + tp::bench::warmup_iterations(); ++i) run();
   }
 
-  uint64_t param_bytes() const {
-    uint64_t bytes = 0;
-    for (const tp::Tensor& p : ddp_.parameters()) bytes += p.nbytes();
-    return bytes;
-  }
-
  private:
-  static std::shared_ptr<tp::nn::Module> model() {
-    tp::manual_seed(0);
-    return tp::nn::deep_mlp(16, kWidth, kDepth, 4);
-  }
   static stage09::Options options_of(const Optimizer& opt) {
     stage09::Options options;
     options.reduce_scatter = opt.reduce_scatter;
@@ -145,21 +129,15 @@ void bm_step(benchmark::State& state, const Optimizer& opt, const Rank& rank) {
   tp::bench::set_collective_counters(state, before, after,
                                      static_cast<double>(state.iterations()));
   state.counters["state_bytes"] = static_cast<double>(state_bytes);
-  state.counters["param_bytes"] = static_cast<double>(step.param_bytes());
-}
-
-void register_benchmarks(const Rank& rank) {
-  tp::bench::describe_stage(stage09::stage_spec());
-  benchmark::AddCustomContext("momentum", std::to_string(kMomentum));
-  // kOptimizers[0], "sgd", is what the round's "<label>_over_sgd" ratios divide by.
-  tp::bench::register_step_variants<ZeroStep, Optimizer>(
-      "BM_StepStage09", "opt", std::span<const Optimizer>(kOptimizers), rank, bm_step,
-      "BM_ZeroRound");
+  state.counters["param_bytes"] = static_cast<double>(tp::bench::deep_model_bytes());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return tp::bench::step_benchmark_main(argc, argv, "bench_zero", kDefaultWorldSize,
-                                        kDefaultBatch, register_benchmarks);
+  // kOptimizers[0], "sgd", is what the round's "<label>_over_sgd" ratios divide by.
+  return tp::bench::step_variants_main<ZeroStep, Optimizer>(
+      argc, argv, "bench_zero", stage09::stage_spec(),
+      {.family = "BM_StepStage09", .key = "opt", .variants = kOptimizers, .one = bm_step,
+       .round_name = "BM_ZeroRound", .context = {{"momentum", std::to_string(kMomentum)}}});
 }

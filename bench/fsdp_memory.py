@@ -12,7 +12,7 @@ kind of collective (the counters: an all-gather's gathered output and a
 reduce-scatter's input, each the whole unit). These are counts, the same
 on any machine. Writes --out (bench/results/fsdp_memory.json by default),
 whole or not at all (atomic_file.py); --markdown prints lesson 10's tables
-(tests/lesson_tables_test.py checks that the lesson holds them as printed).
+(tests/docs/lesson_tables_test.py checks that the lesson holds them as printed).
 
 Output:
   {"config": {model, steps, momentum, demo_args},

@@ -57,6 +57,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))  # namespaces.py, shared with tests/
 from alpha_beta import fit_alpha_beta  # noqa: E402
 from atomic_file import write_text  # noqa: E402
 import shaped_link  # noqa: E402

@@ -49,6 +49,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))  # namespaces.py, shared with tests/
 from atomic_file import write_text  # noqa: E402
 import link_bench  # noqa: E402
 import shaped_link  # noqa: E402

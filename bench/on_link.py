@@ -27,6 +27,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))  # namespaces.py, shared with tests/
 import link_bench  # noqa: E402
 import shaped_link  # noqa: E402
 from namespaces import SKIP, Unavailable, clean_stale  # noqa: E402

@@ -33,12 +33,13 @@
 //     --benchmark_out); the others run silently.
 //   - Returns the process exit code: 0 when every rank succeeded (launched:
 //     when this rank did).
-//   - The step benchmarks share more: a StepRank (the group and --batch=N,
-//     batch_flag) in all of them (bench_step, bench_hooks, bench_zero,
-//     bench_fsdp); step_benchmark_main(), the whole main() of those whose
-//     one flag is --batch; register_step_variants(), each variant of a step
-//     (a hook, an optimizer, a sharding set-up) and a round that
-//     interleaves them all.
+//   - The step benchmarks share more: the model, deep_model(), and the
+//     defaults kStepWorldSize and kStepBatch; a StepRank (the group and
+//     --batch=N, batch_flag) in all of them (bench_step, bench_hooks,
+//     bench_zero, bench_fsdp); register_step_variants(), each variant of a
+//     step (a hook, an optimizer, a sharding set-up) and a round that
+//     interleaves them all; and step_variants_main(), the whole main() of
+//     the programs made of such variants (all but bench_step).
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -47,6 +48,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
@@ -56,6 +58,7 @@
 #include <string>
 #include <thread>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tensorplay/distributed/init.h"
@@ -64,6 +67,8 @@
 #include "tensorplay/distributed/process_group_gloo.h"
 #include "tensorplay/multiprocessing/launched_rank.h"
 #include "tensorplay/multiprocessing/spawn.h"
+#include "tensorplay/nn/models.h"
+#include "tensorplay/random.h"
 #include "tensorplay/train/ddp_trainer.h"
 #include "tensorplay/train/stage_spec.h"
 #include "tensorplay/util/temp_dir.h"
@@ -213,6 +218,34 @@ inline void set_collective_counters(benchmark::State& state,
 // a step is 3 to 5 times slower: the run stays short); 1 under --smoke=1.
 inline int64_t step_iterations(int world_size) {
   return iterations(std::max<int64_t>(10, 80 / world_size));
+}
+
+// The step benchmarks' model: deep_mlp(16, kDeepWidth, kDeepDepth, 4) on
+// SyntheticRegression's 16 features and 4 targets, 2 * (kDeepDepth + 1) =
+// 130 parameter tensors, almost all of them (kDeepWidth, kDeepWidth) weights
+// of 64 KiB: 4.2 MB of float32. The width and the default batch make a step
+// about 8 ms of compute on one core, comparable to the sync of its 4.2 MB
+// over loopback, so neither hides the other by sheer size.
+inline constexpr int64_t kDeepWidth = 128;
+inline constexpr int64_t kDeepDepth = 64;
+// The step benchmarks' defaults: ranks unless --world-size=N says
+// otherwise, rows per rank and step unless --batch=N does.
+inline constexpr int kStepWorldSize = 2;
+inline constexpr long kStepBatch = 64;
+
+// A fresh deep model, the same values on every rank and at every call
+// (seeded here).
+inline std::shared_ptr<nn::Module> deep_model() {
+  manual_seed(0);
+  return nn::deep_mlp(16, kDeepWidth, kDeepDepth, 4);
+}
+
+// Bytes of the deep model's parameters: the model whole, and the gradients
+// one step all-reduces without compression.
+inline uint64_t deep_model_bytes() {
+  uint64_t bytes = 0;
+  for (const Tensor& p : deep_model()->parameters()) bytes += p.nbytes();
+  return bytes;
 }
 
 // A step benchmark's rank: its group, and the rows it trains on per step
@@ -504,16 +537,40 @@ inline int ranked_benchmark_main(int argc, char** argv, const std::string& progr
   return 0;
 }
 
-// main() of a step benchmark whose one flag of its own is --batch=N
-// (default `default_batch`): register_all gets each rank's StepRank.
-inline int step_benchmark_main(int argc, char** argv, const std::string& program,
-                               int default_world_size, long default_batch,
-                               const std::function<void(const StepRank&)>& register_all) {
-  long batch = default_batch;
-  return ranked_benchmark_main(argc, argv, program, default_world_size, {batch_flag(&batch)},
-                               [&batch, &register_all](const RankSetup& setup) {
-                                 register_all(StepRank{setup.group, batch});
-                               });
+// What a program made of a step's variants (bench_hooks, bench_zero,
+// bench_fsdp) registers beyond its stage: register_step_variants()'s
+// arguments, and the constants its results' context names.
+template <typename Variant>
+struct StepVariants {
+  std::string family;                 // "BM_StepStage08Hook": "<family>/<key>:<label>" each
+  std::string key;                    // "hook"
+  // A static array; the first is what the round's "<label>_over_<first>" ratios divide by.
+  std::span<const Variant> variants;
+  std::function<void(benchmark::State&, const Variant&, const StepRank&)> one;  // times one variant
+  std::string round_name;             // "BM_HookRound": all of them interleaved
+  std::vector<std::pair<std::string, std::string>> context;  // {"momentum", "0.9"}, ...
+};
+
+// The whole main() of such a program: its own flag is --batch=N (default
+// kStepBatch), its ranks kStepWorldSize unless --world-size=N; on each rank
+// the results' context names the stage (describe_stage) and `variants`'
+// constants, then register_step_variants() registers the benchmarks.
+template <typename Step, typename Variant, typename Options>
+int step_variants_main(int argc, char** argv, const std::string& program,
+                       const train::StageSpec<Options>& stage,
+                       const StepVariants<Variant>& variants) {
+  long batch = kStepBatch;
+  return ranked_benchmark_main(
+      argc, argv, program, kStepWorldSize, {batch_flag(&batch)},
+      [&](const RankSetup& setup) {
+        describe_stage(stage);
+        for (const auto& [name, value] : variants.context) {
+          benchmark::AddCustomContext(name, value);
+        }
+        register_step_variants<Step, Variant>(variants.family, variants.key, variants.variants,
+                                              StepRank{setup.group, batch}, variants.one,
+                                              variants.round_name);
+      });
 }
 
 }  // namespace tp::bench

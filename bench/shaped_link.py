@@ -20,12 +20,12 @@ The layout, a star as in a rack behind one switch:
     ...                    /
 
 Host i is the namespace "tp<pid>-h<i>" with the address 10.X.Y.(i+1)/24 on
-its interface tp0 (X.Y from the pid, bench/namespaces.py), whose egress
+its interface tp0 (X.Y from the pid, tools/namespaces.py), whose egress
 queue is `tc qdisc ... root tbf rate RATE`: what host i sends leaves at
 RATE at most, as from a NIC of that speed. Traffic into a host is limited
 by its sender's queue. Every device, and so every qdisc, lives inside the
 namespaces: leaving the `with` block (or SIGTERM, SIGHUP, SIGINT) deletes
-them all (bench/namespaces.py has the contract). `netem` (delay, loss) is
+them all (tools/namespaces.py has the contract). `netem` (delay, loss) is
 not used: the kernels the kit runs on do not all have it; tbf is everywhere.
 
 Differences from a real cluster: the "wire" is memory, so there is no
@@ -47,7 +47,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# tools/: the namespaces shared with tests/multinode/netns.py.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from namespaces import SKIP, Namespaces, Unavailable  # noqa: E402,F401
 
 INTERFACE = "tp0"  # each host's end of its veth pair, inside its namespace

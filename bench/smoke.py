@@ -3,8 +3,9 @@
 
 Usage: smoke.py BUILD_BENCH_DIR REPORT_PY TORCH_DDP_PY HOOK_LOSSES_PY DEMO_08 ZERO_MEMORY_PY DEMO_09
 
-Runs each benchmark program with --smoke=1 (one iteration of every
-benchmark, no warm-up) at the world sizes ./kit bench uses, writing Google
+Runs each benchmark program that ./kit bench runs (bench/programs.txt)
+with --smoke=1 (one iteration of every benchmark, no warm-up) at the first
+world size ./kit bench uses (bench_allreduce at each), writing Google
 Benchmark JSON into a temporary folder under the names report.py reads; then
 torch_ddp.py --smoke if PyTorch is importable (optional: skipped otherwise);
 hook_losses.py for 5 steps (demo_08 once per comm hook); then report.py on
@@ -21,27 +22,50 @@ import subprocess
 import sys
 import tempfile
 
-# (program, world sizes, benchmarks its JSON must contain, by name prefix)
-PROGRAMS = [
-    ("bench_ops", [None], ["BM_"]),
-    ("bench_allreduce", [2, 4], ["BM_KitHandoff", "BM_CountCheck", "BM_Allreduce/4",
-                                 "BM_Allreduce/67108864"]),
-    ("bench_sync", [2], ["BM_Stage01SyncGrads/64", "BM_Stage02SyncGrads/64",
-                         "BM_OneFlatAllreduce/64", "BM_Stage02BucketCap/10",
-                         "BM_Stage02BucketCap/102400"]),
-    ("bench_step", [2], ["BM_StepNoDDP", "BM_StepStage01", "BM_StepStage02/cap_kib:0",
-                         "BM_StepStage03/cap_kib:0", "BM_SyncShareStage01/batch:256",
-                         "BM_SyncShareStage02/cap_kib:0/batch:1",
-                         "BM_OverlapPair/cap_kib:0/batch:64",
-                         "BM_AccumulateNoSync/micro:8", "BM_AccumulateSyncEvery/micro:1"]),
-    ("bench_hooks", [2], ["BM_StepStage08Hook/hook:none", "BM_StepStage08Hook/hook:fp16",
-                          "BM_StepStage08Hook/hook:powersgd_r4", "BM_HookRound"]),
-    ("bench_zero", [2], ["BM_StepStage09/opt:sgd", "BM_StepStage09/opt:zero",
-                         "BM_StepStage09/opt:zero_rs", "BM_ZeroRound"]),
-    ("bench_fsdp", [2], ["BM_StepStage10/setup:ddp", "BM_StepStage10/setup:no_shard",
-                         "BM_StepStage10/setup:full", "BM_StepStage10/setup:full_blocks",
-                         "BM_FsdpRound"]),
-]
+from programs import programs
+
+# The benchmarks each program's JSON must contain, by name prefix, for every
+# program of bench/programs.txt (the list of them: a program listed there
+# without an entry here, or one here that is not listed, fails the test).
+NEEDED = {
+    "bench_ops": ["BM_"],
+    "bench_allreduce": ["BM_KitHandoff", "BM_CountCheck", "BM_Allreduce/4",
+                        "BM_Allreduce/67108864"],
+    "bench_sync": ["BM_Stage01SyncGrads/64", "BM_Stage02SyncGrads/64", "BM_OneFlatAllreduce/64",
+                   "BM_Stage02BucketCap/10", "BM_Stage02BucketCap/102400"],
+    "bench_step": ["BM_StepNoDDP", "BM_StepStage01", "BM_StepStage02/cap_kib:0",
+                   "BM_StepStage03/cap_kib:0", "BM_SyncShareStage01/batch:256",
+                   "BM_SyncShareStage02/cap_kib:0/batch:1", "BM_OverlapPair/cap_kib:0/batch:64",
+                   "BM_AccumulateNoSync/micro:8", "BM_AccumulateSyncEvery/micro:1"],
+    "bench_hooks": ["BM_StepStage08Hook/hook:none", "BM_StepStage08Hook/hook:fp16",
+                    "BM_StepStage08Hook/hook:powersgd_r4", "BM_HookRound"],
+    "bench_zero": ["BM_StepStage09/opt:sgd", "BM_StepStage09/opt:zero",
+                   "BM_StepStage09/opt:zero_rs", "BM_ZeroRound"],
+    "bench_fsdp": ["BM_StepStage10/setup:ddp", "BM_StepStage10/setup:no_shard",
+                   "BM_StepStage10/setup:full", "BM_StepStage10/setup:full_blocks",
+                   "BM_FsdpRound"],
+}
+# Run at every world size the list gives it (so that allreduce.png's line
+# per world size is drawn for more than one); the others, to keep the test
+# short, at their first only.
+EVERY_SIZE = {"bench_allreduce"}
+
+
+def smoke_runs():
+    """[(Program, world size or None, benchmarks needed)]: bench/programs.txt's
+    programs, in its order, at the world sizes the smoke runs them at."""
+    listed = [p.name for p in programs()]
+    unknown = [name for name in listed if name not in NEEDED]
+    unlisted = [name for name in NEEDED if name not in listed]
+    if unknown or unlisted:
+        sys.exit(f"smoke: bench/programs.txt and smoke.py's NEEDED disagree: "
+                 f"listed without the benchmarks they must run: {unknown or 'none'}; "
+                 f"in NEEDED but not listed: {unlisted or 'none'}")
+    runs = []
+    for program in programs():
+        sizes = program.world_sizes if program.name in EVERY_SIZE else program.world_sizes[:1]
+        runs += [(program, w, NEEDED[program.name]) for w in sizes or [None]]
+    return runs
 
 
 LESSON_10 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lessons", "10-fsdp",
@@ -116,25 +140,24 @@ def main():
     bench_dir, report_py, torch_py, hook_losses_py, demo_08, zero_memory_py, demo_09 = \
         sys.argv[1:8]
     with tempfile.TemporaryDirectory(prefix="tp-bench-smoke-") as out:
-        for program, sizes, needed in PROGRAMS:
-            for w in sizes:
-                name = program + (f".w{w}" if w else "") + ".json"
-                path = os.path.join(out, name)
-                cmd = [os.path.join(bench_dir, program), f"--benchmark_out={path}",
-                       "--benchmark_out_format=json"]
-                if w:
-                    cmd += ["--smoke=1", f"--world-size={w}"]
-                else:
-                    cmd += ["--benchmark_min_time=0"]
-                run(cmd)
-                with open(path) as f:
-                    names = [b["name"] for b in json.load(f)["benchmarks"]]
-                for prefix in needed:
-                    if not any(n == prefix or n.startswith(prefix + "/") or
-                               (prefix.endswith("_") and n.startswith(prefix)) for n in names):
-                        sys.exit(f"smoke: {name} has no benchmark {prefix}; it has {names}")
-                if program == "bench_fsdp":
-                    check_fsdp_counts(path)
+        for program, w, needed in smoke_runs():
+            name = program.results_file(w)
+            path = os.path.join(out, name)
+            cmd = [os.path.join(bench_dir, program.name), f"--benchmark_out={path}",
+                   "--benchmark_out_format=json"]
+            if w:
+                cmd += ["--smoke=1", f"--world-size={w}"]
+            else:
+                cmd += ["--benchmark_min_time=0"]
+            run(cmd)
+            with open(path) as f:
+                names = [b["name"] for b in json.load(f)["benchmarks"]]
+            for prefix in needed:
+                if not any(n == prefix or n.startswith(prefix + "/") or
+                           (prefix.endswith("_") and n.startswith(prefix)) for n in names):
+                    sys.exit(f"smoke: {name} has no benchmark {prefix}; it has {names}")
+            if program.name == "bench_fsdp":
+                check_fsdp_counts(path)
         torch_python = python_with("torch")
         if torch_python:
             run([torch_python, torch_py, "--smoke", "--world-size=2",

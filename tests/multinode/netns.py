@@ -15,14 +15,14 @@ them), whatever happened inside; so does SIGTERM to the test.
 TwoHosts() raises Unavailable with the reason when namespaces cannot be
 made (not root, no `ip`, no CAP_SYS_ADMIN): the tests then exit 77, which
 meson reports as SKIPPED, never as passed. The namespaces themselves, and
-their clean-up, are bench/namespaces.py's (bench/shaped_link.py uses them
+their clean-up, are tools/namespaces.py's (bench/shaped_link.py uses them
 too).
 """
 
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from namespaces import SKIP, Host, Namespaces, Unavailable  # noqa: E402,F401
 
 INTERFACE = "tp0"  # each host's end of the veth pair, inside its namespace

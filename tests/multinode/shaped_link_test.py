@@ -29,8 +29,10 @@ import subprocess
 import sys
 import time
 
-BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+BENCH = os.path.join(ROOT, "bench")  # shaped_link.py, what this tests
 sys.path.insert(0, BENCH)
+sys.path.insert(0, os.path.join(ROOT, "tools"))  # namespaces.py, the clean-up it checks
 import namespaces  # noqa: E402
 import shaped_link  # noqa: E402
 

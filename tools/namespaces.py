@@ -8,7 +8,9 @@
 
 The shared part of tests/multinode/netns.py (two hosts joined by a veth
 pair, for the multi-node tests) and bench/shaped_link.py (N hosts joined
-through a rate-limited switch, for the benchmarks).
+through a rate-limited switch, for the benchmarks). It lives in tools/,
+beside tools/tprun that both of them run, so that neither imports from
+the other's folder: each puts tools/ on sys.path.
 
 Contract:
   - Namespaces(names) names one namespace per host, "<tag>-<name>", where
