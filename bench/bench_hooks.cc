@@ -130,8 +130,8 @@ class HookedStep {
   static stage08::Options options_of(const Hook& hook) {
     stage08::Options options;
     options.comm_hook = hook.name;
-    options.powersgd_rank = static_cast<double>(hook.powersgd_rank);
-    options.powersgd_start_iteration = static_cast<double>(kPowerSGDStart);
+    options.powersgd_rank = hook.powersgd_rank;
+    options.powersgd_start_iteration = kPowerSGDStart;
     return options;
   }
 

@@ -1,7 +1,8 @@
 // Copied from solutions/08-comm-hooks/default_hooks.h by tools/gen_exercise.py (nothing to fill in here).
 // Stage 08 — the simple built-in communication hooks (PyTorch's
-// torch.distributed.algorithms.ddp_comm_hooks.default_hooks), and how the
-// kit's trainer registers one.
+// torch.distributed.algorithms.ddp_comm_hooks.default_hooks). The kit's
+// trainer registers the one a run names through register_builtin_hook
+// (stage.h).
 //
 // Each is hook(state, bucket): register it with
 //   ddp.register_comm_hook(process_group, allreduce_hook);
@@ -28,7 +29,6 @@
 
 #include <memory>
 
-#include "ddp.h"
 #include "grad_bucket.h"
 #include "tensorplay/distributed/future.h"
 #include "tensorplay/distributed/process_group.h"
@@ -41,12 +41,5 @@ using tp::distributed::ProcessGroup;
 std::shared_ptr<Future> allreduce_hook(ProcessGroup& process_group, GradBucket& bucket);
 std::shared_ptr<Future> fp16_compress_hook(ProcessGroup& process_group, GradBucket& bucket);
 std::shared_ptr<Future> bf16_compress_hook(ProcessGroup& process_group, GradBucket& bucket);
-
-// What the kit's trainer calls right after constructing the DDP (the
-// capability comm_hooks): registers the built-in hook options.comm_hook
-// names ("none" registers nothing), on ddp.process_group(). Throws tp::Error
-// for a name it does not know, listing the ones it does, and for PowerSGD
-// settings PowerSGDState refuses.
-void register_builtin_hook(DistributedDataParallel& ddp, const Options& options);
 
 }  // namespace stage08

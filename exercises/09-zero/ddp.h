@@ -113,15 +113,15 @@ struct Options {
   std::vector<std::string> params_and_buffers_to_ignore;
 
   // Not read by the DDP: which built-in comm hook register_builtin_hook()
-  // (default_hooks.h) registers after construction, as the kit's trainer
+  // (stage.h) registers after construction, as the kit's trainer
   // does for the demo's --comm-hook. "none", "allreduce", "fp16", "bf16" or
   // "powersgd"; the PowerSGD knobs are PowerSGDState's (powersgd_hook.h).
   std::string comm_hook = "none";
-  double powersgd_rank = 1;               // matrix_approximation_rank
+  int64_t powersgd_rank = 1;              // matrix_approximation_rank
   // start_powerSGD_iter. PyTorch's default is 1000, for runs of many
   // thousand steps; the kit's runs are ten steps long, so it starts at the
   // earliest iteration error feedback allows (powersgd_hook.h).
-  double powersgd_start_iteration = 2;
+  int64_t powersgd_start_iteration = 2;
   double powersgd_min_compression_rate = 2;
   // The reduce-scatter form of ZeRO (zero.h): the optimizer reduces the
   // gradients, so the DDP registers noop_hook (default_hooks.h) at
@@ -161,7 +161,7 @@ class DistributedDataParallel : public Joinable {
   // For the kit's trainer: gradients are averaged inside backward, by hooks;
   // no_sync() accumulates; parameters may go unused (with an option);
   // bucket_assignment() lists the buckets (rebuilt after the first step);
-  // register_builtin_hook (default_hooks.h) registers the options' hook;
+  // register_builtin_hook (stage.h) registers the options' hook;
   // the optimizer is the stage's, sharded (make_optimizer, stage.h), and
   // trains under Join with the DDP (join_with_optimizer, stage.h).
   static constexpr tp::train::Capabilities capabilities{.syncs_in_backward = true,

@@ -1,7 +1,8 @@
 // Copied from solutions/09-zero/default_hooks.h by tools/gen_exercise.py (nothing to fill in here).
 // Stage 09 — the simple built-in communication hooks (PyTorch's
-// torch.distributed.algorithms.ddp_comm_hooks.default_hooks), and how the
-// kit's trainer registers one.
+// torch.distributed.algorithms.ddp_comm_hooks.default_hooks). The kit's
+// trainer registers the one a run names through register_builtin_hook
+// (stage.h).
 //
 // Each is hook(state, bucket): register it with
 //   ddp.register_comm_hook(process_group, allreduce_hook);
@@ -22,15 +23,14 @@
 //     precision). The Gloo backend has no bfloat16 reduction: on it the
 //     DDP's register_comm_hook refuses the hook (tp::Error naming the
 //     backend), before any collective.
-//   - noop_hook, the hook that sends nothing, is grad_bucket.h's: the DDP
-//     itself registers it for the reduce-scatter form of ZeRO.
+//   - noop_hook sends nothing: the DDP itself registers it for the
+//     reduce-scatter form of ZeRO, where the optimizer reduces.
 //   - The hooks hold no state but the process group: they are safe to use
 //     from several DDPs, one thread each.
 #pragma once
 
 #include <memory>
 
-#include "ddp.h"
 #include "grad_bucket.h"
 #include "tensorplay/distributed/future.h"
 #include "tensorplay/distributed/process_group.h"
@@ -44,12 +44,13 @@ std::shared_ptr<Future> allreduce_hook(ProcessGroup& process_group, GradBucket& 
 std::shared_ptr<Future> fp16_compress_hook(ProcessGroup& process_group, GradBucket& bucket);
 std::shared_ptr<Future> bf16_compress_hook(ProcessGroup& process_group, GradBucket& bucket);
 
-// What the kit's trainer calls right after constructing the DDP (the
-// capability comm_hooks): registers the built-in hook options.comm_hook
-// names ("none" registers nothing), on ddp.process_group(), or noop_hook
-// when options.reduce_scatter is set. Throws tp::Error for a name it does
-// not know, listing the ones it does, for PowerSGD settings PowerSGDState
-// refuses, and for a hook next to reduce_scatter.
-void register_builtin_hook(DistributedDataParallel& ddp, const Options& options);
+// The hook that sends nothing (PyTorch's debugging_hooks.noop_hook): its
+// future is already complete, and its value is the bucket as this rank
+// filled it. The DDP registers it for the reduce-scatter form of ZeRO
+// (Options::reduce_scatter), where the optimizer reduces the gradients.
+// (`process_group` is unused: the built-in hooks' form.) PyTorch keeps it
+// in ddp_comm_hooks.debugging_hooks; it is here with the other built-in
+// hooks.
+std::shared_ptr<Future> noop_hook(ProcessGroup& process_group, GradBucket& bucket);
 
 }  // namespace stage09

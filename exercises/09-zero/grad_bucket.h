@@ -70,12 +70,4 @@ class GradBucket {
 using CommHook = std::function<std::shared_ptr<tp::distributed::Future>(GradBucket& bucket)>;
 // [/snippet:comm-hook]
 
-// The hook that sends nothing (PyTorch's debugging_hooks.noop_hook): its
-// future is already complete, and its value is the bucket as this rank
-// filled it. The DDP registers it for the reduce-scatter form of ZeRO
-// (Options::reduce_scatter), where the optimizer reduces the gradients.
-// Defined in ddp.cc. (`process_group` is unused: the built-in hooks' form.)
-std::shared_ptr<tp::distributed::Future> noop_hook(tp::distributed::ProcessGroup& process_group,
-                                                   GradBucket& bucket);
-
 }  // namespace stage09

@@ -1,14 +1,18 @@
 // Copied from solutions/09-zero/stage.h by tools/gen_exercise.py (nothing to fill in here).
 // Stage 09's identity, declared once (tp::train::StageSpec in
 // tensorplay/train/stage_spec.h): the title, the options the demo offers
-// as flags, and the stage's words in the checker's diagnoses; and the two
-// functions through which the kit's trainer (capability sharded_optimizer)
-// builds the optimizer and joins. Its demo (lessons/09-zero/main.cc), its
-// checker and the benchmarks read it.
+// as flags, and the stage's words in the checker's diagnoses; and the three
+// functions through which the kit's trainer registers the built-in hook a
+// run names (comm_hooks), builds the optimizer and joins
+// (sharded_optimizer). Its demo (lessons/09-zero/main.cc), its checker and
+// the benchmarks read it.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "ddp.h"
 #include "default_hooks.h"
@@ -46,6 +50,55 @@ inline void join_with_optimizer(DistributedDataParallel& ddp, ZeroRedundancyOpti
                         .throw_on_early_termination = options.throw_on_early_termination,
                         .divide_by_initial_world_size = options.divide_by_initial_world_size});
   join.run(body);
+}
+
+// What the kit's trainer calls right after constructing the DDP (the
+// capability comm_hooks, found by argument-dependent lookup): registers
+// the built-in hook options.comm_hook names ("none" registers nothing), on
+// ddp.process_group(); with options.reduce_scatter the DDP has registered
+// noop_hook itself, and only "none" is accepted. Throws tp::Error for a
+// name it does not know, listing the ones it does, for PowerSGD settings
+// PowerSGDState refuses, and for a hook next to reduce_scatter. The
+// harness's, not the DDP's: the DDP only offers register_comm_hook, as
+// PyTorch's does.
+inline void register_builtin_hook(DistributedDataParallel& ddp, const Options& options) {
+  const std::string& name = options.comm_hook;
+  if (options.reduce_scatter) {
+    // The DDP has registered noop_hook (the optimizer reduces, zero.h): a
+    // second reduction here would send every gradient twice.
+    TP_CHECK(name == "none", "stage09: the reduce-scatter form reduces the gradients in the "
+             "optimizer (the DDP registers noop_hook itself); --comm-hook ", name,
+             " would reduce them a second time: leave it at none");
+    return;
+  }
+  if (name == "none") return;
+  if (name == "allreduce") {
+    ddp.register_comm_hook(ddp.process_group(), allreduce_hook);
+  } else if (name == "fp16") {
+    ddp.register_comm_hook(ddp.process_group(), fp16_compress_hook);
+  } else if (name == "bf16") {
+    ddp.register_comm_hook(ddp.process_group(), bf16_compress_hook);
+  } else if (name == "powersgd") {
+    // A rank no weight of the model can use is a mistake, not a request:
+    // every matrix would be clamped to its own min(n, m).
+    int64_t largest = 0;
+    for (const tp::Tensor& p : ddp.parameters()) {
+      if (p.dim() >= 2) largest = std::max(largest, std::min(p.size(0), p.numel() / p.size(0)));
+    }
+    TP_CHECK(largest == 0 || options.powersgd_rank <= largest,
+             "stage09: PowerSGD rank ", options.powersgd_rank, " is above every weight's "
+             "min(n, m) in this model (the largest is ", largest, "); a rank-", largest,
+             " approximation already sends every weight whole");
+    PowerSGDOptions powersgd;
+    powersgd.matrix_approximation_rank = options.powersgd_rank;
+    powersgd.start_powerSGD_iter = options.powersgd_start_iteration;
+    powersgd.min_compression_rate = options.powersgd_min_compression_rate;
+    ddp.register_comm_hook(std::make_shared<PowerSGDState>(ddp.process_group(), powersgd),
+                           powerSGD_hook);
+  } else {
+    TP_THROW(tp::Error, "stage09: unknown comm hook '", name,
+             "'; the built-in ones are none, allreduce, fp16, bf16 and powersgd");
+  }
 }
 
 inline tp::train::StageSpec<Options> stage_spec() {

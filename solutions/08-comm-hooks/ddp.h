@@ -102,15 +102,15 @@ struct Options {
   std::vector<std::string> params_and_buffers_to_ignore;
 
   // Not read by the DDP: which built-in comm hook register_builtin_hook()
-  // (default_hooks.h) registers after construction, as the kit's trainer
+  // (stage.h) registers after construction, as the kit's trainer
   // does for the demo's --comm-hook. "none", "allreduce", "fp16", "bf16" or
   // "powersgd"; the PowerSGD knobs are PowerSGDState's (powersgd_hook.h).
   std::string comm_hook = "none";
-  double powersgd_rank = 1;               // matrix_approximation_rank
+  int64_t powersgd_rank = 1;              // matrix_approximation_rank
   // start_powerSGD_iter. PyTorch's default is 1000, for runs of many
   // thousand steps; the kit's runs are ten steps long, so it starts at the
   // earliest iteration error feedback allows (powersgd_hook.h).
-  double powersgd_start_iteration = 2;
+  int64_t powersgd_start_iteration = 2;
   double powersgd_min_compression_rate = 2;
 };
 
@@ -141,7 +141,7 @@ class DistributedDataParallel {
   // For the kit's trainer: gradients are averaged inside backward, by hooks;
   // no_sync() accumulates; parameters may go unused (with an option);
   // bucket_assignment() lists the buckets (rebuilt after the first step);
-  // register_builtin_hook (default_hooks.h) registers the options' hook.
+  // register_builtin_hook (stage.h) registers the options' hook.
   static constexpr tp::train::Capabilities capabilities{.syncs_in_backward = true,
                                                         .no_sync = true,
                                                         .join = true,

@@ -1,9 +1,15 @@
 // Stage 08's identity, declared once (tp::train::StageSpec in
 // tensorplay/train/stage_spec.h): the title, the options the demo offers
-// as flags, and the stage's words in the checker's diagnoses. Its demo
+// as flags, and the stage's words in the checker's diagnoses; and how the
+// kit's trainer registers the built-in hook a run names. Its demo
 // (lessons/08-comm-hooks/main.cc), its checker and, where they measure the
 // stage, the benchmarks read it.
 #pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
 
 #include "ddp.h"
 #include "default_hooks.h"
@@ -11,6 +17,45 @@
 #include "tensorplay/train/stage_spec.h"
 
 namespace stage08 {
+
+// What the kit's trainer calls right after constructing the DDP (the
+// capability comm_hooks, found by argument-dependent lookup): registers
+// the built-in hook options.comm_hook names ("none" registers nothing), on
+// ddp.process_group(). Throws tp::Error for a name it does not know,
+// listing the ones it does, and for PowerSGD settings PowerSGDState
+// refuses. The harness's, not the DDP's: the DDP only offers
+// register_comm_hook, as PyTorch's does.
+inline void register_builtin_hook(DistributedDataParallel& ddp, const Options& options) {
+  const std::string& name = options.comm_hook;
+  if (name == "none") return;
+  if (name == "allreduce") {
+    ddp.register_comm_hook(ddp.process_group(), allreduce_hook);
+  } else if (name == "fp16") {
+    ddp.register_comm_hook(ddp.process_group(), fp16_compress_hook);
+  } else if (name == "bf16") {
+    ddp.register_comm_hook(ddp.process_group(), bf16_compress_hook);
+  } else if (name == "powersgd") {
+    // A rank no weight of the model can use is a mistake, not a request:
+    // every matrix would be clamped to its own min(n, m).
+    int64_t largest = 0;
+    for (const tp::Tensor& p : ddp.parameters()) {
+      if (p.dim() >= 2) largest = std::max(largest, std::min(p.size(0), p.numel() / p.size(0)));
+    }
+    TP_CHECK(largest == 0 || options.powersgd_rank <= largest,
+             "stage08: PowerSGD rank ", options.powersgd_rank, " is above every weight's "
+             "min(n, m) in this model (the largest is ", largest, "); a rank-", largest,
+             " approximation already sends every weight whole");
+    PowerSGDOptions powersgd;
+    powersgd.matrix_approximation_rank = options.powersgd_rank;
+    powersgd.start_powerSGD_iter = options.powersgd_start_iteration;
+    powersgd.min_compression_rate = options.powersgd_min_compression_rate;
+    ddp.register_comm_hook(std::make_shared<PowerSGDState>(ddp.process_group(), powersgd),
+                           powerSGD_hook);
+  } else {
+    TP_THROW(tp::Error, "stage08: unknown comm hook '", name,
+             "'; the built-in ones are none, allreduce, fp16, bf16 and powersgd");
+  }
+}
 
 inline tp::train::StageSpec<Options> stage_spec() {
   tp::train::StageSpec<Options> spec;

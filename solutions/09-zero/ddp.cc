@@ -9,6 +9,7 @@
 #include <set>
 #include <utility>
 
+#include "default_hooks.h"
 #include "tensorplay/autograd/engine.h"
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/autograd/node.h"
@@ -456,14 +457,6 @@ void DistributedDataParallel::register_comm_hook(CommHook hook) {
            "register the hook before the first backward, right after constructing the DDP "
            "(Note [Comm hooks])");
   comm_hook_ = std::move(hook);
-}
-
-std::shared_ptr<tp::distributed::Future> noop_hook(tp::distributed::ProcessGroup& process_group,
-                                                   GradBucket& bucket) {
-  (void)process_group;
-  auto future = std::make_shared<tp::distributed::Future>();
-  future->set_value({bucket.buffer()});
-  return future;
 }
 
 void DistributedDataParallel::check_builtin_hook(const tp::distributed::ProcessGroup& group,

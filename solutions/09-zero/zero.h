@@ -14,7 +14,7 @@
 //   - composed with the DDP (ZeroOptions::reduce_scatter = false): the DDP
 //     all-reduces every gradient as before; step() uses only its shard's.
 //   - the reduce-scatter form (reduce_scatter = true): the DDP sends nothing
-//     (noop_hook, grad_bucket.h); step() reduce-scatters the gradients so
+//     (noop_hook, default_hooks.h); step() reduce-scatters the gradients so
 //     that each rank receives only its shard's sum (Note [The reduce-scatter
 //     form] in zero.cc), then divides it.
 //

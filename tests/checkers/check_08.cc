@@ -207,9 +207,9 @@ std::vector<train::Finding> check_powersgd_bytes(const Case& c, const train::Cas
   const Options& o = c.options;
   std::vector<tp::Shape> shapes;
   for (const train::ParamValues& p : run.reference.initial_params) shapes.push_back(p.shape);
-  const PowerSGDNumbers n = powersgd_numbers(shapes, static_cast<int64_t>(o.powersgd_rank),
+  const PowerSGDNumbers n = powersgd_numbers(shapes, o.powersgd_rank,
                                              o.powersgd_min_compression_rate);
-  const auto start = static_cast<int64_t>(o.powersgd_start_iteration);
+  const int64_t start = o.powersgd_start_iteration;
   const int64_t e = c.config.dtype == tp::kFloat64 ? 8 : 4;
   const int64_t k = c.config.micro_batches;
   for (const train::RankResult& r : run.ranks) {
@@ -347,7 +347,7 @@ std::vector<train::Finding> check_powersgd_steps(const Case& c, const train::Cas
       from_final = true;
     }
   }
-  const auto start = static_cast<int64_t>(c.options.powersgd_start_iteration);
+  const int64_t start = c.options.powersgd_start_iteration;
   if (first_bad < 0 || first_bad - 1 < start) return {};  // not PowerSGD's steps
   const int64_t update = first_bad - 1;
   const std::string where =

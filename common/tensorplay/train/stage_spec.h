@@ -48,13 +48,14 @@ template <typename Options>
 struct OptionFlag {
   std::string name;  // "--bucket-cap-mb"
   std::string help;  // one line for --help
-  // A number flag sets *number within [low, high]; a switch sets *toggle to
-  // `switch_to`; a choice calls `choose`. Exactly one of the three is set
-  // (bind_flags checks).
+  // A number flag sets *number, a whole-number flag *whole_number (a rank,
+  // a count), within [low, high]; a switch sets *toggle to `switch_to`; a
+  // choice calls `choose`. Exactly one of the four is set (bind_flags
+  // checks).
   double Options::*number = nullptr;
+  int64_t Options::*whole_number = nullptr;
   double low = 0.0;
   double high = 0.0;
-  bool whole = false;  // a number flag that takes whole numbers only (a rank, a count)
   bool Options::*toggle = nullptr;
   bool switch_to = true;
   // A choice flag takes one of `choices` (anything else is a usage error
@@ -80,14 +81,17 @@ OptionFlag<Options> number_flag(std::string name, double Options::*member, doubl
   return flag;
 }
 
-// number_flag for a count: anything but a whole number in [low, high] is a
-// usage error naming the flag (the member stays a double).
+// A count: anything but a whole number in [low, high] is a usage error
+// naming the flag.
 template <typename Options>
-OptionFlag<Options> whole_number_flag(std::string name, double Options::*member, int64_t low,
+OptionFlag<Options> whole_number_flag(std::string name, int64_t Options::*member, int64_t low,
                                       int64_t high, std::string help) {
-  OptionFlag<Options> flag = number_flag(std::move(name), member, static_cast<double>(low),
-                                         static_cast<double>(high), std::move(help));
-  flag.whole = true;
+  OptionFlag<Options> flag;
+  flag.name = std::move(name);
+  flag.help = std::move(help);
+  flag.whole_number = member;
+  flag.low = static_cast<double>(low);
+  flag.high = static_cast<double>(high);
   return flag;
 }
 
@@ -217,7 +221,7 @@ void check_comm_hook_plan(const RunConfig& config, const Options& options) {
     for (const Tensor& p : make_model(config)->parameters()) {
       if (p.dim() >= 2) largest = std::max(largest, std::min(p.size(0), p.numel() / p.size(0)));
     }
-    if (largest > 0 && options.powersgd_rank > static_cast<double>(largest)) {
+    if (largest > 0 && options.powersgd_rank > largest) {
       TP_THROW(Error, "--powersgd-rank ", options.powersgd_rank, " is above every weight's "
                "min(n, m) in this model (the largest is ", largest, "); a rank-", largest,
                " approximation already sends every weight whole");
@@ -273,20 +277,24 @@ std::vector<BoundFlag> bind_flags(const std::vector<OptionFlag<Options>>& flags,
   std::vector<BoundFlag> out;
   for (const OptionFlag<Options>& f : flags) {
     const bool chooses = static_cast<bool>(f.choose);
-    TP_CHECK((f.number != nullptr) + (f.toggle != nullptr) + chooses == 1,
-             "tp::train::bind_flags: flag ", f.name,
-             " must set exactly one member of the stage's Options (number, toggle or choice)");
+    TP_CHECK((f.number != nullptr) + (f.whole_number != nullptr) + (f.toggle != nullptr) +
+                     chooses ==
+                 1,
+             "tp::train::bind_flags: flag ", f.name, " must set exactly one member of the "
+             "stage's Options (number, whole number, toggle or choice)");
     TP_CHECK(chooses == !f.choices.empty() && chooses == static_cast<bool>(f.chosen),
              "tp::train::bind_flags: flag ", f.name,
              " lists choices without choose and chosen, or the other way round");
     BoundFlag b;
     b.name = f.name;
     b.help = f.help;
-    b.takes_number = f.number != nullptr;
+    b.takes_number = f.number != nullptr || f.whole_number != nullptr;
     b.low = f.low;
     b.high = f.high;
-    b.whole = f.whole;
-    b.initial = f.number != nullptr ? options.*f.number : 0.0;
+    b.whole = f.whole_number != nullptr;
+    b.initial = f.number != nullptr         ? options.*f.number
+                : f.whole_number != nullptr ? static_cast<double>(options.*f.whole_number)
+                                            : 0.0;
     if (chooses) {
       b.choices = f.choices;
       b.initial_choice = f.chosen(options);
@@ -298,6 +306,8 @@ std::vector<BoundFlag> bind_flags(const std::vector<OptionFlag<Options>>& flags,
     b.set = [&options, f](double value, RunConfig& config) {
       if (f.number != nullptr) {
         options.*f.number = value;
+      } else if (f.whole_number != nullptr) {
+        options.*f.whole_number = static_cast<int64_t>(value);  // whole: the parser checked
       } else {
         options.*f.toggle = f.switch_to;
       }
