@@ -60,25 +60,29 @@ std::vector<Case> cases() {
 std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
   const uint64_t params = run.num_params();
   const uint64_t buffers = c.options.broadcast_buffers ? run.num_buffers() : 0;
-  std::vector<train::Finding> out = train::check_construction_counts(
-      run, params + buffers, 0,
-      "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
-      "once",
-      /*allgathers=*/2);  // the model check: parameter count, then every shape
-  if (out.empty()) {
-    out = train::check_allreduces_per_step(
-        run, params, "one per parameter",
-        "sync_grads must all-reduce each parameter's gradient once per step: no parameter "
-        "skipped, none synced twice");
-  }
-  if (out.empty()) {
-    out = train::check_quiet_until_last_micro_batch(
-        run, "sync_grads() runs once per optimizer step, after the last backward");
-  }
-  if (out.empty()) {
-    out = train::check_sync_between_backward_and_step(run, stage01::stage_spec().advice);
-  }
-  return out;
+  return train::first_findings({
+      // the model check: parameter count, then every shape
+      [&] {
+        return train::check_construction_counts(
+            run, params + buffers, 0,
+            "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 "
+            "exactly once",
+            /*allgathers=*/2);
+      },
+      [&] {
+        return train::check_allreduces_per_step(
+            run, params, "one per parameter",
+            "sync_grads must all-reduce each parameter's gradient once per step: no parameter "
+            "skipped, none synced twice");
+      },
+      [&] {
+        return train::check_quiet_until_last_micro_batch(
+            run, "sync_grads() runs once per optimizer step, after the last backward");
+      },
+      [&] {
+        return train::check_sync_between_backward_and_step(run, stage01::stage_spec().advice);
+      },
+  });
 }
 
 // Ranks that build different models: every rank must refuse to wrap its

@@ -90,44 +90,50 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
   const auto buckets =
       train::expected_buckets(run, c.options.bucket_cap_mb, c.options.first_bucket_cap_mb);
   const uint64_t buffers = c.options.broadcast_buffers ? run.num_buffers() : 0;
-  std::vector<train::Finding> out = train::check_construction_counts(
-      run, run.num_params() + buffers, 0,
-      "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
-      "once",
-      /*allgathers=*/2);  // the model check: parameter count, then every shape
-  if (out.empty()) {
-    out = train::check_buckets(run, buckets,
-                               "walk the parameters from the last to the first and close a bucket "
-                               "once it holds at least its cap (first_bucket_cap_mb for the "
-                               "first bucket of each dtype, bucket_cap_mb after), Note [Bucket "
-                               "assignment]");
-  }
-  if (out.empty()) {
-    out = train::check_allreduces_per_step(
-        run, buckets.size(), "one per bucket",
-        "sync_grads must all-reduce each bucket's flat tensor once per step: no bucket skipped, "
-        "none twice, no per-parameter all-reduce");
-  }
-  if (out.empty()) {
-    out = train::check_allreduce_sizes(
-        run, [&](int64_t) { return train::bucket_bytes(run.reference.final_params, buckets); },
-        tp::detail::cat("the ", buckets.size(), " buckets' parameters"),
-        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
-        "and nothing else");
-  }
-  if (out.empty()) {
-    out = train::check_quiet_until_last_micro_batch(
-        run, "sync_grads() runs once per optimizer step, after the last backward");
-  }
-  if (out.empty()) {
-    out = train::check_sync_between_backward_and_step(run, stage02::stage_spec().advice);
-  }
-  if (out.empty()) {
-    out = train::check_launched_before_first_wait(
-        run, "launch every bucket's all-reduce first, then wait for them: waiting after each "
-             "launch makes the buckets run one at a time");
-  }
-  return out;
+  return train::first_findings({
+      // the model check: parameter count, then every shape
+      [&] {
+        return train::check_construction_counts(
+            run, run.num_params() + buffers, 0,
+            "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 "
+            "exactly once",
+            /*allgathers=*/2);
+      },
+      [&] {
+        return train::check_buckets(
+            run, buckets,
+            "walk the parameters from the last to the first and close a bucket "
+            "once it holds at least its cap (first_bucket_cap_mb for the "
+            "first bucket of each dtype, bucket_cap_mb after), Note [Bucket "
+            "assignment]");
+      },
+      [&] {
+        return train::check_allreduces_per_step(run, buckets.size(), "one per bucket",
+                                                "sync_grads must all-reduce each bucket's flat "
+                                                "tensor once per step: no bucket skipped, "
+                                                "none twice, no per-parameter all-reduce");
+      },
+      [&] {
+        return train::check_allreduce_sizes(
+            run, [&](int64_t) { return train::bucket_bytes(run.reference.final_params, buckets); },
+            tp::detail::cat("the ", buckets.size(), " buckets' parameters"),
+            "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+            "and nothing else");
+      },
+      [&] {
+        return train::check_quiet_until_last_micro_batch(
+            run, "sync_grads() runs once per optimizer step, after the last backward");
+      },
+      [&] {
+        return train::check_sync_between_backward_and_step(run, stage02::stage_spec().advice);
+      },
+      [&] {
+        return train::check_launched_before_first_wait(
+            run,
+            "launch every bucket's all-reduce first, then wait for them: waiting after each "
+            "launch makes the buckets run one at a time");
+      },
+  });
 }
 
 }  // namespace

@@ -77,73 +77,82 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
   const auto buckets =
       train::expected_buckets(run, c.options.bucket_cap_mb, c.options.first_bucket_cap_mb);
   const uint64_t buffers = c.options.broadcast_buffers ? run.num_buffers() : 0;
-  std::vector<train::Finding> out = train::check_construction_counts(
-      run, run.num_params() + buffers, 0,
-      "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
-      "once",
-      /*allgathers=*/2);  // the model check: parameter count, then every shape
-  if (out.empty()) {
-    out = train::check_buckets(run, buckets,
-                               "walk the parameters from the last to the first and close a bucket "
-                               "once it holds at least its cap (Note [Bucket assignment])");
-  }
-  if (out.empty()) {
-    out = train::check_allreduces_per_step(
-        run, buckets.size(), "one per bucket",
-        "launch each bucket's all-reduce exactly once per backward, when its last gradient "
-        "arrives");
-  }
-  if (out.empty()) {
-    out = train::check_allreduce_sizes(
-        run, [&](int64_t) { return train::bucket_bytes(run.reference.final_params, buckets); },
-        tp::detail::cat("the ", buckets.size(), " buckets' parameters"),
-        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
-        "and nothing else");
-  }
-  if (out.empty()) {
-    out = train::check_launch_order(
-        run, buckets,
-        "launch the buckets strictly in index order (bucket b only after 0 .. b-1), whatever "
-        "order their gradients complete in, so every rank issues the same all-reduces in the "
-        "same order (Note [Overlap])");
-  }
-  if (out.empty()) {
-    out = train::check_overlap(
-        run, buckets,
-        "launch a bucket's all-reduce from the hook that completes it, while backward is still "
-        "running; the end-of-backward callback only waits (Note [Overlap])",
-        "wait for every bucket in the end-of-backward callback before backward returns");
-  }
-  if (out.empty()) {
-    out = train::check_launched_before_first_wait(
-        run, "never wait inside a hook: launch, return, and wait only in the end-of-backward "
-             "callback; waiting in the hook makes backward stop for every bucket");
-  }
-  if (out.empty()) {
-    out = train::check_synced_when_backward_returns(
-        run, "wait for every bucket in the end-of-backward callback, so that .grad is final "
-             "when loss.backward() returns");
-  }
-  if (out.empty()) {
-    out = train::check_grad_storage(
-        run, buckets, c.options.gradient_as_bucket_view,
-        c.options.gradient_as_bucket_view
-            ? "with gradient_as_bucket_view, point each .grad at its bucket slot when its "
-              "gradient arrives (param.set_grad(slot)); the average then lands in .grad with no "
-              "copy back"
-            : "without gradient_as_bucket_view, .grad stays the parameter's own tensor: copy the "
-              "average back into it, do not point it at the bucket");
-  }
-  if (out.empty()) {
-    out = train::check_grad_copies(
-        run, c.options.gradient_as_bucket_view
-                 ? "with gradient_as_bucket_view the average lands in .grad itself: skip the "
-                   "copy back (copying a slot into the .grad that is that slot copies it onto "
-                   "itself)"
-                 : "copy each gradient into its slot once in the hook and back into .grad once "
-                   "after the wait");
-  }
-  return out;
+  return train::first_findings({
+      // the model check: parameter count, then every shape
+      [&] {
+        return train::check_construction_counts(
+            run, run.num_params() + buffers, 0,
+            "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 "
+            "exactly once",
+            /*allgathers=*/2);
+      },
+      [&] {
+        return train::check_buckets(
+            run, buckets,
+            "walk the parameters from the last to the first and close a bucket "
+            "once it holds at least its cap (Note [Bucket assignment])");
+      },
+      [&] {
+        return train::check_allreduces_per_step(
+            run, buckets.size(), "one per bucket",
+            "launch each bucket's all-reduce exactly once per backward, when its last gradient "
+            "arrives");
+      },
+      [&] {
+        return train::check_allreduce_sizes(
+            run, [&](int64_t) { return train::bucket_bytes(run.reference.final_params, buckets); },
+            tp::detail::cat("the ", buckets.size(), " buckets' parameters"),
+            "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+            "and nothing else");
+      },
+      [&] {
+        return train::check_launch_order(
+            run, buckets,
+            "launch the buckets strictly in index order (bucket b only after 0 .. b-1), whatever "
+            "order their gradients complete in, so every rank issues the same all-reduces in the "
+            "same order (Note [Overlap])");
+      },
+      [&] {
+        return train::check_overlap(
+            run, buckets,
+            "launch a bucket's all-reduce from the hook that completes it, while backward is still "
+            "running; the end-of-backward callback only waits (Note [Overlap])",
+            "wait for every bucket in the end-of-backward callback before backward returns");
+      },
+      [&] {
+        return train::check_launched_before_first_wait(
+            run,
+            "never wait inside a hook: launch, return, and wait only in the end-of-backward "
+            "callback; waiting in the hook makes backward stop for every bucket");
+      },
+      [&] {
+        return train::check_synced_when_backward_returns(
+            run,
+            "wait for every bucket in the end-of-backward callback, so that .grad is final "
+            "when loss.backward() returns");
+      },
+      [&] {
+        return train::check_grad_storage(
+            run, buckets, c.options.gradient_as_bucket_view,
+            c.options.gradient_as_bucket_view
+                ? "with gradient_as_bucket_view, point each .grad at its bucket slot when its "
+                  "gradient arrives (param.set_grad(slot)); the average then lands in .grad with "
+                  "no "
+                  "copy back"
+                : "without gradient_as_bucket_view, .grad stays the parameter's own tensor: copy "
+                  "the "
+                  "average back into it, do not point it at the bucket");
+      },
+      [&] {
+        return train::check_grad_copies(
+            run, c.options.gradient_as_bucket_view
+                     ? "with gradient_as_bucket_view the average lands in .grad itself: skip the "
+                       "copy back (copying a slot into the .grad that is that slot copies it onto "
+                       "itself)"
+                     : "copy each gradient into its slot once in the hook and back into .grad once "
+                       "after the wait");
+      },
+  });
 }
 
 }  // namespace

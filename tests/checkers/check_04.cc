@@ -75,97 +75,111 @@ std::vector<Case> cases() {
   return out;
 }
 
+// A synced micro-batch that all-reduced nothing at all: the hooks never
+// launched, which is what they must do when the forward recorded "do not
+// sync". With accumulation a guard was alive just before, so the finding
+// names the recorded flag and the guard first, then the hooks.
+std::vector<train::Finding> check_synced_step_communicated(const train::CaseRun& run,
+                                                           size_t buckets) {
+  const int64_t k = run.config.micro_batches;
+  if (k == 1) return {};
+  for (const train::RankResult& r : run.ranks) {
+    for (int64_t i = k - 1; i < train::micro_batches_of(run.config, r.rank); i += k) {
+      const auto at = static_cast<size_t>(i);
+      if (at >= r.allreduces_per_micro.size() || r.allreduces_per_micro[at] != 0) continue;
+      return {{tp::detail::cat("rank ", r.rank, ", step ", i / k, " (micro-batch ", i,
+                               "): counted 0 all-reduces in the step's last micro-batch, run "
+                               "after the no_sync guard of the ones before it was destroyed; "
+                               "expected ", buckets, " (one per bucket)"),
+               "the whole backward stayed quiet, as a backward whose forward recorded \"do not "
+               "sync\" must: does the no_sync guard restore, when destroyed, "
+               "require_backward_grad_sync_ as it found it (read before the guard changes it), "
+               "and does forward() record the flag as it is now (Note [Decided at forward])? If "
+               "the flag was right, the hooks of a synced backward launched nothing"}};
+    }
+  }
+  return {};
+}
+
 std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
   const auto buckets =
       train::expected_buckets(run, c.options.bucket_cap_mb, c.options.first_bucket_cap_mb);
   const uint64_t buffers = c.options.broadcast_buffers ? run.num_buffers() : 0;
   const int64_t k = c.config.micro_batches;
-  std::vector<train::Finding> out = train::check_construction_counts(
-      run, run.num_params() + buffers, 0,
-      "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
-      "once",
-      /*allgathers=*/2);  // the model check: parameter count, then every shape
-  if (out.empty()) {
-    out = train::check_buckets(run, buckets,
-                               "walk the parameters from the last to the first and close a bucket "
-                               "once it holds at least its cap (Note [Bucket assignment])");
-  }
-  if (out.empty()) {
-    out = train::check_quiet_until_last_micro_batch(
-        run, "a micro-batch whose forward ran under no_sync must not communicate, neither in "
-             "its forward nor in its hooks, which leave the gradient in .grad and return (Note "
-             "[Decided at forward])");
-  }
-  // A synced micro-batch that all-reduced nothing at all: the hooks never
-  // launched, which is what they must do when the forward recorded "do not
-  // sync". With accumulation a guard was alive just before, so the finding
-  // names the recorded flag and the guard first, then the hooks.
-  for (const train::RankResult& r : run.ranks) {
-    if (!out.empty() || k == 1) break;
-    for (int64_t i = k - 1; i < train::micro_batches_of(run.config, r.rank); i += k) {
-      const auto at = static_cast<size_t>(i);
-      if (at >= r.allreduces_per_micro.size() || r.allreduces_per_micro[at] != 0) continue;
-      out.push_back(
-          {tp::detail::cat("rank ", r.rank, ", step ", i / k, " (micro-batch ", i,
-                           "): counted 0 all-reduces in the step's last micro-batch, run after "
-                           "the no_sync guard of the ones before it was destroyed; expected ",
-                           buckets.size(), " (one per bucket)"),
-           "the whole backward stayed quiet, as a backward whose forward recorded \"do not "
-           "sync\" must: does the no_sync guard restore, when destroyed, "
-           "require_backward_grad_sync_ as it found it (read before the guard changes it), and "
-           "does forward() record the flag as it is now (Note [Decided at forward])? If the "
-           "flag was right, the hooks of a synced backward launched nothing"});
-      break;
-    }
-  }
-  if (out.empty()) {
-    out = train::check_counts_per_micro(
-        run, train::Collective::AllReduce,
-        [&](int64_t, int64_t micro) { return micro + 1 == k ? buckets.size() : 0; },
-        "one per bucket in the step's last micro-batch, none in the others",
-        "launch each bucket's all-reduce exactly once per synced backward, when its last "
-        "gradient arrives, and none in a backward whose forward ran under no_sync");
-  }
-  if (out.empty()) {
-    out = train::check_allreduce_sizes(
-        run, [&](int64_t) { return train::bucket_bytes(run.reference.final_params, buckets); },
-        tp::detail::cat("the ", buckets.size(), " buckets' parameters"),
-        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
-        "and nothing else");
-  }
-  if (out.empty()) {
-    out = train::check_launch_order(
-        run, buckets,
-        "launch the buckets strictly in index order (bucket b only after 0 .. b-1), whatever "
-        "order their gradients complete in (Note [Overlap])");
-  }
-  if (out.empty()) {
-    out = train::check_overlap(
-        run, buckets,
-        "launch a bucket's all-reduce from the hook that completes it, while the synced "
-        "backward is still running; the end-of-backward callback only waits (Note [Overlap])",
-        "wait for every bucket in the end-of-backward callback before backward returns");
-  }
-  if (out.empty()) {
-    out = train::check_launched_before_first_wait(
-        run, "never wait inside a hook: launch, return, and wait only in the end-of-backward "
-             "callback");
-  }
-  if (out.empty()) {
-    out = train::check_synced_when_backward_returns(
-        run, "wait for every bucket in the end-of-backward callback, so that .grad is final "
-             "when loss.backward() returns");
-  }
-  if (out.empty()) {
-    out = train::check_grad_storage(
-        run, buckets, c.options.gradient_as_bucket_view,
-        c.options.gradient_as_bucket_view
-            ? "with gradient_as_bucket_view, point each .grad at its bucket slot when its "
-              "gradient arrives in a synced backward (param.set_grad(slot))"
-            : "without gradient_as_bucket_view, .grad stays the parameter's own tensor: copy the "
-              "average back into it, do not point it at the bucket");
-  }
-  return out;
+  return train::first_findings({
+      // the model check: parameter count, then every shape
+      [&] {
+        return train::check_construction_counts(
+            run, run.num_params() + buffers, 0,
+            "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 "
+            "exactly once",
+            /*allgathers=*/2);
+      },
+      [&] {
+        return train::check_buckets(
+            run, buckets,
+            "walk the parameters from the last to the first and close a bucket "
+            "once it holds at least its cap (Note [Bucket assignment])");
+      },
+      [&] {
+        return train::check_quiet_until_last_micro_batch(
+            run,
+            "a micro-batch whose forward ran under no_sync must not communicate, neither in "
+            "its forward nor in its hooks, which leave the gradient in .grad and return (Note "
+            "[Decided at forward])");
+      },
+      [&] { return check_synced_step_communicated(run, buckets.size()); },
+      [&] {
+        return train::check_counts_per_micro(
+            run, train::Collective::AllReduce,
+            [&](int64_t, int64_t micro) { return micro + 1 == k ? buckets.size() : 0; },
+            "one per bucket in the step's last micro-batch, none in the others",
+            "launch each bucket's all-reduce exactly once per synced backward, when its last "
+            "gradient arrives, and none in a backward whose forward ran under no_sync");
+      },
+      [&] {
+        return train::check_allreduce_sizes(
+            run, [&](int64_t) { return train::bucket_bytes(run.reference.final_params, buckets); },
+            tp::detail::cat("the ", buckets.size(), " buckets' parameters"),
+            "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+            "and nothing else");
+      },
+      [&] {
+        return train::check_launch_order(
+            run, buckets,
+            "launch the buckets strictly in index order (bucket b only after 0 .. b-1), whatever "
+            "order their gradients complete in (Note [Overlap])");
+      },
+      [&] {
+        return train::check_overlap(
+            run, buckets,
+            "launch a bucket's all-reduce from the hook that completes it, while the synced "
+            "backward is still running; the end-of-backward callback only waits (Note [Overlap])",
+            "wait for every bucket in the end-of-backward callback before backward returns");
+      },
+      [&] {
+        return train::check_launched_before_first_wait(
+            run,
+            "never wait inside a hook: launch, return, and wait only in the end-of-backward "
+            "callback");
+      },
+      [&] {
+        return train::check_synced_when_backward_returns(
+            run,
+            "wait for every bucket in the end-of-backward callback, so that .grad is final "
+            "when loss.backward() returns");
+      },
+      [&] {
+        return train::check_grad_storage(
+            run, buckets, c.options.gradient_as_bucket_view,
+            c.options.gradient_as_bucket_view
+                ? "with gradient_as_bucket_view, point each .grad at its bucket slot when its "
+                  "gradient arrives in a synced backward (param.set_grad(slot))"
+                : "without gradient_as_bucket_view, .grad stays the parameter's own tensor: copy "
+                  "the "
+                  "average back into it, do not point it at the bucket");
+      },
+  });
 }
 
 }  // namespace

@@ -153,79 +153,91 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
                   : std::vector<int64_t>{};
   const int64_t k = c.config.micro_batches;
   const uint64_t buffers = c.options.broadcast_buffers ? run.num_buffers() : 0;
-  std::vector<train::Finding> out = train::check_construction_counts(
-      run, run.num_params() + buffers, 0,
-      "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
-      "once",
-      /*allgathers=*/2);
-  if (out.empty()) {
-    out = train::check_buckets(run, buckets,
-                               "walk the parameters from the last to the first and close a bucket "
-                               "once it holds at least its cap (Note [Bucket assignment])");
-  }
-  if (out.empty()) {
-    out = train::check_quiet_until_last_micro_batch(
-        run, "a micro-batch whose forward ran under no_sync must not communicate, not even the "
-             "used-map: it is all-reduced once, after the buckets of the synced backward");
-  }
-  if (out.empty()) {
-    out = train::check_counts_per_micro(
-        run, train::Collective::AllReduce,
-        [&](int64_t, int64_t micro) { return micro + 1 == k ? per_sync : 0; },
-        find_unused ? "one per bucket, then one for the used-map, in the step's last micro-batch"
-                    : "one per bucket in the step's last micro-batch",
-        find_unused ? "launch each bucket once per synced backward, unused parameters included "
-                      "(filed at the first hook), and the used-map once after the last bucket"
-                    : "launch each bucket's all-reduce exactly once per synced backward");
-  }
-  if (out.empty()) {
-    out = train::check_allreduce_sizes(
-        run,
-        [&](int64_t) {
-          std::vector<int64_t> bytes = train::bucket_bytes(run.reference.final_params, buckets);
-          bytes.insert(bytes.end(), used_map_bytes.begin(), used_map_bytes.end());
-          return bytes;
-        },
-        cat("the ", buckets.size(), " buckets' parameters", find_unused ? " and the used-map" : ""),
-        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
-        "and, with find_unused_parameters, the used-map (one float per parameter)");
-  }
-  if (out.empty()) {
-    out = train::check_launch_order(
-        run, buckets,
-        "launch the buckets strictly in index order, then the used-map (Note [Overlap], Note "
-        "[Finding unused parameters])",
-        used_map_bytes);
-  }
-  if (out.empty()) {
-    out = train::check_overlap(
-        run, buckets,
-        "file the unused parameters at the first hook of the synced backward, launch each "
-        "bucket from the hook that completes it, and the used-map from the hook that launches "
-        "the last bucket (Note [Finding unused parameters])",
-        "wait for every bucket and the used-map in the end-of-backward callback",
-        used_map_bytes.size());
-  }
-  if (out.empty()) {
-    out = train::check_launched_before_first_wait(
-        run, "never wait inside a hook: launch, return, and wait only in the end-of-backward "
-             "callback");
-  }
-  if (out.empty()) {
-    out = train::check_synced_when_backward_returns(
-        run, "wait for every bucket and the used-map in the end-of-backward callback");
-  }
-  if (out.empty() && find_unused) out = check_no_gradient_where_unused(run);
-  if (out.empty()) {
-    out = train::check_grad_storage(
-        run, buckets, c.options.gradient_as_bucket_view,
-        c.options.gradient_as_bucket_view
-            ? "with gradient_as_bucket_view, point each .grad at its bucket slot in the synced "
-              "backward, a parameter unused on this rank too"
-            : "without gradient_as_bucket_view, .grad stays the parameter's own tensor: copy the "
-              "average back into it (or a copy of the slot where it had none)");
-  }
-  return out;
+  return train::first_findings({
+      [&] {
+        return train::check_construction_counts(
+            run, run.num_params() + buffers, 0,
+            "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 "
+            "exactly once",
+            /*allgathers=*/2);
+      },
+      [&] {
+        return train::check_buckets(
+            run, buckets,
+            "walk the parameters from the last to the first and close a bucket "
+            "once it holds at least its cap (Note [Bucket assignment])");
+      },
+      [&] {
+        return train::check_quiet_until_last_micro_batch(
+            run,
+            "a micro-batch whose forward ran under no_sync must not communicate, not even the "
+            "used-map: it is all-reduced once, after the buckets of the synced backward");
+      },
+      [&] {
+        return train::check_counts_per_micro(
+            run, train::Collective::AllReduce,
+            [&](int64_t, int64_t micro) { return micro + 1 == k ? per_sync : 0; },
+            find_unused
+                ? "one per bucket, then one for the used-map, in the step's last micro-batch"
+                : "one per bucket in the step's last micro-batch",
+            find_unused ? "launch each bucket once per synced backward, unused parameters included "
+                          "(filed at the first hook), and the used-map once after the last bucket"
+                        : "launch each bucket's all-reduce exactly once per synced backward");
+      },
+      [&] {
+        return train::check_allreduce_sizes(
+            run,
+            [&](int64_t) {
+              std::vector<int64_t> bytes = train::bucket_bytes(run.reference.final_params, buckets);
+              bytes.insert(bytes.end(), used_map_bytes.begin(), used_map_bytes.end());
+              return bytes;
+            },
+            cat("the ", buckets.size(), " buckets' parameters",
+                find_unused ? " and the used-map" : ""),
+            "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+            "and, with find_unused_parameters, the used-map (one float per parameter)");
+      },
+      [&] {
+        return train::check_launch_order(
+            run, buckets,
+            "launch the buckets strictly in index order, then the used-map (Note [Overlap], Note "
+            "[Finding unused parameters])",
+            used_map_bytes);
+      },
+      [&] {
+        return train::check_overlap(
+            run, buckets,
+            "file the unused parameters at the first hook of the synced backward, launch each "
+            "bucket from the hook that completes it, and the used-map from the hook that launches "
+            "the last bucket (Note [Finding unused parameters])",
+            "wait for every bucket and the used-map in the end-of-backward callback",
+            used_map_bytes.size());
+      },
+      [&] {
+        return train::check_launched_before_first_wait(
+            run,
+            "never wait inside a hook: launch, return, and wait only in the end-of-backward "
+            "callback");
+      },
+      [&] {
+        return train::check_synced_when_backward_returns(
+            run, "wait for every bucket and the used-map in the end-of-backward callback");
+      },
+      [&]() -> std::vector<train::Finding> {
+        if (!find_unused) return {};
+        return check_no_gradient_where_unused(run);
+      },
+      [&] {
+        return train::check_grad_storage(
+            run, buckets, c.options.gradient_as_bucket_view,
+            c.options.gradient_as_bucket_view
+                ? "with gradient_as_bucket_view, point each .grad at its bucket slot in the synced "
+                  "backward, a parameter unused on this rank too"
+                : "without gradient_as_bucket_view, .grad stays the parameter's own tensor: copy "
+                  "the "
+                  "average back into it (or a copy of the slot where it had none)");
+      },
+  });
 }
 
 // ---- scenarios --------------------------------------------------------------

@@ -137,115 +137,128 @@ std::vector<int64_t> walks_per_step(const train::RankResult& r, int64_t steps) {
   return walks;
 }
 
+// With find_unused_parameters, one graph walk per synced forward; with
+// static_graph, one in the first synced forward only. The first rank and
+// step that walked otherwise.
+std::vector<train::Finding> check_walks(const train::CaseRun& run, const Options& o) {
+  for (const train::RankResult& r : run.ranks) {
+    const std::vector<int64_t> per_step = walks_per_step(r, train::steps_of(run.config, r.rank));
+    for (size_t s = 0; s < per_step.size(); ++s) {
+      const int64_t want = o.static_graph ? (s == 0 ? 1 : 0) : 1;
+      if (per_step[s] == want) continue;
+      return {{cat("rank ", r.rank, ", step ", s, ": the graph was walked ", per_step[s],
+                   " times; expected ", want),
+               o.static_graph ? "with static_graph, walk the graph in the first synced forward "
+                                "only and reuse what it found (Note [Static graph])"
+                              : "with find_unused_parameters, walk the graph once per synced "
+                                "forward"}};
+    }
+  }
+  return {};
+}
+
 std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
   const Options& o = c.options;
   const auto initial = train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb);
   const int64_t k = c.config.micro_batches;
   const uint64_t buffers = o.broadcast_buffers ? run.num_buffers() : 0;
-  std::vector<train::Finding> out = train::check_construction_counts(
-      run, run.num_params() + buffers, 0,
-      "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
-      "once",
-      /*allgathers=*/2);
   // The buckets after the last step: rebuilt from rank 0's first ready order.
   const auto final_buckets =
       rebuilds(o) ? train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb,
                                             first_ready_order(run, run.ranks[0]))
                   : initial;
-  if (out.empty()) {
-    out = train::check_buckets(
-        run, final_buckets,
-        rebuilds(o) ? "after the first synced backward, rebuild the buckets in the order the "
-                      "gradients were filed there (the unused parameters first), rank 0's order "
-                      "on every rank, with the same caps (Note [Rebuilding the buckets])"
-                    : "with find_unused_parameters and no static_graph, keep the buckets of the "
-                      "constructor: the order may change from step to step");
-  }
-  if (out.empty()) {
-    out = train::check_counts_per_micro(
-        run, train::Collective::Broadcast,
-        [&](int64_t step, int64_t micro) {
-          return rebuilds(o) && step == 0 && micro + 1 == k ? 1 : 0;
-        },
-        rebuilds(o) ? "one (rank 0's ready order) at the end of the first synced backward, none "
-                      "after"
-                    : "none after construction",
-        "broadcast rank 0's ready order once, when the buckets are rebuilt, so that every rank "
-        "rebuilds the same buckets; nothing else is broadcast after construction");
-  }
   const bool walks = o.static_graph || o.find_unused_parameters;
-  if (out.empty()) {
-    out = train::check_counts_per_micro(
-        run, train::Collective::AllReduce,
-        [&](int64_t step, int64_t micro) -> uint64_t {
-          if (micro + 1 != k) return 0;
-          const size_t buckets = step == 0 ? initial.size() : final_buckets.size();
-          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
-          return buckets + (used_map ? 1 : 0);
-        },
-        o.static_graph ? "one per bucket in each synced backward, and the used-map in the first "
-                         "one only"
-                       : "one per bucket in each synced backward (and the used-map with "
-                         "find_unused_parameters)",
-        o.static_graph ? "with static_graph, all-reduce the used-map in the first synced "
-                         "iteration and reuse its counts after (Note [Static graph])"
-                       : "launch each bucket once per synced backward");
-  }
-  if (out.empty() && walks) {
-    for (const train::RankResult& r : run.ranks) {
-      const std::vector<int64_t> per_step = walks_per_step(r, train::steps_of(run.config, r.rank));
-      for (size_t s = 0; s < per_step.size(); ++s) {
-        const int64_t want = o.static_graph ? (s == 0 ? 1 : 0) : 1;
-        if (per_step[s] == want) continue;
-        out.push_back({cat("rank ", r.rank, ", step ", s, ": the graph was walked ", per_step[s],
-                           " times; expected ", want),
-                       o.static_graph
-                           ? "with static_graph, walk the graph in the first synced forward only "
-                             "and reuse what it found (Note [Static graph])"
-                           : "with find_unused_parameters, walk the graph once per synced "
-                             "forward"});
-        return out;
-      }
-    }
-  }
-  if (out.empty()) {
-    out = train::check_allreduce_sizes(
-        run,
-        [&](int64_t step) {
-          std::vector<int64_t> bytes =
-              train::bucket_bytes(run.reference.final_params, step == 0 ? initial : final_buckets);
-          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
-          if (used_map) bytes.push_back(static_cast<int64_t>(run.num_params() * sizeof(float)));
-          return bytes;
-        },
-        "the step's buckets' parameters (and the used-map, where the step has one)",
-        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
-        "and the used-map (one float per parameter) where the step needs one");
-  }
-  // The launch order, where one bucket list and one trailing used-map hold
-  // for every step (not with static_graph, whose first step alone carries a
-  // used-map, nor where the rebuild changed the buckets).
-  if (out.empty() && initial == final_buckets && !o.static_graph) {
-    out = train::check_launch_order(
-        run, final_buckets,
-        "launch the buckets strictly in index order (Note [Overlap])",
-        o.find_unused_parameters && !o.static_graph
-            ? std::vector<int64_t>{static_cast<int64_t>(run.num_params() * sizeof(float))}
-            : std::vector<int64_t>{});
-  }
-  if (out.empty()) {
-    out = train::check_synced_when_backward_returns(
-        run, "wait for every bucket in the end-of-backward callback");
-  }
-  if (out.empty()) {
-    out = train::check_grad_storage(
-        run, final_buckets, o.gradient_as_bucket_view,
-        o.gradient_as_bucket_view
-            ? "with gradient_as_bucket_view, each .grad is a view of its slot in the rebuilt "
-              "buckets: when rebuilding, copy each .grad into its new slot and point it there"
-            : "without gradient_as_bucket_view, .grad stays the parameter's own tensor");
-  }
-  return out;
+  return train::first_findings({
+      [&] {
+        return train::check_construction_counts(
+            run, run.num_params() + buffers, 0,
+            "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 "
+            "exactly once",
+            /*allgathers=*/2);
+      },
+      [&] {
+        return train::check_buckets(
+            run, final_buckets,
+            rebuilds(o)
+                ? "after the first synced backward, rebuild the buckets in the order the "
+                  "gradients were filed there (the unused parameters first), rank 0's order "
+                  "on every rank, with the same caps (Note [Rebuilding the buckets])"
+                : "with find_unused_parameters and no static_graph, keep the buckets of the "
+                  "constructor: the order may change from step to step");
+      },
+      [&] {
+        return train::check_counts_per_micro(
+            run, train::Collective::Broadcast,
+            [&](int64_t step, int64_t micro) {
+              return rebuilds(o) && step == 0 && micro + 1 == k ? 1 : 0;
+            },
+            rebuilds(o)
+                ? "one (rank 0's ready order) at the end of the first synced backward, none "
+                  "after"
+                : "none after construction",
+            "broadcast rank 0's ready order once, when the buckets are rebuilt, so that every rank "
+            "rebuilds the same buckets; nothing else is broadcast after construction");
+      },
+      [&] {
+        return train::check_counts_per_micro(
+            run, train::Collective::AllReduce,
+            [&](int64_t step, int64_t micro) -> uint64_t {
+              if (micro + 1 != k) return 0;
+              const size_t buckets = step == 0 ? initial.size() : final_buckets.size();
+              const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+              return buckets + (used_map ? 1 : 0);
+            },
+            o.static_graph
+                ? "one per bucket in each synced backward, and the used-map in the first "
+                  "one only"
+                : "one per bucket in each synced backward (and the used-map with "
+                  "find_unused_parameters)",
+            o.static_graph ? "with static_graph, all-reduce the used-map in the first synced "
+                             "iteration and reuse its counts after (Note [Static graph])"
+                           : "launch each bucket once per synced backward");
+      },
+      [&]() -> std::vector<train::Finding> {
+        if (!walks) return {};
+        return check_walks(run, o);
+      },
+      [&] {
+        return train::check_allreduce_sizes(
+            run,
+            [&](int64_t step) {
+              std::vector<int64_t> bytes = train::bucket_bytes(run.reference.final_params,
+                                                               step == 0 ? initial : final_buckets);
+              const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+              if (used_map) bytes.push_back(static_cast<int64_t>(run.num_params() * sizeof(float)));
+              return bytes;
+            },
+            "the step's buckets' parameters (and the used-map, where the step has one)",
+            "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+            "and the used-map (one float per parameter) where the step needs one");
+      },
+      // The launch order, where one bucket list and one trailing used-map hold
+      // for every step (not with static_graph, whose first step alone carries a
+      // used-map, nor where the rebuild changed the buckets).
+      [&]() -> std::vector<train::Finding> {
+        if (initial != final_buckets || o.static_graph) return {};
+        return train::check_launch_order(
+            run, final_buckets, "launch the buckets strictly in index order (Note [Overlap])",
+            o.find_unused_parameters && !o.static_graph
+                ? std::vector<int64_t>{static_cast<int64_t>(run.num_params() * sizeof(float))}
+                : std::vector<int64_t>{});
+      },
+      [&] {
+        return train::check_synced_when_backward_returns(
+            run, "wait for every bucket in the end-of-backward callback");
+      },
+      [&] {
+        return train::check_grad_storage(
+            run, final_buckets, o.gradient_as_bucket_view,
+            o.gradient_as_bucket_view
+                ? "with gradient_as_bucket_view, each .grad is a view of its slot in the rebuilt "
+                  "buckets: when rebuilding, copy each .grad into its new slot and point it there"
+                : "without gradient_as_bucket_view, .grad stays the parameter's own tensor");
+      },
+  });
 }
 
 // ---- scenarios --------------------------------------------------------------

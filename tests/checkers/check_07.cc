@@ -97,76 +97,82 @@ std::vector<Case> cases() {
   return out;
 }
 
+// Every rank ends with rank 0's buckets, a rank that joined included.
+std::vector<train::Finding> check_buckets_agree(const train::CaseRun& run) {
+  for (const train::RankResult& r : run.ranks) {
+    if (r.buckets == run.ranks[0].buckets) continue;
+    return {{cat("rank ", r.rank, "'s buckets differ from rank 0's after training"),
+             "every rank rebuilds from rank 0's order, a rank that has joined too (it takes part "
+             "in the broadcast while it shadows the first synced step)"}};
+  }
+  return {};
+}
+
 std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
   const Options& o = c.options;
   const auto initial = train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb);
   const int64_t k = c.config.micro_batches;
   const uint64_t buffers = o.broadcast_buffers ? run.num_buffers() : 0;
-  std::vector<train::Finding> out = train::check_construction_counts(
-      run, run.num_params() + buffers, 0,
-      "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 exactly "
-      "once",
-      /*allgathers=*/2);
   const bool rebuilds = o.static_graph || !o.find_unused_parameters;
   // Per step of an active rank: one notify all-reduce, the buckets (the
   // construction's in step 0, the rebuilt ones' count after), the used-map
   // where the step has one.
   const size_t final_count = run.ranks[0].buckets.size();
-  if (out.empty()) {
-    out = train::check_counts_per_micro(
-        run, train::Collective::AllReduce,
-        [&](int64_t step, int64_t micro) -> uint64_t {
-          if (micro + 1 != k) return 0;
-          const size_t buckets = step == 0 ? initial.size() : final_count;
-          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
-          return 1 + buckets + (used_map ? 1 : 0);
-        },
-        "one to say the rank still trains, then one per bucket (and the used-map), in each "
-        "synced step",
-        "inside join(), every synced forward all-reduces one number first (the ranks still "
-        "training), and the step's buckets follow (Note [Join])");
-  }
-  if (out.empty()) {
-    out = train::check_counts_per_micro(
-        run, train::Collective::Broadcast,
-        [&](int64_t step, int64_t micro) {
-          return rebuilds && step == 0 && micro + 1 == k ? 1 : 0;
-        },
-        rebuilds ? "one (rank 0's ready order) at the end of the first synced step, none after"
-                 : "none after construction",
-        "nothing is broadcast during training but the bucket rebuild's order (stage 06); the "
-        "final model is broadcast after every rank has joined");
-  }
-  if (out.empty()) {
-    for (const train::RankResult& r : run.ranks) {
-      if (r.buckets == run.ranks[0].buckets) continue;
-      out.push_back({cat("rank ", r.rank, "'s buckets differ from rank 0's after training"),
-                     "every rank rebuilds from rank 0's order, a rank that has joined too (it "
-                     "takes part in the broadcast while it shadows the first synced step)"});
-      break;
-    }
-  }
-  if (out.empty()) {
-    out = train::check_allreduce_sizes(
-        run,
-        [&](int64_t step) {
-          std::vector<int64_t> bytes = train::bucket_bytes(
-              run.reference.final_params, step == 0 ? initial : run.ranks[0].buckets);
-          bytes.push_back(4);  // the notify: one float32
-          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
-          if (used_map) bytes.push_back(static_cast<int64_t>(run.num_params() * sizeof(float)));
-          return bytes;
-        },
-        "the notify (4 bytes), the step's buckets' parameters and the used-map where the step "
-        "has one",
-        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
-        "besides the notify's one float and the used-map's one float per parameter");
-  }
-  if (out.empty()) {
-    out = train::check_synced_when_backward_returns(
-        run, "wait for every bucket in the end-of-backward callback");
-  }
-  return out;
+  return train::first_findings({
+      [&] {
+        return train::check_construction_counts(
+            run, run.num_params() + buffers, 0,
+            "broadcast each parameter (and, with broadcast_buffers, each buffer) from rank 0 "
+            "exactly once",
+            /*allgathers=*/2);
+      },
+      [&] {
+        return train::check_counts_per_micro(
+            run, train::Collective::AllReduce,
+            [&](int64_t step, int64_t micro) -> uint64_t {
+              if (micro + 1 != k) return 0;
+              const size_t buckets = step == 0 ? initial.size() : final_count;
+              const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+              return 1 + buckets + (used_map ? 1 : 0);
+            },
+            "one to say the rank still trains, then one per bucket (and the used-map), in each "
+            "synced step",
+            "inside join(), every synced forward all-reduces one number first (the ranks still "
+            "training), and the step's buckets follow (Note [Join])");
+      },
+      [&] {
+        return train::check_counts_per_micro(
+            run, train::Collective::Broadcast,
+            [&](int64_t step, int64_t micro) {
+              return rebuilds && step == 0 && micro + 1 == k ? 1 : 0;
+            },
+            rebuilds ? "one (rank 0's ready order) at the end of the first synced step, none after"
+                     : "none after construction",
+            "nothing is broadcast during training but the bucket rebuild's order (stage 06); the "
+            "final model is broadcast after every rank has joined");
+      },
+      [&] { return check_buckets_agree(run); },
+      [&] {
+        return train::check_allreduce_sizes(
+            run,
+            [&](int64_t step) {
+              std::vector<int64_t> bytes = train::bucket_bytes(
+                  run.reference.final_params, step == 0 ? initial : run.ranks[0].buckets);
+              bytes.push_back(4);  // the notify: one float32
+              const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+              if (used_map) bytes.push_back(static_cast<int64_t>(run.num_params() * sizeof(float)));
+              return bytes;
+            },
+            "the notify (4 bytes), the step's buckets' parameters and the used-map where the step "
+            "has one",
+            "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+            "besides the notify's one float and the used-map's one float per parameter");
+      },
+      [&] {
+        return train::check_synced_when_backward_returns(
+            run, "wait for every bucket in the end-of-backward callback");
+      },
+  });
 }
 
 // ---- scenarios --------------------------------------------------------------

@@ -476,70 +476,85 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
   const Options& o = c.options;
   const auto initial = train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb);
   const int64_t k = c.config.micro_batches;
-  // The kit's models are a few KiB of one dtype: one chunk of 250 MiB.
-  std::vector<train::Finding> out = train::check_construction_counts(
-      run, 1, 0,
-      "one broadcast: the parameters (and, with broadcast_buffers, the buffers) coalesced into "
-      "one chunk (Note [Coalesced broadcast])",
-      /*allgathers=*/2);
   const bool rebuilds = o.static_graph || !o.find_unused_parameters;
   const size_t final_count = run.ranks[0].buckets.size();
-  // PowerSGD's collectives per bucket depend on what it compresses; the
-  // scenarios count them. The others issue one all-reduce per bucket.
-  if (out.empty() && o.comm_hook != "powersgd") {
-    out = train::check_counts_per_micro(
-        run, train::Collective::AllReduce,
-        [&](int64_t step, int64_t micro) -> uint64_t {
-          if (micro + 1 != k) return 0;
-          const size_t buckets = step == 0 ? initial.size() : final_count;
-          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
-          return 1 + buckets + (used_map ? 1 : 0);
-        },
-        "one to say the rank still trains (the trainer runs every stage-08 job inside "
-        "join()), then one per bucket (and the used-map), in each synced step",
-        "the comm hook replaces each bucket's all-reduce with exactly one of its own here "
-        "(allreduce_hook); the DDP must not launch the default all-reduce as well");
-  }
-  if (out.empty()) {
-    out = train::check_counts_per_micro(
-        run, train::Collective::Broadcast,
-        [&](int64_t step, int64_t micro) {
-          return rebuilds && step == 0 && micro + 1 == k ? 1 : 0;
-        },
-        rebuilds ? "one (rank 0's ready order) at the end of the first synced step, none after"
-                 : "none after construction",
-        "nothing is broadcast during training but the bucket rebuild's order (stage 06)");
-  }
-  if (out.empty() && o.comm_hook == "powersgd") out = check_powersgd_bytes(c, run);
-  // The sizes first, in any order: a bucket that carries more than its
-  // parameters is a sizing bug, which the order check would blame on order.
-  if (out.empty() && o.comm_hook != "powersgd") {
-    out = train::check_allreduce_sizes(
-        run,
-        [&](int64_t step) {
-          std::vector<int64_t> bytes = train::bucket_bytes(
-              run.reference.final_params, step == 0 ? initial : run.ranks[0].buckets);
-          bytes.push_back(4);  // join's notify: one float32
-          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
-          if (used_map) bytes.push_back(static_cast<int64_t>(run.num_params() * sizeof(float)));
-          return bytes;
-        },
-        "the notify (4 bytes), the step's buckets' parameters and the used-map where the step "
-        "has one",
-        "hand the hook (or all-reduce) each bucket's flat tensor, which holds exactly its "
-        "parameters' elements, besides the notify's one float and the used-map's one float per "
-        "parameter");
-  }
-  if (out.empty() && o.comm_hook != "powersgd") out = check_bucket_order(c, run, initial);
-  // PowerSGD waits for P in the hook, by design (Note [PowerSGD]), never for Q.
-  if (out.empty()) out = check_no_wait_in_hooks(run, o.comm_hook == "powersgd");
-  if (out.empty()) {
-    out = train::check_synced_when_backward_returns(
-        run, "wait for every bucket's future in the end-of-backward callback (or, if the DDP "
-             "does, the hook chained its result to a collective it never waited for)");
-  }
-  if (out.empty() && o.comm_hook == "powersgd") out = check_powersgd_steps(c, run);
-  return out;
+  return train::first_findings({
+      // The kit's models are a few KiB of one dtype: one chunk of 250 MiB.
+      [&] {
+        return train::check_construction_counts(run, 1, 0,
+                                                "one broadcast: the parameters (and, with "
+                                                "broadcast_buffers, the buffers) coalesced into "
+                                                "one chunk (Note [Coalesced broadcast])",
+                                                /*allgathers=*/2);
+      },
+      // PowerSGD's collectives per bucket depend on what it compresses; the
+      // scenarios count them. The others issue one all-reduce per bucket.
+      [&]() -> std::vector<train::Finding> {
+        if (o.comm_hook == "powersgd") return {};
+        return train::check_counts_per_micro(
+            run, train::Collective::AllReduce,
+            [&](int64_t step, int64_t micro) -> uint64_t {
+              if (micro + 1 != k) return 0;
+              const size_t buckets = step == 0 ? initial.size() : final_count;
+              const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+              return 1 + buckets + (used_map ? 1 : 0);
+            },
+            "one to say the rank still trains (the trainer runs every stage-08 job inside "
+            "join()), then one per bucket (and the used-map), in each synced step",
+            "the comm hook replaces each bucket's all-reduce with exactly one of its own here "
+            "(allreduce_hook); the DDP must not launch the default all-reduce as well");
+      },
+      [&] {
+        return train::check_counts_per_micro(
+            run, train::Collective::Broadcast,
+            [&](int64_t step, int64_t micro) {
+              return rebuilds && step == 0 && micro + 1 == k ? 1 : 0;
+            },
+            rebuilds ? "one (rank 0's ready order) at the end of the first synced step, none after"
+                     : "none after construction",
+            "nothing is broadcast during training but the bucket rebuild's order (stage 06)");
+      },
+      [&]() -> std::vector<train::Finding> {
+        if (o.comm_hook != "powersgd") return {};
+        return check_powersgd_bytes(c, run);
+      },
+      // The sizes first, in any order: a bucket that carries more than its
+      // parameters is a sizing bug, which the order check would blame on order.
+      [&]() -> std::vector<train::Finding> {
+        if (o.comm_hook == "powersgd") return {};
+        return train::check_allreduce_sizes(
+            run,
+            [&](int64_t step) {
+              std::vector<int64_t> bytes = train::bucket_bytes(
+                  run.reference.final_params, step == 0 ? initial : run.ranks[0].buckets);
+              bytes.push_back(4);  // join's notify: one float32
+              const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+              if (used_map) bytes.push_back(static_cast<int64_t>(run.num_params() * sizeof(float)));
+              return bytes;
+            },
+            "the notify (4 bytes), the step's buckets' parameters and the used-map where the step "
+            "has one",
+            "hand the hook (or all-reduce) each bucket's flat tensor, which holds exactly its "
+            "parameters' elements, besides the notify's one float and the used-map's one float per "
+            "parameter");
+      },
+      [&]() -> std::vector<train::Finding> {
+        if (o.comm_hook == "powersgd") return {};
+        return check_bucket_order(c, run, initial);
+      },
+      // PowerSGD waits for P in the hook, by design (Note [PowerSGD]), never for Q.
+      [&] { return check_no_wait_in_hooks(run, o.comm_hook == "powersgd"); },
+      [&] {
+        return train::check_synced_when_backward_returns(
+            run,
+            "wait for every bucket's future in the end-of-backward callback (or, if the DDP "
+            "does, the hook chained its result to a collective it never waited for)");
+      },
+      [&]() -> std::vector<train::Finding> {
+        if (o.comm_hook != "powersgd") return {};
+        return check_powersgd_steps(c, run);
+      },
+  });
 }
 
 // ---- scenarios --------------------------------------------------------------

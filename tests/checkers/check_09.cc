@@ -424,35 +424,12 @@ std::vector<train::Finding> check_flat_collectives(const Case& c, const train::C
 
 std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
   const Options& o = c.options;
-  std::vector<train::Finding> out = check_partition(run);
-  if (out.empty()) out = check_state(run);
-  if (out.empty()) out = check_replicas_agree(run);
-  if (out.empty()) out = check_flat_collectives(c, run);
   const auto initial = train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb);
   const int64_t k = c.config.micro_batches;
   const size_t final_count = run.ranks[0].buckets.size();
   // PowerSGD's all-reduces per bucket depend on what it compresses (checker
   // 08 counts them); here its numbers against the reference are the check.
   const bool one_per_bucket = o.comm_hook != "powersgd";
-  if (out.empty() && one_per_bucket) {
-    out = train::check_counts_per_micro(
-        run, train::Collective::AllReduce,
-        [&](int64_t step, int64_t micro) -> uint64_t {
-          if (micro + 1 != k) return 0;
-          const size_t buckets = o.reduce_scatter ? 0 : step == 0 ? initial.size() : final_count;
-          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
-          return 1 + buckets + (used_map ? 1 : 0);
-        },
-        o.reduce_scatter
-            ? "one to say the rank still trains (and the used-map), no bucket: the reduce-scatter "
-              "form all-reduces no gradient"
-            : "one to say the rank still trains, then one per bucket (and the used-map)",
-        o.reduce_scatter
-            ? "in the reduce-scatter form the DDP registers noop_hook and the optimizer's "
-              "reduce-scatter is the only reduction (Note [The reduce-scatter form])"
-            : "inside a Join, every synced forward counts the ranks still training first; then "
-              "the DDP's buckets, as in stage 08");
-  }
   const auto partition = expected_partition(run.reference.initial_params, c.config.world_size);
   const uint64_t shard_broadcasts =
       o.param_sync == "broadcast"
@@ -460,46 +437,74 @@ std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& ru
                                                 [](const auto& s) { return !s.empty(); }))
           : 0;
   const bool rebuilds = o.static_graph || !o.find_unused_parameters;
-  if (out.empty()) {
-    out = train::check_counts_per_micro(
-        run, train::Collective::Broadcast,
-        [&](int64_t step, int64_t micro) -> uint64_t {
-          if (micro + 1 != k) return 0;
-          return (rebuilds && step == 0 ? 1 : 0) + shard_broadcasts;
-        },
-        cat(rebuilds ? "the rebuild's order in the first step, " : "",
-            shard_broadcasts ? cat(shard_broadcasts, " per step (one per non-empty shard)")
-                             : "none for the shards"),
-        o.param_sync == "broadcast"
-            ? "with param_sync broadcast, each non-empty shard is broadcast once per step, "
-              "from its owner (Note [Shards back to every rank])"
-            : "the shards travel in the all-gather; nothing else is broadcast but the "
-              "bucket rebuild's order (stage 06)");
-  }
-  if (out.empty() && one_per_bucket) {
-    out = train::check_allreduce_sizes(
-        run,
-        [&](int64_t step) {
-          std::vector<int64_t> bytes;
-          if (!o.reduce_scatter) {
-            bytes = train::bucket_bytes(run.reference.final_params,
-                                        step == 0 ? initial : run.ranks[0].buckets);
-          }
-          bytes.push_back(4);  // the notify: one float32
-          const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
-          if (used_map) bytes.push_back(static_cast<int64_t>(run.num_params() * sizeof(float)));
-          return bytes;
-        },
-        "the notify (4 bytes), the step's buckets' parameters and the used-map where the step "
-        "has one",
-        "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
-        "besides the notify's one float and the used-map's one float per parameter");
-  }
-  if (out.empty()) {
-    out = train::check_synced_when_backward_returns(
-        run, "wait for every bucket in the end-of-backward callback");
-  }
-  return out;
+  return train::first_findings({
+      [&] { return check_partition(run); },
+      [&] { return check_state(run); },
+      [&] { return check_replicas_agree(run); },
+      [&] { return check_flat_collectives(c, run); },
+      [&]() -> std::vector<train::Finding> {
+        if (!one_per_bucket) return {};
+        return train::check_counts_per_micro(
+            run, train::Collective::AllReduce,
+            [&](int64_t step, int64_t micro) -> uint64_t {
+              if (micro + 1 != k) return 0;
+              const size_t buckets = o.reduce_scatter ? 0
+                                     : step == 0      ? initial.size()
+                                                      : final_count;
+              const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+              return 1 + buckets + (used_map ? 1 : 0);
+            },
+            o.reduce_scatter
+                ? "one to say the rank still trains (and the used-map), no bucket: the "
+                  "reduce-scatter form all-reduces no gradient"
+                : "one to say the rank still trains, then one per bucket (and the used-map)",
+            o.reduce_scatter
+                ? "in the reduce-scatter form the DDP registers noop_hook and the optimizer's "
+                  "reduce-scatter is the only reduction (Note [The reduce-scatter form])"
+                : "inside a Join, every synced forward counts the ranks still training first; then "
+                  "the DDP's buckets, as in stage 08");
+      },
+      [&] {
+        return train::check_counts_per_micro(
+            run, train::Collective::Broadcast,
+            [&](int64_t step, int64_t micro) -> uint64_t {
+              if (micro + 1 != k) return 0;
+              return (rebuilds && step == 0 ? 1 : 0) + shard_broadcasts;
+            },
+            cat(rebuilds ? "the rebuild's order in the first step, " : "",
+                shard_broadcasts ? cat(shard_broadcasts, " per step (one per non-empty shard)")
+                                 : "none for the shards"),
+            o.param_sync == "broadcast"
+                ? "with param_sync broadcast, each non-empty shard is broadcast once per step, "
+                  "from its owner (Note [Shards back to every rank])"
+                : "the shards travel in the all-gather; nothing else is broadcast but the "
+                  "bucket rebuild's order (stage 06)");
+      },
+      [&]() -> std::vector<train::Finding> {
+        if (!one_per_bucket) return {};
+        return train::check_allreduce_sizes(
+            run,
+            [&](int64_t step) {
+              std::vector<int64_t> bytes;
+              if (!o.reduce_scatter) {
+                bytes = train::bucket_bytes(run.reference.final_params,
+                                            step == 0 ? initial : run.ranks[0].buckets);
+              }
+              bytes.push_back(4);  // the notify: one float32
+              const bool used_map = o.static_graph ? step == 0 : o.find_unused_parameters;
+              if (used_map) bytes.push_back(static_cast<int64_t>(run.num_params() * sizeof(float)));
+              return bytes;
+            },
+            "the notify (4 bytes), the step's buckets' parameters and the used-map where the step "
+            "has one",
+            "all-reduce each bucket's flat tensor, which holds exactly its parameters' elements, "
+            "besides the notify's one float and the used-map's one float per parameter");
+      },
+      [&] {
+        return train::check_synced_when_backward_returns(
+            run, "wait for every bucket in the end-of-backward callback");
+      },
+  });
 }
 
 // ---- scenarios --------------------------------------------------------------

@@ -404,9 +404,10 @@ std::vector<train::Finding> check_memory(const Case& c, const train::CaseRun& ru
 
 std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
   const std::vector<Unit> units = units_of(c, run);
-  std::vector<train::Finding> out = check_collectives(c, run, units);
-  if (out.empty()) out = check_memory(c, run, units);
-  return out;
+  return train::first_findings({
+      [&] { return check_collectives(c, run, units); },
+      [&] { return check_memory(c, run, units); },
+  });
 }
 
 // ---- scenarios --------------------------------------------------------------

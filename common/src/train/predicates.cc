@@ -805,4 +805,12 @@ std::vector<Finding> check_buckets(const CaseRun& run,
   return {};
 }
 
+std::vector<Finding> first_findings(std::initializer_list<CaseCheck> checks) {
+  for (const CaseCheck& check : checks) {
+    std::vector<Finding> found = check();
+    if (!found.empty()) return found;
+  }
+  return {};
+}
+
 }  // namespace tp::train

@@ -16,10 +16,14 @@
 //   - Counts come from RankResult::allreduces_per_micro / broadcasts_per_micro
 //     (the collectives a rank issued from the start of micro-batch i to its
 //     end, the optimizer step of a step's last micro-batch included).
+//   - A stage's checker lists its checks of a case as one table,
+//     first_findings({...}): the first check that finds something is the
+//     diagnosis, and no check can be left out of the chain by accident.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -196,5 +200,15 @@ std::vector<Finding> check_allreduce_sizes(
 std::vector<Finding> check_buckets(const CaseRun& run,
                                    const std::vector<std::vector<int64_t>>& expected,
                                    const std::string& cause);
+
+// One check of a case, as a stage's checker lists it: its findings, none
+// when it holds. A check that applies only to some options returns none
+// for the others.
+using CaseCheck = std::function<std::vector<Finding>()>;
+
+// Runs `checks` in order and returns the findings of the first that has
+// any (a later check would only describe the same failure again, in other
+// words), or none when every check holds.
+std::vector<Finding> first_findings(std::initializer_list<CaseCheck> checks);
 
 }  // namespace tp::train
