@@ -44,6 +44,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensorplay/cuda/runtime.h"
@@ -401,5 +402,10 @@ Tensor tensor(const std::vector<double>& values, const Shape& shape,
               Dtype dtype = kFloat32, Device device = kCPU);
 // A tensor of the same shape, dtype and device, filled with zeros.
 Tensor zeros_like(const Tensor& t);
+
+// A tensor with its name ("fc1.weight"), as nn::Module's named_parameters()
+// and named_buffers() list them; the distributed checks and the harness
+// pass them around without a module.
+using NamedTensor = std::pair<std::string, Tensor>;
 
 }  // namespace tp

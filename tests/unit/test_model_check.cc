@@ -23,7 +23,7 @@
 namespace dist = tp::distributed;
 namespace mp = tp::multiprocessing;
 using doctest::Contains;
-using tp::nn::NamedTensor;
+using tp::NamedTensor;
 
 namespace {
 

@@ -35,7 +35,7 @@ std::vector<Tensor> allgather(ProcessGroup& group, const Tensor& mine) {
 }
 
 // This rank's rows, one per tensor (Note [Shape rows]).
-std::vector<double> rows_of(const std::vector<nn::NamedTensor>& tensors) {
+std::vector<double> rows_of(const std::vector<NamedTensor>& tensors) {
   std::vector<double> rows(tensors.size() * kRowWidth, 0.0);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i].second;
@@ -72,7 +72,7 @@ std::string count_of(int64_t n, const std::string& noun) {
 }  // namespace
 
 void verify_same_tensors_on_all_ranks(ProcessGroup& group,
-                                      const std::vector<nn::NamedTensor>& tensors,
+                                      const std::vector<NamedTensor>& tensors,
                                       const std::string& who, const std::string& noun) {
   const int world_size = group.size();
   const std::string prefix = tp::detail::cat(who, " (rank ", group.rank(), "): ");

@@ -8,7 +8,7 @@
 namespace tp::train {
 
 std::vector<int64_t> unreached_parameters(const Tensor& output,
-                                          const std::vector<nn::NamedTensor>& params) {
+                                          const std::vector<NamedTensor>& params) {
   std::set<const TensorImpl*> reached;
   std::set<const autograd::Node*> seen;
   std::vector<const autograd::Node*> stack;

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "tensorplay/distributed/process_group.h"
-#include "tensorplay/nn/module.h"
+#include "tensorplay/tensor.h"
 
 namespace tp::distributed {
 
@@ -44,7 +44,7 @@ namespace tp::distributed {
 //    on rank 0 but (16, 32) float32 on rank 1; every rank must build the
 //    same model before wrapping it in DDP"
 void verify_same_tensors_on_all_ranks(ProcessGroup& group,
-                                      const std::vector<nn::NamedTensor>& tensors,
+                                      const std::vector<NamedTensor>& tensors,
                                       const std::string& who,
                                       const std::string& noun = "parameter");
 

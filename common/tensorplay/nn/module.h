@@ -36,7 +36,7 @@
 
 namespace tp::nn {
 
-using NamedTensor = std::pair<std::string, Tensor>;
+using NamedTensor = tp::NamedTensor;  // (tensor.h)
 
 class Module;
 

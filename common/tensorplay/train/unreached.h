@@ -15,12 +15,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "tensorplay/nn/module.h"
 #include "tensorplay/tensor.h"
 
 namespace tp::train {
 
 std::vector<int64_t> unreached_parameters(const Tensor& output,
-                                          const std::vector<nn::NamedTensor>& params);
+                                          const std::vector<NamedTensor>& params);
 
 }  // namespace tp::train
