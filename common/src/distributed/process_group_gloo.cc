@@ -266,6 +266,45 @@ void run_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const Buf
   }
 }
 
+// What reduce_scatter_tensor and allgather_into_tensor, whose input and
+// output are each one flat tensor, share around their own collective.
+// begin_flat_staging stages a CUDA input or output through host memory
+// (Note [Staging CUDA tensors]), before the
+// budget is charged; flat_buffers then gives the buffers the collective
+// runs on: a staged copy for a CUDA tensor (a CPU one may be mixed in, as
+// in an all-gather), in checker mode a copy of a CPU one (Note [In-flight
+// writes]); finish_flat hands the caller its Work, the output claimed in
+// checker mode.
+std::shared_ptr<Staging> begin_flat_staging(const char* fn, int rank, const Tensor& input,
+                                            const Tensor& output, bool checked) {
+  if (is_cuda(input)) return begin_staging(fn, rank, input, checked);
+  if (is_cuda(output)) return begin_staging(fn, rank, output, checked);
+  return nullptr;
+}
+
+std::pair<Buffer, Buffer> flat_buffers(const char* fn, int rank, Staging* staging,
+                                       const Tensor& input, const Tensor& output, bool checked) {
+  const auto buffer = [&](const Tensor& t, bool copy_in, bool copy_out) {
+    return is_cuda(t) ? staged_buffer(fn, rank, *staging, t, copy_in, copy_out)
+                      : buffer_for_collective(t, checked);
+  };
+  Buffer in = buffer(input, true, false);
+  Buffer out = buffer(output, false, true);
+  return {std::move(in), std::move(out)};
+}
+
+std::shared_ptr<Work> finish_flat(std::shared_ptr<Work> work, bool staged, bool checked,
+                                  const std::shared_ptr<InFlightClaims>& claims,
+                                  const Tensor& input, const Buffer& in, const Tensor& output,
+                                  const Buffer& out, int rank) {
+  if (staged) return work;  // no future: Work::get_future says why
+  work->set_outputs({output});
+  return arm_checks(checked, claims, std::move(work),
+                    {CheckedTensor{input, in, "input", false},
+                     CheckedTensor{output, out, "output", true}},
+                    rank);
+}
+
 }  // namespace
 
 // ---- Impl: the Gloo context and the communication thread ---------------------
@@ -740,20 +779,14 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter_tensor(
              "gloo, or bfloat16 on NCCL");
   }
   const bool checked = options_.check_in_flight_writes;
-  std::shared_ptr<Staging> staging;
-  if (is_cuda(input)) staging = begin_staging(fn, rank(), input, checked);
-  if (!staging && is_cuda(output)) staging = begin_staging(fn, rank(), output, checked);
+  const std::shared_ptr<Staging> staging = begin_flat_staging(fn, rank(), input, output, checked);
   charge_budget("reduce_scatter_tensor");
   ++counters_.reduce_scatter;
   counters_.reduce_scatter_bytes += static_cast<uint64_t>(input.nbytes());
-  // CUDA tensors staged (a CPU one may be mixed in, as in an all-gather);
-  // in checker mode, copies (Note [In-flight writes]).
-  const auto buffer = [&](const Tensor& t, bool copy_in, bool copy_out) {
-    return is_cuda(t) ? staged_buffer(fn, rank(), *staging, t, copy_in, copy_out)
-                      : buffer_for_collective(t, checked);
-  };
-  const Buffer in = buffer(input, true, false);
-  const Buffer out = buffer(output, false, true);
+  const std::pair<Buffer, Buffer> buffers =
+      flat_buffers(fn, rank(), staging.get(), input, output, checked);
+  const Buffer& in = buffers.first;
+  const Buffer& out = buffers.second;
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
   std::shared_ptr<Work> work = impl_->enqueue(
@@ -778,12 +811,8 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter_tensor(
                  to_string(in.dtype));
       },
       staging);
-  if (staging) return work;  // no future: Work::get_future says why
-  work->set_outputs({output});
-  return arm_checks(checked, impl_->in_flight, std::move(work),
-                    {CheckedTensor{input, in, "input", false},
-                     CheckedTensor{output, out, "output", true}},
-                    rank());
+  return finish_flat(std::move(work), staging != nullptr, checked, impl_->in_flight, input, in,
+                     output, out, rank());
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(
@@ -794,18 +823,14 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(
   const std::vector<int64_t> sizes =
       check_blocks(fn, rank(), size(), output, "output", input, "input", split_sizes);
   const bool checked = options_.check_in_flight_writes;
-  std::shared_ptr<Staging> staging;
-  if (is_cuda(input)) staging = begin_staging(fn, rank(), input, checked);
-  if (!staging && is_cuda(output)) staging = begin_staging(fn, rank(), output, checked);
+  const std::shared_ptr<Staging> staging = begin_flat_staging(fn, rank(), input, output, checked);
   charge_budget("allgather_into_tensor");
   ++counters_.allgather;
   counters_.allgather_bytes += static_cast<uint64_t>(output.nbytes());
-  const auto buffer = [&](const Tensor& t, bool copy_in, bool copy_out) {
-    return is_cuda(t) ? staged_buffer(fn, rank(), *staging, t, copy_in, copy_out)
-                      : buffer_for_collective(t, checked);
-  };
-  const Buffer in = buffer(input, true, false);
-  const Buffer out = buffer(output, false, true);
+  const std::pair<Buffer, Buffer> buffers =
+      flat_buffers(fn, rank(), staging.get(), input, output, checked);
+  const Buffer& in = buffers.first;
+  const Buffer& out = buffers.second;
   auto context = impl_->context;
   const milliseconds timeout = options_.timeout;
   const int me = rank();
@@ -834,12 +859,8 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather_into_tensor(
         gloo::allgatherv(opts);
       },
       staging);
-  if (staging) return work;  // no future: Work::get_future says why
-  work->set_outputs({output});
-  return arm_checks(checked, impl_->in_flight, std::move(work),
-                    {CheckedTensor{input, in, "input", false},
-                     CheckedTensor{output, out, "output", true}},
-                    rank());
+  return finish_flat(std::move(work), staging != nullptr, checked, impl_->in_flight, input, in,
+                     output, out, rank());
 }
 
 void ProcessGroupGloo::synchronize() { impl_->wait_until_idle(); }
