@@ -14,7 +14,7 @@
 // not null): no work for inputs such as the data batch x.
 //
 // On CUDA: inputs must share a device (an op given two throws, naming both);
-// step 2 then calls the op's CUDA kernel (cuda/kernels.h) instead of the CPU
+// step 2 then calls the op's CUDA kernel (cuda_kernels/kernels.h) instead of the CPU
 // loop, and the output, like every gradient a rule makes, lives on the
 // inputs' device. The rules themselves are the same code for both.
 
@@ -30,7 +30,7 @@
 #include "tensorplay/autograd/grad_mode.h"
 #include "tensorplay/autograd/node.h"
 
-#include "cuda/kernels.h"
+#include "cuda_kernels/kernels.h"
 
 namespace tp {
 namespace {

@@ -13,7 +13,7 @@
 // there. The autograd engine lives in autograd/engine.cc.
 //
 // CUDA tensors: each method that touches values checks where the tensor
-// lives and, on a CUDA device, calls its counterpart in cuda/kernels.h (one
+// lives and, on a CUDA device, calls its counterpart in cuda_kernels/kernels.h (one
 // strided kernel family, compiled by nvcc) instead of the CPU loop. Reading
 // values on the host (item, to_vector, to_string, norm) copies to the CPU
 // first.
@@ -35,7 +35,7 @@
 #include "tensorplay/cuda/runtime.h"
 #include "tensorplay/ops.h"
 
-#include "cuda/kernels.h"
+#include "cuda_kernels/kernels.h"
 
 namespace tp {
 
@@ -337,7 +337,7 @@ Device resolve(Device device, const char* fn) {
 }
 
 // Throws unless a tensor of dtype may live on device: the kit's CUDA path
-// (cuda/kernels.h, cuBLAS, the Gloo staging) runs float32 and float64 only,
+// (cuda_kernels/kernels.h, cuBLAS, the Gloo staging) runs float32 and float64 only,
 // so 16-bit tensors stay on the CPU. Checked before check_device_usable, so
 // the message is the same in a build without CUDA.
 void check_dtype_on_device(Dtype dtype, Device device, const char* fn) {

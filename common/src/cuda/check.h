@@ -1,7 +1,7 @@
 // TP_CUDA_CHECK: a CUDA runtime call whose failure becomes a tp::Error.
 //
-// Only for sources compiled with CUDA (common/src/cuda/). The message names
-// the call and CUDA's own text:
+// Only for sources compiled with CUDA (common/src/cuda/, cuda_kernels/ and
+// the NCCL group). The message names the call and CUDA's own text:
 //   "tp::cuda: cudaMemcpyAsync(...) failed: an illegal memory access was
 //    encountered (cudaErrorIllegalAddress)".
 // Kernel launches are checked with TP_CUDA_CHECK(cudaGetLastError()) right

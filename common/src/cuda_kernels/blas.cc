@@ -11,8 +11,8 @@
 #include <climits>
 #include <vector>
 
-#include "check.h"
-#include "cublas_library.h"
+#include "../cuda/check.h"
+#include "../cuda/cublas_library.h"
 #include "kernels.h"
 #include "tensorplay/cuda/runtime.h"
 

@@ -21,7 +21,7 @@
 
 #include <algorithm>
 
-#include "check.h"
+#include "../cuda/check.h"
 #include "tensorplay/cuda/runtime.h"
 
 namespace tp::cuda::kernels {
