@@ -15,6 +15,7 @@
 #include "ddp.h"
 #include "default_hooks.h"
 #include "powersgd_hook.h"
+#include "tensorplay/error.h"
 #include "tensorplay/train/stage_spec.h"
 
 namespace stage08 {

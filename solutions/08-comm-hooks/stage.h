@@ -14,6 +14,7 @@
 #include "ddp.h"
 #include "default_hooks.h"
 #include "powersgd_hook.h"
+#include "tensorplay/error.h"
 #include "tensorplay/train/stage_spec.h"
 
 namespace stage08 {

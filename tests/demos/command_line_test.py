@@ -4,7 +4,7 @@
     command_line_test.py DEMO_EXE CHECKER_EXE STAGE_H
 
 Both parse through CLI11 with usage generated from the flags' declarations
-(demo.cc, checker.cc, and the stage's StageSpec in STAGE_H). Checked here:
+(demo_command_line.cc, checker.cc, and the stage's StageSpec in STAGE_H). Checked here:
 --help exits 0 and lists every flag, the stage's own in a group of their
 own; a typo is a usage error (exit 2) that names the flag and suggests the
 nearest one; a bad value names the flag, the range and the value; nothing

@@ -193,9 +193,10 @@ void backward(const Tensor& root, const Tensor& grad) {
   NoGradGuard no_grad;  // backward rules must not build graphs
   RunningPass running;
 
+  // The root's node lives until backward() returns, as its graph does.
+  const std::shared_ptr<Node> root_node = gradient_edge(root);
   // The implicit gradient 1 lives where the root does (a CUDA loss: on its GPU).
-  run_nodes(gradient_edge(root),
-            grad.defined() ? grad : ones(root.shape(), root.dtype(), root.device()));
+  run_nodes(root_node, grad.defined() ? grad : ones(root.shape(), root.dtype(), root.device()));
 
   // On a GPU the host only queued the kernels: the same mark as a zero-length
   // span on the compute stream says when the GPU finished them (the trace's

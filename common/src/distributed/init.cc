@@ -289,7 +289,7 @@ std::shared_ptr<ProcessGroup> build_group(const char* who, const std::string& ba
     return std::make_shared<ProcessGroupGloo>(method.dir, rank, world_size, options);
   }
   if (!nccl) {
-    // Note [Choosing the interface] (network.h). NCCL chooses its own
+    // Note [Choosing the interface] (rendezvous/network.h). NCCL chooses its own
     // (NCCL_SOCKET_IFNAME).
     const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
     if (ifname != nullptr && *ifname != '\0') {

@@ -269,8 +269,8 @@ void run_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const Buf
 // What reduce_scatter_tensor and allgather_into_tensor, whose input and
 // output are each one flat tensor, share around their own collective.
 // begin_flat_staging stages a CUDA input or output through host memory
-// (Note [Staging CUDA tensors]), before the
-// budget is charged; flat_buffers then gives the buffers the collective
+// (Note [Staging CUDA tensors]), before the budget is charged;
+// flat_buffers then gives the buffers the collective
 // runs on: a staged copy for a CUDA tensor (a CPU one may be mixed in, as
 // in an all-gather), in checker mode a copy of a CPU one (Note [In-flight
 // writes]); finish_flat hands the caller its Work, the output claimed in

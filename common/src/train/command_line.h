@@ -1,7 +1,7 @@
 // The command lines of the demos and checkers, through CLI11: the value
 // checks they share, and parsing that ends the program the kit's way.
 // Private to train/ (src/train/); the flags themselves are declared where
-// they belong (demo.cc, checker.cc, and each stage's stage.h).
+// they belong (demo_command_line.cc, checker.cc, and each stage's stage.h).
 //
 // Contract:
 //   - use_kit_defaults() is where every command line starts: a flag given twice

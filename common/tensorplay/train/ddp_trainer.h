@@ -165,10 +165,10 @@ Snapshot snapshot_parameters(D& ddp, memory::Stats& peaks) {
 
 // The pieces of train_rank that are not templates (ddp_trainer.cc).
 // Starts rank `rank` of `config`: turns its trace on when the plan traces,
-// makes its GPU current (kernels run on the thread's current GPU), resets
-// the memory peaks (RankResult::memory: the whole run counts), then seeds
-// and builds the plan's model on the CPU, exactly as the reference builds
-// it, and moves it to the rank's device: the same numbers start on every
+// makes its GPU current (kernels run on the thread's current GPU), seeds,
+// resets the memory peaks (RankResult::memory: the whole run counts), then
+// builds the plan's model on the CPU, exactly as the reference builds it,
+// and moves it to the rank's device: the same numbers start on every
 // device.
 std::shared_ptr<nn::Module> start_rank(int rank, const RunConfig& config);
 // Gives the group its collective budget for this plan and model: a loop
@@ -272,7 +272,7 @@ void train_steps(D& ddp, Optimizer& optimizer, distributed::ProcessGroup& group,
     group.check_collective_count(detail::cat("the end of step ", step));
     if (step == 0) {
       result.after_first_step = snapshot_parameters(ddp, peaks);
-      if (config.trace_first_step && !config.trace) trace::disable();  // (demo.cc)
+      if (config.trace_first_step && !config.trace) trace::disable();  // (demo_command_line.cc)
     }
   }
 }

@@ -3,8 +3,8 @@
 //
 //   ./kit demo NN [flags]      (--help lists every flag with its default:
 //                               the list is generated from the flags'
-//                               declarations in demo.cc and in the stage's
-//                               stage.h, and each default is read from the
+//                               declarations in demo_command_line.cc and the
+//                               stage's stage.h, and each default is read from the
 //                               value the flag's target holds before parsing)
 //
 // Columns: step; the reference's loss (mean over the ranks' micro-batches);
@@ -17,7 +17,7 @@
 // optimizer state at the end; the peak of the three together).
 // --collective-timeout MS bounds the rendezvous and every collective
 // (default 10000). --json FILE writes the same numbers, every rank included
-// (schema in demo.cc). --trace FILE records every rank's timeline
+// (schema in demo_json.cc). --trace FILE records every rank's timeline
 // (tp::trace), writes it as one Chrome trace (open it in ui.perfetto.dev)
 // and prints the last step as an ASCII timeline.
 // --worker (a lesson with a rank worker of its own: lesson 01) runs the

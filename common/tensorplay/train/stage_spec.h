@@ -203,7 +203,7 @@ std::vector<OptionFlag<Options>> comm_hook_flags() {
 // given without PowerSGD (they would be ignored; a knob given at its
 // default is not told apart); a PowerSGD rank above every weight's min(n,
 // m) in the plan's model (every matrix would be sent whole: lesson 08 calls
-// it a mistake, as default_hooks.cc's check does); a hook with
+// it a mistake, as register_builtin_hook's check in stage.h does); a hook with
 // --divide-by-active-ranks (the hook decides what to divide by).
 template <typename Options>
 void check_comm_hook_plan(const RunConfig& config, const Options& options) {
