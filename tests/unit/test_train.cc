@@ -1200,3 +1200,20 @@ TEST_CASE("a rank waiting in a collective that another rank never issued is stil
     CHECK(f.likely_cause.find(waits) == 0);
   }
 }
+
+TEST_CASE("a checker's table of checks returns the first that finds something, and runs no later one") {
+  using tp::train::Finding;
+  int ran = 0;
+  const auto none = [&] { ++ran; return std::vector<Finding>{}; };
+  const auto found = [&](const char* what) {
+    return [&ran, what] { ++ran; return std::vector<Finding>{{what, "cause"}}; };
+  };
+  CHECK(tp::train::first_findings({none, none}).empty());
+  CHECK(ran == 2);
+  ran = 0;
+  const std::vector<Finding> out =
+      tp::train::first_findings({none, found("second"), found("third")});
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].what == "second");
+  CHECK(ran == 2);  // the third check never ran
+}
