@@ -155,7 +155,7 @@ class ShardedStep {
       sgd_ = std::make_unique<tp::optim::SGD>(fsdp_->parameters(), sgd);
       return;
     }
-    stage09::Options options;
+    stage09::RunOptions options;  // the DDP's and make_optimizer's
     options.reduce_scatter = setup.family == Family::ZeroRs;
     ddp_ = std::make_unique<stage09::DistributedDataParallel>(deep_model(), rank.group, options);
     if (setup.family == Family::ZeroRs) {

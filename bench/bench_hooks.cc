@@ -81,10 +81,10 @@ using tp::bench::process_cpu_seconds;
 // PowerSGDState accepts with error feedback and warm start.
 constexpr int64_t kPowerSGDStart = 2;
 
-// One built-in hook as Options::comm_hook names it, with PowerSGD's rank.
+// One built-in hook as RunOptions::comm_hook names it, with PowerSGD's rank.
 struct Hook {
   const char* label;  // in benchmark names and counters
-  const char* name;   // stage08::Options::comm_hook
+  const char* name;   // stage08::RunOptions::comm_hook
   int64_t powersgd_rank = 1;
 };
 constexpr Hook kHooks[] = {{"none", "none"},
@@ -127,8 +127,8 @@ class HookedStep {
   }
 
  private:
-  static stage08::Options options_of(const Hook& hook) {
-    stage08::Options options;
+  static stage08::RunOptions options_of(const Hook& hook) {
+    stage08::RunOptions options;
     options.comm_hook = hook.name;
     options.powersgd_rank = hook.powersgd_rank;
     options.powersgd_start_iteration = kPowerSGDStart;

@@ -101,8 +101,8 @@ class ZeroStep {
   }
 
  private:
-  static stage09::Options options_of(const Optimizer& opt) {
-    stage09::Options options;
+  static stage09::RunOptions options_of(const Optimizer& opt) {
+    stage09::RunOptions options;
     options.reduce_scatter = opt.reduce_scatter;
     options.param_sync = opt.param_sync;
     return options;

@@ -1,8 +1,9 @@
 // Copied from solutions/08-comm-hooks/stage.h by tools/gen_exercise.py (nothing to fill in here).
 // Stage 08's identity, declared once (tp::train::StageSpec in
-// tensorplay/train/stage_spec.h): the title, the options the demo offers
-// as flags, and the stage's words in the checker's diagnoses; and how the
-// kit's trainer registers the built-in hook a run names. Its demo
+// tensorplay/train/stage_spec.h): the title, the options a run takes
+// (RunOptions: the DDP's, and the hook to register) and the flags the demo
+// offers for them, and the stage's words in the checker's diagnoses; and
+// how the kit's trainer registers the built-in hook a run names. Its demo
 // (lessons/08-comm-hooks/main.cc), its checker and, where they measure the
 // stage, the benchmarks read it.
 #pragma once
@@ -20,6 +21,34 @@
 
 namespace stage08 {
 
+// The options of a run of stage 08: the DDP's Options, and what only the
+// kit's harness reads. As in PyTorch, a hook is not an argument of the
+// DDP's constructor: register_builtin_hook() below registers the one
+// comm_hook names on the constructed DDP, as the trainer does for the
+// demo's --comm-hook.
+struct RunOptions : Options {
+  // "none", "allreduce", "fp16", "bf16" or "powersgd".
+  std::string comm_hook = "none";
+  // PowerSGD's knobs, PowerSGDOptions' (powersgd_hook.h).
+  int64_t powersgd_rank = 1;  // matrix_approximation_rank
+  // start_powerSGD_iter. PyTorch's default is 1000, for runs of many
+  // thousand steps; the kit's runs are ten steps long, so it starts at the
+  // earliest iteration error feedback allows (powersgd_hook.h).
+  int64_t powersgd_start_iteration = 2;
+  double powersgd_min_compression_rate = 2;
+};
+
+}  // namespace stage08
+
+// The trainer, the demo and the checker take RunOptions for this stage
+// (tp::train::run_options_t, stage_spec.h).
+template <>
+struct tp::train::RunOptionsOf<stage08::DistributedDataParallel> {
+  using type = stage08::RunOptions;
+};
+
+namespace stage08 {
+
 // What the kit's trainer calls right after constructing the DDP (the
 // capability comm_hooks, found by argument-dependent lookup): registers
 // the built-in hook options.comm_hook names ("none" registers nothing), on
@@ -27,7 +56,7 @@ namespace stage08 {
 // listing the ones it does, and for PowerSGD settings PowerSGDState
 // refuses. The harness's, not the DDP's: the DDP only offers
 // register_comm_hook, as PyTorch's does.
-inline void register_builtin_hook(DistributedDataParallel& ddp, const Options& options) {
+inline void register_builtin_hook(DistributedDataParallel& ddp, const RunOptions& options) {
   const std::string& name = options.comm_hook;
   if (name == "none") return;
   if (name == "allreduce") {
@@ -59,8 +88,8 @@ inline void register_builtin_hook(DistributedDataParallel& ddp, const Options& o
   }
 }
 
-inline tp::train::StageSpec<Options> stage_spec() {
-  tp::train::StageSpec<Options> spec;
+inline tp::train::StageSpec<RunOptions> stage_spec() {
+  tp::train::StageSpec<RunOptions> spec;
   spec.number = "08";
   spec.title = "DDP with communication hooks";
   spec.advice.where_sync =
@@ -69,18 +98,19 @@ inline tp::train::StageSpec<Options> stage_spec() {
   spec.advice.how_sync_runs =
       "inside the backward of the step's last micro-batch: the comm hook (or the default "
       "all-reduce) launched per bucket, its futures waited by the end-of-backward callback";
-  spec.flags = tp::train::bucket_cap_flags<Options>(
-      {tp::train::gradient_as_bucket_view_flag<Options>(), tp::train::static_graph_flag<Options>(),
-       tp::train::find_unused_parameters_flag<Options>()});
-  const auto hooks = tp::train::comm_hook_flags<Options>();  // --comm-hook, PowerSGD's knobs
+  spec.flags = tp::train::bucket_cap_flags<RunOptions>(
+      {tp::train::gradient_as_bucket_view_flag<RunOptions>(),
+       tp::train::static_graph_flag<RunOptions>(),
+       tp::train::find_unused_parameters_flag<RunOptions>()});
+  const auto hooks = tp::train::comm_hook_flags<RunOptions>();  // --comm-hook, PowerSGD's knobs
   spec.flags.insert(spec.flags.end(), hooks.begin(), hooks.end());
   // --divide-by-active-ranks (a flag every demo has) sets the plan's divisor;
   // the DDP must divide the same way.
-  spec.adapt = [](const tp::train::RunConfig& config, Options& options) {
+  spec.adapt = [](const tp::train::RunConfig& config, RunOptions& options) {
     options.divide_by_initial_world_size = config.divisor == tp::train::Divisor::InitialWorldSize;
   };
   // allreduce_hook promises the reference's numbers; compression does not.
-  spec.approximation = [](const Options& options) -> std::string {
+  spec.approximation = [](const RunOptions& options) -> std::string {
     if (options.comm_hook == "fp16") return "fp16_compress_hook rounds each average to float16";
     if (options.comm_hook == "bf16") return "bf16_compress_hook rounds each average to bfloat16";
     if (options.comm_hook == "powersgd") {
@@ -91,7 +121,7 @@ inline tp::train::StageSpec<Options> stage_spec() {
     return "";
   };
   // A hook plan no rank could run is refused before the ranks start.
-  spec.check_plan = [](const tp::train::RunConfig& config, const Options& options) {
+  spec.check_plan = [](const tp::train::RunConfig& config, const RunOptions& options) {
     tp::train::check_comm_hook_plan(config, options);
   };
   return spec;

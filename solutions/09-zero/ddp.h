@@ -111,26 +111,12 @@ struct Options {
   // parameters and buffers]). A name the module does not have is an error.
   std::vector<std::string> params_and_buffers_to_ignore;
 
-  // Not read by the DDP: which built-in comm hook register_builtin_hook()
-  // (stage.h) registers after construction, as the kit's trainer
-  // does for the demo's --comm-hook. "none", "allreduce", "fp16", "bf16" or
-  // "powersgd"; the PowerSGD knobs are PowerSGDState's (powersgd_hook.h).
-  std::string comm_hook = "none";
-  int64_t powersgd_rank = 1;              // matrix_approximation_rank
-  // start_powerSGD_iter. PyTorch's default is 1000, for runs of many
-  // thousand steps; the kit's runs are ten steps long, so it starts at the
-  // earliest iteration error feedback allows (powersgd_hook.h).
-  int64_t powersgd_start_iteration = 2;
-  double powersgd_min_compression_rate = 2;
   // The reduce-scatter form of ZeRO (zero.h): the optimizer reduces the
   // gradients, so the DDP registers noop_hook (default_hooks.h) at
   // construction and accepts no other hook; its buckets only tell who has
   // a gradient. The kit's trainer also builds its ZeroRedundancyOptimizer
   // with it (make_optimizer in stage.h).
   bool reduce_scatter = false;
-  // Not read by the DDP: the optimizer's ZeroOptions::param_sync,
-  // "allgather" or "broadcast".
-  std::string param_sync = "allgather";
 };
 
 class DistributedDataParallel;

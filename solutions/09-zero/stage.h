@@ -1,6 +1,8 @@
 // Stage 09's identity, declared once (tp::train::StageSpec in
-// tensorplay/train/stage_spec.h): the title, the options the demo offers
-// as flags, and the stage's words in the checker's diagnoses; and the three
+// tensorplay/train/stage_spec.h): the title, the options a run takes
+// (RunOptions: the DDP's, the hook to register, how the optimizer syncs)
+// and the flags the demo offers for them, and the stage's words in the
+// checker's diagnoses; and the three
 // functions through which the kit's trainer registers the built-in hook a
 // run names (comm_hooks), builds the optimizer and joins
 // (sharded_optimizer). Its demo (lessons/09-zero/main.cc), its checker and
@@ -24,10 +26,40 @@
 
 namespace stage09 {
 
+// The options of a run of stage 09: the DDP's Options, and what only the
+// kit's harness reads. As in PyTorch, a hook is not an argument of the
+// DDP's constructor, nor how the optimizer syncs its shards:
+// register_builtin_hook() below registers the one comm_hook names on the
+// constructed DDP, and make_optimizer() passes param_sync to ZeroOptions.
+struct RunOptions : Options {
+  // "none", "allreduce", "fp16", "bf16" or "powersgd".
+  std::string comm_hook = "none";
+  // PowerSGD's knobs, PowerSGDOptions' (powersgd_hook.h).
+  int64_t powersgd_rank = 1;  // matrix_approximation_rank
+  // start_powerSGD_iter. PyTorch's default is 1000, for runs of many
+  // thousand steps; the kit's runs are ten steps long, so it starts at the
+  // earliest iteration error feedback allows (powersgd_hook.h).
+  int64_t powersgd_start_iteration = 2;
+  double powersgd_min_compression_rate = 2;
+  // The optimizer's ZeroOptions::param_sync, "allgather" or "broadcast".
+  std::string param_sync = "allgather";
+};
+
+}  // namespace stage09
+
+// The trainer, the demo and the checker take RunOptions for this stage
+// (tp::train::run_options_t, stage_spec.h).
+template <>
+struct tp::train::RunOptionsOf<stage09::DistributedDataParallel> {
+  using type = stage09::RunOptions;
+};
+
+namespace stage09 {
+
 // The trainer's optimizer: the DDP's parameters, sharded (zero.h).
 inline std::unique_ptr<ZeroRedundancyOptimizer> make_optimizer(DistributedDataParallel& ddp,
                                                                tp::optim::SGDOptions sgd,
-                                                               const Options& options) {
+                                                               const RunOptions& options) {
   // An ignored parameter's gradient is this rank's own (Note [Ignored
   // parameters and buffers] in ddp.cc): sharding its step would spread one
   // rank's update to all.
@@ -60,7 +92,7 @@ inline void join_with_optimizer(DistributedDataParallel& ddp, ZeroRedundancyOpti
 // PowerSGDState refuses, and for a hook next to reduce_scatter. The
 // harness's, not the DDP's: the DDP only offers register_comm_hook, as
 // PyTorch's does.
-inline void register_builtin_hook(DistributedDataParallel& ddp, const Options& options) {
+inline void register_builtin_hook(DistributedDataParallel& ddp, const RunOptions& options) {
   const std::string& name = options.comm_hook;
   if (options.reduce_scatter) {
     // The DDP has registered noop_hook (the optimizer reduces, zero.h): a
@@ -100,8 +132,8 @@ inline void register_builtin_hook(DistributedDataParallel& ddp, const Options& o
   }
 }
 
-inline tp::train::StageSpec<Options> stage_spec() {
-  tp::train::StageSpec<Options> spec;
+inline tp::train::StageSpec<RunOptions> stage_spec() {
+  tp::train::StageSpec<RunOptions> spec;
   spec.number = "09";
   spec.title = "DDP with a ZeRO-sharded optimizer";
   spec.advice.where_sync =
@@ -114,24 +146,25 @@ inline tp::train::StageSpec<Options> stage_spec() {
   spec.advice.after_a_rank_joins =
       "do the ranks that ran out add zeros to every bucket, keep the active ranks' average in "
       "their gradients, and step their own shard with it (Note [A joined rank's shard])";
-  spec.flags = tp::train::bucket_cap_flags<Options>(
-      {tp::train::gradient_as_bucket_view_flag<Options>(), tp::train::static_graph_flag<Options>(),
-       tp::train::find_unused_parameters_flag<Options>(),
-       tp::train::switch_flag<Options>("--reduce-scatter", &Options::reduce_scatter,
-                                       "the reduce-scatter form: the optimizer reduces each "
-                                       "rank's shard of the gradients, the DDP sends nothing"),
-       tp::train::choice_flag<Options>("--param-sync", &Options::param_sync,
-                                       {"allgather", "broadcast"},
-                                       "how the updated shards reach every rank")});
-  const auto hooks = tp::train::comm_hook_flags<Options>();  // --comm-hook, PowerSGD's knobs
+  spec.flags = tp::train::bucket_cap_flags<RunOptions>(
+      {tp::train::gradient_as_bucket_view_flag<RunOptions>(),
+       tp::train::static_graph_flag<RunOptions>(),
+       tp::train::find_unused_parameters_flag<RunOptions>(),
+       tp::train::switch_flag<RunOptions>("--reduce-scatter", &RunOptions::reduce_scatter,
+                                          "the reduce-scatter form: the optimizer reduces each "
+                                          "rank's shard of the gradients, the DDP sends nothing"),
+       tp::train::choice_flag<RunOptions>("--param-sync", &RunOptions::param_sync,
+                                          {"allgather", "broadcast"},
+                                          "how the updated shards reach every rank")});
+  const auto hooks = tp::train::comm_hook_flags<RunOptions>();  // --comm-hook, PowerSGD's knobs
   spec.flags.insert(spec.flags.end(), hooks.begin(), hooks.end());
   // --divide-by-active-ranks (a flag every demo has) sets the plan's divisor;
   // the Join must divide the same way.
-  spec.adapt = [](const tp::train::RunConfig& config, Options& options) {
+  spec.adapt = [](const tp::train::RunConfig& config, RunOptions& options) {
     options.divide_by_initial_world_size = config.divisor == tp::train::Divisor::InitialWorldSize;
   };
   // allreduce_hook promises the reference's numbers; compression does not.
-  spec.approximation = [](const Options& options) -> std::string {
+  spec.approximation = [](const RunOptions& options) -> std::string {
     if (options.comm_hook == "fp16") return "fp16_compress_hook rounds each average to float16";
     if (options.comm_hook == "bf16") return "bf16_compress_hook rounds each average to bfloat16";
     if (options.comm_hook == "powersgd") {
@@ -143,7 +176,7 @@ inline tp::train::StageSpec<Options> stage_spec() {
   };
   // A hook plan no rank could run is refused before the ranks start; so is
   // a hook with the reduce-scatter form (register_comm_hook refuses it too).
-  spec.check_plan = [](const tp::train::RunConfig& config, const Options& options) {
+  spec.check_plan = [](const tp::train::RunConfig& config, const RunOptions& options) {
     if (options.reduce_scatter && options.comm_hook != "none") {
       TP_THROW(tp::Error, "--reduce-scatter with --comm-hook ", options.comm_hook,
                ": the reduce-scatter form reduces in the optimizer (the DDP registers "

@@ -40,8 +40,8 @@ namespace {
 
 namespace train = tp::train;
 using DDP = stage08::DistributedDataParallel;
-using Options = stage08::Options;
-using Case = train::CheckCase<Options>;
+using RunOptions = stage08::RunOptions;  // the DDP's Options and the comm hook (stage.h)
+using Case = train::CheckCase<RunOptions>;
 using Group = std::shared_ptr<tp::distributed::ProcessGroup>;
 using tp::Tensor;
 using tp::detail::cat;
@@ -49,22 +49,22 @@ using tp::distributed::Future;
 
 // MiniMLP float32, reverse registration order: 16, 512 | 128, 4096 | 128,
 // 2048 bytes.
-Options with_caps(double bucket_cap_mb, double first_bucket_cap_mb) {
-  Options options;  // (assigned, not designated: Options has more fields than these)
+RunOptions with_caps(double bucket_cap_mb, double first_bucket_cap_mb) {
+  RunOptions options;  // (assigned: designators cannot name Options', the base's, fields)
   options.bucket_cap_mb = bucket_cap_mb;
   options.first_bucket_cap_mb = first_bucket_cap_mb;
   return options;
 }
-const Options kSeveral = with_caps(2000.0 / (1 << 20), 500.0 / (1 << 20));
-const Options kPerParameter = with_caps(1e-9, 1e-9);
+const RunOptions kSeveral = with_caps(2000.0 / (1 << 20), 500.0 / (1 << 20));
+const RunOptions kPerParameter = with_caps(1e-9, 1e-9);
 
-Options with_hook(Options options, const std::string& hook) {
+RunOptions with_hook(RunOptions options, const std::string& hook) {
   options.comm_hook = hook;
   return options;
 }
 
 // The plan's divisor and the DDP's option must agree.
-Case uneven_case(train::RunConfig config, std::vector<int64_t> counts, Options options,
+Case uneven_case(train::RunConfig config, std::vector<int64_t> counts, RunOptions options,
                  const std::string& label) {
   config.world_size = static_cast<int>(counts.size());
   config.batches_per_rank = std::move(counts);
@@ -74,7 +74,7 @@ Case uneven_case(train::RunConfig config, std::vector<int64_t> counts, Options o
 // PowerSGD at the rank of MiniMLP's largest matrix (each smaller one is
 // clamped to its min(n, m)), compressing every matrix: the average to float rounding
 // (Note [Orthogonalization] in powersgd_hook.cc).
-Options exact_powersgd(Options options) {
+RunOptions exact_powersgd(RunOptions options) {
   options.comm_hook = "powersgd";
   options.powersgd_rank = 32;  // min(n, m) of MiniMLP's largest matrix (32 x 32)
   options.powersgd_start_iteration = 2;
@@ -100,18 +100,18 @@ std::vector<Case> cases() {
   train::RunConfig accumulate = base;
   accumulate.micro_batches = 2;
   accumulate.world_size = 3;
-  Options view = with_hook(kSeveral, "allreduce");
+  RunOptions view = with_hook(kSeveral, "allreduce");
   view.gradient_as_bucket_view = true;
   out.push_back({accumulate, view, "allreduce_hook, K = 2, gradient_as_bucket_view"});
   train::RunConfig reordered = base;
   reordered.model_kind = train::ModelKind::Reordered;
-  Options fixed = with_hook(kPerParameter, "allreduce");
+  RunOptions fixed = with_hook(kPerParameter, "allreduce");
   fixed.static_graph = true;
   out.push_back(uneven_case(reordered, {2, 5, 3}, fixed,
                             "allreduce_hook, reordered model, static_graph, uneven"));
   train::RunConfig branchy = base;
   branchy.model_kind = train::ModelKind::Branchy;
-  Options unused = with_hook(kSeveral, "allreduce");
+  RunOptions unused = with_hook(kSeveral, "allreduce");
   unused.find_unused_parameters = true;
   out.push_back(uneven_case(branchy, {5, 2, 4}, unused,
                             "allreduce_hook, branchy, find_unused_parameters, uneven"));
@@ -204,7 +204,7 @@ PowerSGDNumbers powersgd_numbers(const std::vector<tp::Shape>& shapes, int64_t r
 // PowerSGD's cases: the bytes every synced step all-reduces, against the
 // closed form; a difference that is exactly one part of it names that part.
 std::vector<train::Finding> check_powersgd_bytes(const Case& c, const train::CaseRun& run) {
-  const Options& o = c.options;
+  const RunOptions& o = c.options;
   std::vector<tp::Shape> shapes;
   for (const train::ParamValues& p : run.reference.initial_params) shapes.push_back(p.shape);
   const PowerSGDNumbers n = powersgd_numbers(shapes, o.powersgd_rank,
@@ -379,7 +379,7 @@ std::vector<train::Finding> check_powersgd_steps(const Case& c, const train::Cas
 // join notify is queued in forward, outside the backward.
 std::vector<train::Finding> check_bucket_order(const Case& c, const train::CaseRun& run,
                                                const std::vector<std::vector<int64_t>>& initial) {
-  const Options& o = c.options;
+  const RunOptions& o = c.options;
   const int64_t e = c.config.dtype == tp::kFloat64 ? 8 : 4;
   auto bytes_of = [&](const std::vector<std::vector<int64_t>>& buckets, bool used_map) {
     std::vector<int64_t> out;
@@ -473,7 +473,7 @@ std::vector<train::Finding> check_no_wait_in_hooks(const train::CaseRun& run, bo
 }
 
 std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
-  const Options& o = c.options;
+  const RunOptions& o = c.options;
   const auto initial = train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb);
   const int64_t k = c.config.micro_batches;
   const bool rebuilds = o.static_graph || !o.find_unused_parameters;
@@ -569,7 +569,7 @@ std::vector<Tensor> gradients_after_backward(DDP& ddp, int rank) {
 }
 
 // A DDP on the default MiniMLP, seeded alike on every rank.
-std::unique_ptr<DDP> make_ddp(const Group& group, Options options = kSeveral) {
+std::unique_ptr<DDP> make_ddp(const Group& group, RunOptions options = kSeveral) {
   tp::manual_seed(0);
   return std::make_unique<DDP>(train::make_model({}), group, options);
 }
@@ -838,7 +838,7 @@ train::Scenario ignored_tensors() {
             const auto named = model->named_parameters();
             const std::string ignored = named[1].first;  // the first layer's bias
             const std::vector<double> own_bias = named[1].second.to_vector();
-            Options options = kSeveral;
+            RunOptions options = kSeveral;
             options.params_and_buffers_to_ignore = {ignored};
             // Rank 0 is the broadcast's root: only the others can see an
             // overwrite. Every rank stops where any found something, so that
@@ -878,7 +878,7 @@ train::Scenario ignored_tensors() {
             auto with_buffer = train::make_model(buffered);
             const tp::nn::NamedTensor buffer = with_buffer->named_buffers().at(0);
             const std::vector<double> own_buffer = buffer.second.to_vector();
-            Options ignore_buffer = kSeveral;
+            RunOptions ignore_buffer = kSeveral;
             ignore_buffer.params_and_buffers_to_ignore = {buffer.first};
             DDP buffered_ddp(with_buffer, group, ignore_buffer);
             if (buffer.second.to_vector() != own_buffer) {
@@ -888,7 +888,7 @@ train::Scenario ignored_tensors() {
             }
             if (any_rank(fact)) return fact;
             try {
-              Options bad = kSeveral;
+              RunOptions bad = kSeveral;
               bad.params_and_buffers_to_ignore = {"no.such.tensor"};
               DDP rejected(train::make_model({}), group, bad);
               return cat("rank ", rank, ": a name the module does not have was accepted");
@@ -922,7 +922,7 @@ std::vector<Tensor> local_gradients(int rank, double scale) {
 // `scale` and the built-in hook `hook`; the gradients.
 std::vector<Tensor> hooked_gradients(const Group& group, int rank, const std::string& hook,
                                      double scale) {
-  Options options = kSeveral;
+  RunOptions options = kSeveral;
   options.comm_hook = hook;
   auto ddp = make_ddp(group, options);
   stage08::register_builtin_hook(*ddp, options);
@@ -1287,9 +1287,9 @@ train::Scenario hook_bad_inputs() {
               }
               return cat("rank ", rank, ": ", what, " was accepted");
             };
-            auto with = [&](const std::function<void(Options&)>& set) {
+            auto with = [&](const std::function<void(RunOptions&)>& set) {
               return [&group, set] {
-                Options options = kSeveral;
+                RunOptions options = kSeveral;
                 set(options);
                 auto ddp = make_ddp(group, options);
                 stage08::register_builtin_hook(*ddp, options);
@@ -1297,16 +1297,16 @@ train::Scenario hook_bad_inputs() {
             };
             for (const std::string& failure :
                  {expect_error("PowerSGD at rank 0", "at least 1",
-                               with([](Options& o) { o.comm_hook = "powersgd"; o.powersgd_rank = 0; })),
+                               with([](RunOptions& o) { o.comm_hook = "powersgd"; o.powersgd_rank = 0; })),
                   expect_error("PowerSGD at rank 33 on MiniMLP", "33",
-                               with([](Options& o) { o.comm_hook = "powersgd"; o.powersgd_rank = 33; })),
+                               with([](RunOptions& o) { o.comm_hook = "powersgd"; o.powersgd_rank = 33; })),
                   expect_error("start_powerSGD_iter 1 with error feedback", "start_powerSGD_iter",
-                               with([](Options& o) {
+                               with([](RunOptions& o) {
                                  o.comm_hook = "powersgd";
                                  o.powersgd_start_iteration = 1;
                                })),
                   expect_error("an unknown hook", "unknown comm hook",
-                               with([](Options& o) { o.comm_hook = "int8"; })),
+                               with([](RunOptions& o) { o.comm_hook = "int8"; })),
                   // At registration, as PyTorch: before any rank issues a collective.
                   expect_error("bf16_compress_hook registered on gloo",
                                "'gloo' backend has no bfloat16 reduction", [&] {
@@ -1324,7 +1324,7 @@ train::Scenario hook_bad_inputs() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  train::CheckerSpec<Options> spec;
+  train::CheckerSpec<RunOptions> spec;
   spec.stage = stage08::stage_spec();
   spec.cases = cases();
   static_graph_cause::blame_the_record(spec.cases);

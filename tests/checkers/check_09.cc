@@ -36,8 +36,8 @@ namespace {
 
 namespace train = tp::train;
 using DDP = stage09::DistributedDataParallel;
-using Options = stage09::Options;
-using Case = train::CheckCase<Options>;
+using RunOptions = stage09::RunOptions;  // the DDP's Options, the hook, param_sync (stage.h)
+using Case = train::CheckCase<RunOptions>;
 using Group = std::shared_ptr<tp::distributed::ProcessGroup>;
 using stage09::Join;
 using stage09::JoinOptions;
@@ -46,27 +46,27 @@ using tp::detail::cat;
 
 // MiniMLP float32, reverse registration order: 16, 512 | 128, 4096 | 128,
 // 2048 bytes.
-const Options kSeveral = [] {
-  Options o;
+const RunOptions kSeveral = [] {
+  RunOptions o;
   o.bucket_cap_mb = 2000.0 / (1 << 20);
   o.first_bucket_cap_mb = 500.0 / (1 << 20);
   return o;
 }();
 
-Options zero_form(bool reduce_scatter, const std::string& param_sync = "allgather") {
-  Options options = kSeveral;
+RunOptions zero_form(bool reduce_scatter, const std::string& param_sync = "allgather") {
+  RunOptions options = kSeveral;
   options.reduce_scatter = reduce_scatter;
   options.param_sync = param_sync;
   return options;
 }
 
-std::string form_label(const Options& o) {
+std::string form_label(const RunOptions& o) {
   return cat(o.reduce_scatter ? "reduce-scatter form" : "composed with the DDP", ", ",
              o.param_sync);
 }
 
 // The plan's divisor and the Join's option must agree.
-Case uneven_case(train::RunConfig config, std::vector<int64_t> counts, Options options,
+Case uneven_case(train::RunConfig config, std::vector<int64_t> counts, RunOptions options,
                  bool divide_by_active, const std::string& label) {
   config.world_size = static_cast<int>(counts.size());
   config.batches_per_rank = std::move(counts);
@@ -101,7 +101,7 @@ std::vector<Case> cases() {
   // nothing throws (the last count, every rank joined at once, finds 0).
   train::RunConfig even_three = momentum;
   even_three.world_size = 3;
-  Options strict = zero_form(false);
+  RunOptions strict = zero_form(false);
   strict.throw_on_early_termination = true;
   out.push_back({even_three, strict, "W = 3, even inputs, throw_on_early_termination: nobody "
                                      "ran out early, nothing throws"});
@@ -115,7 +115,7 @@ std::vector<Case> cases() {
                  cat("float64, W = 3, momentum 0.9, ", form_label(zero_form(true, "broadcast")))});
   train::RunConfig accumulate = three;
   accumulate.micro_batches = 2;
-  Options view = zero_form(false);
+  RunOptions view = zero_form(false);
   view.gradient_as_bucket_view = true;
   out.push_back({accumulate, view, "K = 2, gradient_as_bucket_view, momentum 0.9"});
   // Uneven inputs: Join({ddp, zero}); a joined rank keeps stepping its shard.
@@ -129,15 +129,15 @@ std::vector<Case> cases() {
                             "uneven inputs, reduce-scatter form, divide by the active ranks"));
   train::RunConfig branchy = momentum;
   branchy.model_kind = train::ModelKind::Branchy;
-  Options unused = zero_form(true);
+  RunOptions unused = zero_form(true);
   unused.find_unused_parameters = true;
   out.push_back(uneven_case(branchy, {5, 2, 4}, unused, false,
                             "branchy, find_unused_parameters, uneven, reduce-scatter form"));
-  Options unused_composed = zero_form(false);
+  RunOptions unused_composed = zero_form(false);
   unused_composed.find_unused_parameters = true;
   out.push_back(uneven_case(branchy, {3, 5}, unused_composed, false,
                             "branchy, find_unused_parameters, uneven"));
-  Options hooked = zero_form(false);
+  RunOptions hooked = zero_form(false);
   hooked.comm_hook = "allreduce";
   out.push_back(uneven_case(momentum, {5, 2, 4}, hooked, false,
                             "uneven inputs, allreduce_hook: the hook's average, divided once"));
@@ -145,7 +145,7 @@ std::vector<Case> cases() {
   // rank (every matrix compressed, at the rank of MiniMLP's largest, 32) it
   // is the average, so the reference's numbers; in float32 to the bound
   // checker 08 justifies (2e-07; this solution: 4.5e-08).
-  Options powersgd = zero_form(false);
+  RunOptions powersgd = zero_form(false);
   powersgd.comm_hook = "powersgd";
   powersgd.powersgd_rank = 32;
   powersgd.powersgd_start_iteration = 2;
@@ -164,13 +164,13 @@ std::vector<Case> cases() {
                             "the hook on zeros and step their shards"));
   train::RunConfig uneven_accumulate = momentum;
   uneven_accumulate.micro_batches = 2;
-  Options view_uneven = zero_form(false);
+  RunOptions view_uneven = zero_form(false);
   view_uneven.gradient_as_bucket_view = true;
   out.push_back(uneven_case(uneven_accumulate, {6, 2, 4}, view_uneven, false,
                             "uneven inputs, K = 2, gradient_as_bucket_view"));
   train::RunConfig reordered = momentum;
   reordered.model_kind = train::ModelKind::Reordered;
-  Options fixed = zero_form(true);
+  RunOptions fixed = zero_form(true);
   fixed.static_graph = true;
   out.push_back(uneven_case(reordered, {2, 5, 3}, fixed, false,
                             "reordered model, static_graph, uneven, reduce-scatter form"));
@@ -367,7 +367,7 @@ std::vector<train::Finding> check_replicas_agree(const train::CaseRun& run) {
 
 // The optimizer's collectives, per step of a rank that trains.
 std::vector<train::Finding> check_flat_collectives(const Case& c, const train::CaseRun& run) {
-  const Options& o = c.options;
+  const RunOptions& o = c.options;
   const int64_t k = c.config.micro_batches;
   const int64_t elements = [&] {
     int64_t n = 0;
@@ -423,7 +423,7 @@ std::vector<train::Finding> check_flat_collectives(const Case& c, const train::C
 }
 
 std::vector<train::Finding> stage_checks(const Case& c, const train::CaseRun& run) {
-  const Options& o = c.options;
+  const RunOptions& o = c.options;
   const auto initial = train::expected_buckets(run, o.bucket_cap_mb, o.first_bucket_cap_mb);
   const int64_t k = c.config.micro_batches;
   const size_t final_count = run.ranks[0].buckets.size();
@@ -796,7 +796,7 @@ train::Scenario shadow_keeps_static_unused() {
           [](int rank, Group group) -> std::string {
             tp::manual_seed(0);
             auto model = std::make_shared<scenario_models::Forked>(/*spare=*/true);
-            Options options = kSeveral;
+            RunOptions options = kSeveral;
             options.static_graph = true;
             DDP ddp(model, group, options);
             ZeroRedundancyOptimizer zero(ddp.parameters(), group, {.lr = 0.05, .momentum = 0.9});
@@ -836,7 +836,7 @@ const std::string kDdpListedFirst =
 }  // namespace
 
 int main(int argc, char** argv) {
-  train::CheckerSpec<Options> spec;
+  train::CheckerSpec<RunOptions> spec;
   spec.stage = stage09::stage_spec();
   spec.cases = cases();
   static_graph_cause::blame_the_record(spec.cases);

@@ -4,9 +4,10 @@
 // Contract:
 //   - A checker is data: a CheckerSpec holds the stage's StageSpec (its
 //     number, title and Advice: its words for its own parts, from its
-//     stage.h) and lists cases, each a (RunConfig, Options) pair with a
-//     label, and the stage's stage_checks. run_checker<D>(argc, argv, spec) is
-//     the whole main() of a stage's checker (tests/checkers/check_NN.cc).
+//     stage.h) and lists cases, each a (RunConfig, options) pair with a
+//     label (the options of a run, run_options_t<D>: stage_spec.h), and
+//     the stage's stage_checks. run_checker<D>(argc, argv, spec) is the
+//     whole main() of a stage's checker (tests/checkers/check_NN.cc).
 //   - Each case trains the reference and W spawned DDP ranks, checks that
 //     every rank reported what its plan says, runs stage_checks on counted
 //     collectives and the trace (usually built from the shared predicates of
@@ -241,7 +242,7 @@ int end_launched_rank(distributed::ProcessGroup& launched, const std::string& de
 // (`launched` not null), this process's rank of them, with every rank's
 // result gathered.
 template <DataParallelModel D>
-std::vector<RankResult> run_case_ranks(const CheckCase<typename D::Options>& c,
+std::vector<RankResult> run_case_ranks(const CheckCase<run_options_t<D>>& c,
                                        const std::shared_ptr<distributed::ProcessGroup>& launched) {
   if (!launched) {
     RunConfig checked = c.config;
@@ -261,8 +262,8 @@ std::vector<RankResult> run_case_ranks(const CheckCase<typename D::Options>& c,
 // the numbers they disturb; then the numbers. `comparison` gets the largest
 // differences, for a passing case's line.
 template <DataParallelModel D>
-std::vector<Finding> judge_case(const CheckCase<typename D::Options>& c,
-                                const CheckerSpec<typename D::Options>& spec,
+std::vector<Finding> judge_case(const CheckCase<run_options_t<D>>& c,
+                                const CheckerSpec<run_options_t<D>>& spec,
                                 const std::shared_ptr<distributed::ProcessGroup>& launched,
                                 Comparison& comparison) {
   const double tolerance = tolerance_of(c);
@@ -285,7 +286,7 @@ std::vector<Finding> judge_case(const CheckCase<typename D::Options>& c,
 // first that fails. Returns 0, or the exit code of a launched rank whose
 // case threw (its group is unusable then: the rank ends, tprun names it).
 template <DataParallelModel D>
-int check_cases(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
+int check_cases(CheckerRun& run, const CheckerSpec<run_options_t<D>>& spec,
                 const std::shared_ptr<distributed::ProcessGroup>& launched, PassTally& tally) {
   for (size_t i = 0; i < spec.cases.size() && tally.passed; ++i) {
     if (run.only >= 0 && static_cast<size_t>(run.only) != i) continue;
@@ -293,7 +294,7 @@ int check_cases(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
       ++tally.skipped;
       continue;
     }
-    CheckCase<typename D::Options> c = spec.cases[i];
+    CheckCase<run_options_t<D>> c = spec.cases[i];
     c.config.device = run.device;
     c.config.collective_timeout = run.collective_timeout;
     std::vector<Finding> findings;
@@ -365,7 +366,7 @@ void check_worker_cases(CheckerRun& run, const CheckerSpec<Options>& spec, bool 
 // One run of every case, scenario and worker case (or of --only's), on this
 // job's group when launched; the exit code.
 template <DataParallelModel D>
-int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
+int check_once(CheckerRun& run, const CheckerSpec<run_options_t<D>>& spec,
                const std::shared_ptr<distributed::ProcessGroup>& launched) {
   run.print("stage " + spec.stage.number + " checker (" + spec.stage.title + ")\n");
   PassTally tally;
@@ -377,7 +378,7 @@ int check_once(CheckerRun& run, const CheckerSpec<typename D::Options>& spec,
 }
 
 template <DataParallelModel D>
-int run_checker(int argc, char** argv, const CheckerSpec<typename D::Options>& spec) {
+int run_checker(int argc, char** argv, const CheckerSpec<run_options_t<D>>& spec) {
   CheckerRun run = parse_checker_args(argc, argv);
   const size_t n_cases = spec.cases.size();
   const size_t n_scenarios = spec.scenarios.size();

@@ -12,6 +12,10 @@
 //     the DDP and its optimizer, for a stage with a sharded optimizer).
 //     The optimizer is tp::optim::SGD, or the stage's own (sharded_optimizer:
 //     make_optimizer).
+//   - Every function here takes the options of a run, run_options_t<D>
+//     (stage_spec.h): the DDP's Options, or the stage's RunOptions built on
+//     them. The DDP gets the Options part; the stage's register_builtin_hook
+//     and make_optimizer get the whole.
 //   - train_rank() is the training loop of one rank, walking the plan of
 //     config.h; run_ddp() spawns config.world_size ranks, each with a
 //     process group on a fresh file:// rendezvous (make_rank_group), and
@@ -55,6 +59,7 @@
 #include "tensorplay/train/capabilities.h"
 #include "tensorplay/train/config.h"
 #include "tensorplay/train/results.h"
+#include "tensorplay/train/stage_spec.h"
 #include "tensorplay/train/unreached.h"
 #include "tensorplay/util/temp_dir.h"
 
@@ -65,6 +70,9 @@ concept DataParallelModel =
     std::constructible_from<D, std::shared_ptr<nn::Module>,
                             std::shared_ptr<distributed::ProcessGroup>,
                             typename D::Options> &&
+    // The options of a run: the DDP's own, or the stage's RunOptions built
+    // on them (stage_spec.h).
+    std::derived_from<run_options_t<D>, typename D::Options> &&
     requires(D ddp, const Tensor& x) {
       { D::capabilities } -> std::convertible_to<Capabilities>;
       { ddp(x) } -> std::same_as<Tensor>;
@@ -77,11 +85,11 @@ concept DataParallelModel =
     (!D::capabilities.syncs_after_backward || requires(D ddp) { ddp.sync_grads(); }) &&
     (!D::capabilities.no_sync || requires(D ddp) { ddp.no_sync(); }) &&
     (!D::capabilities.join || requires(D ddp, std::function<void()> body) { ddp.join(body); }) &&
-    (!D::capabilities.comm_hooks || requires(D ddp, const typename D::Options& options) {
+    (!D::capabilities.comm_hooks || requires(D ddp, const run_options_t<D>& options) {
       register_builtin_hook(ddp, options);
     }) &&
     (!D::capabilities.sharded_optimizer ||
-     requires(D ddp, const typename D::Options& options, std::function<void()> body) {
+     requires(D ddp, const run_options_t<D>& options, std::function<void()> body) {
        make_optimizer(ddp, optim::SGDOptions{}, options)->step();
        make_optimizer(ddp, optim::SGDOptions{}, options)->zero_grad(true);
        {
@@ -194,7 +202,7 @@ void collect_trace(const RunConfig& config, RankResult& result);
 // The kit's SGD, or the stage's own (sharded) optimizer: make_optimizer,
 // found by argument-dependent lookup.
 template <DataParallelModel D>
-auto make_rank_optimizer(D& ddp, const RunConfig& config, const typename D::Options& options) {
+auto make_rank_optimizer(D& ddp, const RunConfig& config, const run_options_t<D>& options) {
   const optim::SGDOptions sgd{config.lr, config.momentum};
   if constexpr (D::capabilities.sharded_optimizer) {
     return make_optimizer(ddp, sgd, options);
@@ -285,7 +293,7 @@ void train_steps(D& ddp, Optimizer& optimizer, distributed::ProcessGroup& group,
 template <DataParallelModel D>
 RankResult train_rank(int rank, const RunConfig& config,
                       const std::shared_ptr<distributed::ProcessGroup>& group,
-                      const typename D::Options& options) {
+                      const run_options_t<D>& options) {
   check_plan_fits_stage<D>(config);
   constexpr Capabilities caps = D::capabilities;
   std::shared_ptr<nn::Module> model = start_rank(rank, config);
@@ -293,7 +301,7 @@ RankResult train_rank(int rank, const RunConfig& config,
   RankResult result;
   result.rank = rank;
   group->reset_counters();
-  D ddp(model, group, options);
+  D ddp(model, group, static_cast<const typename D::Options&>(options));  // the DDP's part
   if constexpr (caps.comm_hooks) register_builtin_hook(ddp, options);
   record_construction(result, group->counters());
   // Every rank builds the whole model before a fully sharded stage shards
@@ -340,7 +348,7 @@ RankResult train_rank(int rank, const RunConfig& config,
 // tp::Error (before spawning) for a plan the stage cannot run.
 template <DataParallelModel D>
 std::vector<RankResult> run_ddp(const RunConfig& config,
-                                const typename D::Options& options = {}) {
+                                const run_options_t<D>& options = {}) {
   check_plan_fits_stage<D>(config);
   TempDir rendezvous("tensorplay-rdzv");
   multiprocessing::SpawnOptions spawn_options;
@@ -376,7 +384,7 @@ std::string launch_mistake(const std::string& program, const std::string& init_m
 // gathers every rank's result. REQUIRES: config.world_size is the job's
 // world size (throws tp::Error naming both when WORLD_SIZE differs).
 template <DataParallelModel D>
-LaunchedRun run_launched_rank(const RunConfig& config, const typename D::Options& options,
+LaunchedRun run_launched_rank(const RunConfig& config, const run_options_t<D>& options,
                               const std::string& init_method) {
   check_plan_fits_stage<D>(config);
   distributed::init_process_group(to_string(resolved_backend(config)), init_method,

@@ -115,8 +115,8 @@ void report_demo(const std::string& stage, const std::string& title, const DemoA
 // launched rank other than 0, which has said that it trained.
 template <DataParallelModel D>
 std::vector<RankResult> run_demo_ranks(const std::string& stage, const DemoArgs& args,
-                                       const typename D::Options& options,
-                                       const RankWorker<typename D::Options>& worker) {
+                                       const run_options_t<D>& options,
+                                       const RankWorker<run_options_t<D>>& worker) {
   if (args.worker) {
     const RunConfig& config = args.config;
     std::vector<WorkerResult> results =
@@ -144,7 +144,7 @@ std::vector<RankResult> run_demo_ranks(const std::string& stage, const DemoArgs&
 // reference, the same plan in float64 (unless --no-float64-rerun).
 template <DataParallelModel D>
 Float64Rerun float64_rerun_if_differs(const std::string& stage, const DemoArgs& args,
-                                      const typename D::Options& options,
+                                      const run_options_t<D>& options,
                                       const ReferenceResult& reference,
                                       const std::vector<RankResult>& ranks,
                                       const std::string& approximation) {
@@ -167,12 +167,12 @@ Float64Rerun float64_rerun_if_differs(const std::string& stage, const DemoArgs& 
 
 // The whole main() of a lesson's demo: the stage's spec says what it is
 // and which flags it takes; `worker` is the lesson's own rank worker, if it
-// has one. The flags write one Options object while the command line is
-// parsed; `spec.adapt` then makes it agree with the plan.
+// has one. The flags write one options object (run_options_t<D>:
+// stage_spec.h) while the command line is parsed; `spec.adapt` then makes it agree with the plan.
 template <DataParallelModel D>
-int demo_main(int argc, char** argv, const StageSpec<typename D::Options>& spec,
-              const RankWorker<typename D::Options>& worker = {}) {
-  typename D::Options options{};
+int demo_main(int argc, char** argv, const StageSpec<run_options_t<D>>& spec,
+              const RankWorker<run_options_t<D>>& worker = {}) {
+  run_options_t<D> options{};
   const std::vector<BoundFlag> flags = bind_flags(spec.flags, options);
   // A plan the stage cannot run (a device, uneven inputs, accumulation it
   // lacks the capability for, options its spec's check_plan refuses) is a
@@ -181,7 +181,7 @@ int demo_main(int argc, char** argv, const StageSpec<typename D::Options>& spec,
                                   [&spec, &options](const RunConfig& config) {
                                     check_plan_fits_stage<D>(config);
                                     if (!spec.check_plan) return;
-                                    typename D::Options adapted = options;  // as the run will
+                                    run_options_t<D> adapted = options;  // as the run will
                                     if (spec.adapt) spec.adapt(config, adapted);
                                     spec.check_plan(config, adapted);
                                   });

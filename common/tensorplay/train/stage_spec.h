@@ -43,6 +43,30 @@
 
 namespace tp::train {
 
+// The options a run of stage D takes: what the demo's flags set, what a
+// checker's case holds, what the kit's trainer hands on. By default the
+// DDP's own Options. A stage whose harness reads more than the DDP does
+// (which built-in comm hook to register, how its sharded optimizer syncs)
+// declares in its stage.h a `RunOptions` deriving from Options, with those
+// fields, and says so by specializing this template:
+//
+//   template <>
+//   struct tp::train::RunOptionsOf<stage08::DistributedDataParallel> {
+//     using type = stage08::RunOptions;
+//   };
+//
+// so that the student's Options holds only what the DDP reads, as
+// PyTorch's constructor arguments do. The trainer builds the DDP from the
+// Options part (the concept DataParallelModel in ddp_trainer.h checks that
+// RunOptions derives from it) and hands the whole to the stage's
+// register_builtin_hook and make_optimizer.
+template <typename D>
+struct RunOptionsOf {
+  using type = typename D::Options;
+};
+template <typename D>
+using run_options_t = typename RunOptionsOf<D>::type;
+
 // One command-line flag of a stage's own, setting a member of its Options.
 template <typename Options>
 struct OptionFlag {
@@ -154,9 +178,9 @@ OptionFlag<Options> enum_flag(std::string name, Value Options::*member,
 template <typename Options>
 std::vector<OptionFlag<Options>> bucket_cap_flags(std::vector<OptionFlag<Options>> more = {}) {
   std::vector<OptionFlag<Options>> flags = {
-      number_flag("--bucket-cap-mb", &Options::bucket_cap_mb, 1e-9, 1e6,
+      number_flag<Options>("--bucket-cap-mb", &Options::bucket_cap_mb, 1e-9, 1e6,
                   "cap of every bucket but the first, in MiB"),
-      number_flag("--first-bucket-cap-mb", &Options::first_bucket_cap_mb, 1e-9, 1e6,
+      number_flag<Options>("--first-bucket-cap-mb", &Options::first_bucket_cap_mb, 1e-9, 1e6,
                   "cap of the first bucket, in MiB")};
   flags.insert(flags.end(), more.begin(), more.end());
   return flags;
@@ -164,19 +188,19 @@ std::vector<OptionFlag<Options>> bucket_cap_flags(std::vector<OptionFlag<Options
 
 template <typename Options>
 OptionFlag<Options> gradient_as_bucket_view_flag() {
-  return switch_flag("--gradient-as-bucket-view", &Options::gradient_as_bucket_view,
+  return switch_flag<Options>("--gradient-as-bucket-view", &Options::gradient_as_bucket_view,
                      "make each .grad a view of its bucket slot (no copy back)");
 }
 
 template <typename Options>
 OptionFlag<Options> find_unused_parameters_flag() {
-  return switch_flag("--find-unused-parameters", &Options::find_unused_parameters,
+  return switch_flag<Options>("--find-unused-parameters", &Options::find_unused_parameters,
                      "walk each forward's graph; let unused parameters complete their buckets");
 }
 
 template <typename Options>
 OptionFlag<Options> static_graph_flag() {
-  return switch_flag("--static-graph", &Options::static_graph,
+  return switch_flag<Options>("--static-graph", &Options::static_graph,
                      "find the unused parameters once, in the first iteration");
 }
 
