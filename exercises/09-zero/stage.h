@@ -3,10 +3,9 @@
 // tensorplay/train/stage_spec.h): the title, the options a run takes
 // (RunOptions: the DDP's, the hook to register, how the optimizer syncs)
 // and the flags the demo offers for them, and the stage's words in the
-// checker's diagnoses; and the three
-// functions through which the kit's trainer registers the built-in hook a
-// run names (comm_hooks), builds the optimizer and joins
-// (sharded_optimizer). Its demo (lessons/09-zero/main.cc), its checker and
+// checker's diagnoses; and the three functions through which the kit's
+// trainer registers the built-in hook a run names (comm_hooks), builds the
+// optimizer and joins (sharded_optimizer). Its demo (lessons/09-zero/main.cc), its checker and
 // the benchmarks read it.
 #pragma once
 
@@ -46,16 +45,6 @@ struct RunOptions : Options {
   std::string param_sync = "allgather";
 };
 
-}  // namespace stage09
-
-// The trainer, the demo and the checker take RunOptions for this stage
-// (tp::train::run_options_t, stage_spec.h).
-template <>
-struct tp::train::RunOptionsOf<stage09::DistributedDataParallel> {
-  using type = stage09::RunOptions;
-};
-
-namespace stage09 {
 
 // The trainer's optimizer: the DDP's parameters, sharded (zero.h).
 inline std::unique_ptr<ZeroRedundancyOptimizer> make_optimizer(DistributedDataParallel& ddp,
@@ -189,3 +178,10 @@ inline tp::train::StageSpec<RunOptions> stage_spec() {
 }
 
 }  // namespace stage09
+
+// The trainer, the demo and the checker take RunOptions for this stage
+// (tp::train::run_options_t, stage_spec.h).
+template <>
+struct tp::train::RunOptionsOf<stage09::DistributedDataParallel> {
+  using type = stage09::RunOptions;
+};

@@ -129,7 +129,8 @@ class DistributedDataParallel {
   // For the kit's trainer: gradients are averaged inside backward, by hooks;
   // no_sync() accumulates; parameters may go unused (with an option);
   // bucket_assignment() lists the buckets (rebuilt after the first step);
-  // register_builtin_hook (stage.h) registers the options' hook.
+  // register_builtin_hook (stage.h) registers the hook a run names
+  // (RunOptions::comm_hook, stage.h).
   static constexpr tp::train::Capabilities capabilities{.syncs_in_backward = true,
                                                         .no_sync = true,
                                                         .join = true,

@@ -22,9 +22,8 @@ namespace stage08 {
 
 // The options of a run of stage 08: the DDP's Options, and what only the
 // kit's harness reads. As in PyTorch, a hook is not an argument of the
-// DDP's constructor: register_builtin_hook() below registers the one
-// comm_hook names on the constructed DDP, as the trainer does for the
-// demo's --comm-hook.
+// DDP's constructor: the trainer calls register_builtin_hook() below right
+// after constructing the DDP, with the hook the demo's --comm-hook names.
 struct RunOptions : Options {
   // "none", "allreduce", "fp16", "bf16" or "powersgd".
   std::string comm_hook = "none";
@@ -37,16 +36,6 @@ struct RunOptions : Options {
   double powersgd_min_compression_rate = 2;
 };
 
-}  // namespace stage08
-
-// The trainer, the demo and the checker take RunOptions for this stage
-// (tp::train::run_options_t, stage_spec.h).
-template <>
-struct tp::train::RunOptionsOf<stage08::DistributedDataParallel> {
-  using type = stage08::RunOptions;
-};
-
-namespace stage08 {
 
 // What the kit's trainer calls right after constructing the DDP (the
 // capability comm_hooks, found by argument-dependent lookup): registers
@@ -127,3 +116,10 @@ inline tp::train::StageSpec<RunOptions> stage_spec() {
 }
 
 }  // namespace stage08
+
+// The trainer, the demo and the checker take RunOptions for this stage
+// (tp::train::run_options_t, stage_spec.h).
+template <>
+struct tp::train::RunOptionsOf<stage08::DistributedDataParallel> {
+  using type = stage08::RunOptions;
+};

@@ -146,7 +146,8 @@ class DistributedDataParallel : public Joinable {
   // For the kit's trainer: gradients are averaged inside backward, by hooks;
   // no_sync() accumulates; parameters may go unused (with an option);
   // bucket_assignment() lists the buckets (rebuilt after the first step);
-  // register_builtin_hook (stage.h) registers the options' hook;
+  // register_builtin_hook (stage.h) registers the hook a run names
+  // (RunOptions::comm_hook, stage.h);
   // the optimizer is the stage's, sharded (make_optimizer, stage.h), and
   // trains under Join with the DDP (join_with_optimizer, stage.h).
   static constexpr tp::train::Capabilities capabilities{.syncs_in_backward = true,

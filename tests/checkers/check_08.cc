@@ -50,7 +50,7 @@ using tp::distributed::Future;
 // MiniMLP float32, reverse registration order: 16, 512 | 128, 4096 | 128,
 // 2048 bytes.
 RunOptions with_caps(double bucket_cap_mb, double first_bucket_cap_mb) {
-  RunOptions options;  // (assigned: designators cannot name Options', the base's, fields)
+  RunOptions options;  // (assigned: a designator cannot name a field of the base, Options)
   options.bucket_cap_mb = bucket_cap_mb;
   options.first_bucket_cap_mb = first_bucket_cap_mb;
   return options;

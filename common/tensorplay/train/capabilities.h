@@ -46,12 +46,15 @@ struct Capabilities {
   bool cuda = false;
   // Stage 08: after constructing the DDP, the trainer calls
   // `register_builtin_hook(ddp, options)`, found by argument-dependent
-  // lookup in the stage's namespace: it registers the built-in
-  // communication hook the options name (the demo's --comm-hook), or none.
+  // lookup in the stage's namespace, with the run's options
+  // (run_options_t<D>, stage_spec.h: stage 08's RunOptions): it registers
+  // the built-in communication hook they name (the demo's --comm-hook), or
+  // none.
   bool comm_hooks = false;
   // Stage 09: the optimizer is the stage's, sharded across the ranks. The
   // trainer builds it with `make_optimizer(ddp, sgd_options, options)`
-  // (argument-dependent lookup, like register_builtin_hook), which returns
+  // (argument-dependent lookup, like register_builtin_hook; the run's
+  // options, as there), which returns
   // a std::unique_ptr to an object with step(), zero_grad(bool),
   // partition() (each rank's parameter indices) and params_with_state();
   // on uneven inputs it runs the loop under `join_with_optimizer(ddp,

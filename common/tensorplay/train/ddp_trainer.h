@@ -14,8 +14,9 @@
 //     make_optimizer).
 //   - Every function here takes the options of a run, run_options_t<D>
 //     (stage_spec.h): the DDP's Options, or the stage's RunOptions built on
-//     them. The DDP gets the Options part; the stage's register_builtin_hook
-//     and make_optimizer get the whole.
+//     them. The DDP gets the Options part; the stage's functions in
+//     stage.h (register_builtin_hook, make_optimizer, join_with_optimizer)
+//     get the whole.
 //   - train_rank() is the training loop of one rank, walking the plan of
 //     config.h; run_ddp() spawns config.world_size ranks, each with a
 //     process group on a fresh file:// rendezvous (make_rank_group), and

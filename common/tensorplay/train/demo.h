@@ -167,7 +167,7 @@ Float64Rerun float64_rerun_if_differs(const std::string& stage, const DemoArgs& 
 
 // The whole main() of a lesson's demo: the stage's spec says what it is
 // and which flags it takes; `worker` is the lesson's own rank worker, if it
-// has one. The flags write one options object (run_options_t<D>:
+// has one. The flags write one options object (run_options_t<D>,
 // stage_spec.h) while the command line is parsed; `spec.adapt` then makes it agree with the plan.
 template <DataParallelModel D>
 int demo_main(int argc, char** argv, const StageSpec<run_options_t<D>>& spec,

@@ -10,7 +10,8 @@
 //     Capabilities (capabilities.h). The capabilities stay on the class
 //     because the compiler checks them (the concept DataParallelModel in
 //     ddp_trainer.h); the spec is what people read: names, words, flags.
-//   - A flag sets one member of the stage's Options: a number within
+//   - A flag sets one member of the run's options (run_options_t<D>,
+//     below: the stage's Options, or its RunOptions): a number within
 //     [low, high] (`--bucket-cap-mb 0.5`), a switch (`--static-graph`), or
 //     one of a list of names (`--comm-hook fp16`; an enum's, `--sharding
 //     full`, through enum_flag).
@@ -19,7 +20,7 @@
 //     too); `plan` does that. A flag is declared once, here or in the
 //     stage's stage.h; the demo turns each into a command-line option with
 //     its help line, so usage is generated from these declarations.
-//   - `adapt`, when set, makes the Options agree with a plan set by the
+//   - `adapt`, when set, makes the options agree with a plan set by the
 //     demo's shared flags (stage 07: --divide-by-active-ranks is the plan's
 //     divisor and the DDP's option at once).
 //   - `check_plan`, when set, refuses options that cannot run the plan
@@ -55,11 +56,16 @@ namespace tp::train {
 //     using type = stage08::RunOptions;
 //   };
 //
-// so that the student's Options holds only what the DDP reads, as
-// PyTorch's constructor arguments do. The trainer builds the DDP from the
-// Options part (the concept DataParallelModel in ddp_trainer.h checks that
-// RunOptions derives from it) and hands the whole to the stage's
-// register_builtin_hook and make_optimizer.
+// so that the student's Options holds only what the DDP itself reads (as
+// PyTorch's, its constructor's and join()'s arguments). The trainer builds
+// the DDP from the Options part (the concept DataParallelModel in
+// ddp_trainer.h checks that RunOptions derives from it) and hands the
+// whole to the stage's functions in stage.h (register_builtin_hook,
+// make_optimizer). The specialization goes in stage.h, beside RunOptions:
+// every program that trains the stage includes stage.h, and a
+// specialization must be seen before the template is first used. Forgotten,
+// the trainer would pass plain Options, and register_builtin_hook (which
+// takes RunOptions) would not compile.
 template <typename D>
 struct RunOptionsOf {
   using type = typename D::Options;
@@ -67,7 +73,11 @@ struct RunOptionsOf {
 template <typename D>
 using run_options_t = typename RunOptionsOf<D>::type;
 
-// One command-line flag of a stage's own, setting a member of its Options.
+// One command-line flag of a stage's own, setting a member of its options.
+// A helper below binding a member of a base (Options) for a derived type
+// (RunOptions) is called with the type named, `switch_flag<RunOptions>(...)`:
+// the member pointer alone would deduce the base. (enum_flag then needs
+// both, `enum_flag<RunOptions, E>`.)
 template <typename Options>
 struct OptionFlag {
   std::string name;  // "--bucket-cap-mb"
@@ -179,9 +189,9 @@ template <typename Options>
 std::vector<OptionFlag<Options>> bucket_cap_flags(std::vector<OptionFlag<Options>> more = {}) {
   std::vector<OptionFlag<Options>> flags = {
       number_flag<Options>("--bucket-cap-mb", &Options::bucket_cap_mb, 1e-9, 1e6,
-                  "cap of every bucket but the first, in MiB"),
+                           "cap of every bucket but the first, in MiB"),
       number_flag<Options>("--first-bucket-cap-mb", &Options::first_bucket_cap_mb, 1e-9, 1e6,
-                  "cap of the first bucket, in MiB")};
+                           "cap of the first bucket, in MiB")};
   flags.insert(flags.end(), more.begin(), more.end());
   return flags;
 }
@@ -189,19 +199,20 @@ std::vector<OptionFlag<Options>> bucket_cap_flags(std::vector<OptionFlag<Options
 template <typename Options>
 OptionFlag<Options> gradient_as_bucket_view_flag() {
   return switch_flag<Options>("--gradient-as-bucket-view", &Options::gradient_as_bucket_view,
-                     "make each .grad a view of its bucket slot (no copy back)");
+                              "make each .grad a view of its bucket slot (no copy back)");
 }
 
 template <typename Options>
 OptionFlag<Options> find_unused_parameters_flag() {
   return switch_flag<Options>("--find-unused-parameters", &Options::find_unused_parameters,
-                     "walk each forward's graph; let unused parameters complete their buckets");
+                              "walk each forward's graph; let unused parameters complete "
+                              "their buckets");
 }
 
 template <typename Options>
 OptionFlag<Options> static_graph_flag() {
   return switch_flag<Options>("--static-graph", &Options::static_graph,
-                     "find the unused parameters once, in the first iteration");
+                              "find the unused parameters once, in the first iteration");
 }
 
 // The comm hook flags of the stages that offer PyTorch's built-in hooks
