@@ -20,6 +20,7 @@
 
 #include "tensorplay/tensor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -36,6 +37,7 @@
 #include "tensorplay/ops.h"
 
 #include "cuda_kernels/kernels.h"
+#include "half_bulk.h"
 
 namespace tp {
 
@@ -855,6 +857,14 @@ Tensor& Tensor::copy_(const Tensor& source) {
       using S = decltype(src_tag);
       D* out = storage_base<D>(dst);
       const S* in = storage_base<S>(s);
+      if constexpr (std::is_same_v<D, Half> && std::is_same_v<S, float>) {
+        if (row_major(dst.shape, dst.strides) && row_major(dst.shape, s.strides)) {
+          // A dense float -> float16 copy (fp16_compress_hook's): in bulk,
+          // with the same rounding (Note [Conversions in bulk], half_bulk.h).
+          detail::floats_to_halves(in + s.offset, out + dst.offset, numel_of(dst.shape));
+          return;
+        }
+      }
       for_each_index_pair(dst.shape, dst.strides, dst.offset, s.strides, s.offset,
                           [&](int64_t i, int64_t j) { out[i] = convert<D>(in[j]); });
     });
@@ -915,6 +925,23 @@ static void scale_in_place(const TensorImpl& t, double value, Op op) {
     using Math = OpMath<T>;
     T* base = storage_base<T>(t);
     const auto v = static_cast<Math>(value);
+    if constexpr (std::is_same_v<T, Half>) {
+      if (row_major(t.shape, t.strides)) {
+        // Dense float16 (fp16_compress_hook's division): a block at a time,
+        // widened, computed, and rounded back in bulk (half_bulk.h), the
+        // same numbers as the loop below.
+        constexpr int64_t kBlock = 1024;
+        float wide[kBlock];
+        const int64_t n = numel_of(t.shape);
+        for (int64_t start = 0; start < n; start += kBlock) {
+          const int64_t m = std::min(kBlock, n - start);
+          Half* block = base + t.offset + start;
+          for (int64_t k = 0; k < m; ++k) wide[k] = op(static_cast<float>(block[k]), v);
+          detail::floats_to_halves(wide, block, m);
+        }
+        return;
+      }
+    }
     for_each_index(t, [&](int64_t i) { base[i] = T(op(static_cast<Math>(base[i]), v)); });
   });
 }

@@ -295,6 +295,48 @@ TEST_CASE("to() converts between all four dtypes, exactly where the values fit")
   CHECK(tp::full({1}, 1.0 / 3, tp::kFloat64).to(tp::kBFloat16).item() == 0x1.56p-2);
 }
 
+TEST_CASE("a dense float -> float16 copy (in bulk) rounds as Half(float) does, bit for bit") {
+  // Dense copies convert in bulk, with F16C where the CPU has it (Note
+  // [Conversions in bulk], half_bulk.h); strided ones element by element.
+  // Both must give Half(f)'s bits for every probe, NaNs' included.
+  const std::vector<float> probes = half_probe_floats();
+  const auto n = static_cast<int64_t>(probes.size() / 2 * 2);
+  Tensor floats = tp::empty({n});
+  std::copy(probes.begin(), probes.begin() + n, floats.data_ptr<float>());
+  const Tensor dense = floats.to(tp::kFloat16);
+  Tensor strided = tp::zeros({2, n / 2}, tp::kFloat16);
+  strided.t().copy_(floats.view({n / 2, 2}));  // through a transposed view
+  const Half* d = dense.data_ptr<Half>();
+  const Half* st = strided.data_ptr<Half>();
+  int mismatches = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const uint16_t want = Half(probes[static_cast<size_t>(k)]).bits;
+    const uint16_t strided_k = st[(k % 2) * (n / 2) + k / 2].bits;
+    if (d[k].bits != want || strided_k != want) {
+      if (mismatches++ == 0) {
+        MESSAGE("float bits ", bits_of(probes[static_cast<size_t>(k)]), ": Half(f) ", want,
+                ", dense ", d[k].bits, ", strided ", strided_k);
+      }
+    }
+  }
+  CHECK(mismatches == 0);
+  // The in-place division of a dense float16 tensor (blocks rounded in
+  // bulk) and of a strided view of the same values agree.
+  Tensor all = tp::empty({65536}, tp::kFloat16);
+  for (uint32_t h = 0; h < 65536; ++h) all.data_ptr<Half>()[h] = Half::from_bits(uint16_t(h));
+  Tensor by_view = all.clone().view({256, 256});
+  Tensor by_block = all.clone();
+  by_view.t().div_(3);
+  by_block.div_(3);
+  const Half* v = by_view.data_ptr<Half>();
+  const Half* b = by_block.data_ptr<Half>();
+  int differ = 0;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    differ += v[h].bits != b[h].bits && !(is_half_nan(v[h].bits) && is_half_nan(b[h].bits));
+  }
+  CHECK(differ == 0);
+}
+
 TEST_CASE("copy_ converts into a float16 bucket's slots and back into float32 gradients") {
   Tensor bucket = tp::zeros({5}, tp::kFloat16);
   const Tensor grad_a = tp::tensor({0.5, -1.25}, {2});
