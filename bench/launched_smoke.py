@@ -14,7 +14,9 @@ that disagrees with the launcher's WORLD_SIZE. Then what bench/link_bench.py
 runs besides: bench_step --cap-sweep=1 (every cap of BM_CapSweep, whose
 bucket counts must be those link_bench.py's prediction models),
 bench_allreduce launched (the kit's all-reduce alone, raw Gloo said to be
-not measured) and, where this python imports torch, torch_ddp.py launched.
+not measured) and, where a python here imports torch (link_bench's
+torch_python), torch_ddp.py launched and torch_rounds.py's two rounds
+(bench/link_rounds.py runs them beside bench_hooks and bench_zero).
 Some seconds; the times mean nothing.
 """
 
@@ -26,6 +28,7 @@ import sys
 import tempfile
 
 TPRUN, BENCH, ALLREDUCE, TORCH_DDP = sys.argv[1:5]
+TORCH_ROUNDS = os.path.join(os.path.dirname(os.path.abspath(TORCH_DDP)), "torch_rounds.py")
 FILTER = "--benchmark_filter=BM_StepNoDDP|BM_OverlapPair/cap_kib:0/batch:16/"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import link_bench  # noqa: E402
@@ -52,6 +55,27 @@ def launch_command(command):
 def launch(extra, out, program=BENCH, bench_filter=FILTER):
     return launch_command([program, bench_filter, "--smoke=1", f"--benchmark_out={out}",
                            "--benchmark_out_format=json", *extra])
+
+
+def check_torch_rounds(python):
+    """torch_rounds.py's two rounds, launched, one iteration: every variant's
+    median and its ratio to the first, as link_rounds.py reads them."""
+    for round_name, variants in (("hooks", ["none", "allreduce", "fp16", "powersgd_r1",
+                                            "powersgd_r4"]),
+                                 ("zero", ["sgd", "zero_broadcast", "zero_per_parameter"])):
+        with tempfile.TemporaryDirectory(prefix="tp-torch-rounds-") as tmp:
+            out = os.path.join(tmp, "round.json")
+            result = results_of(launch_command(
+                [python, TORCH_ROUNDS, "--round", round_name, "--init-method", "env://",
+                 "--smoke", "--out", out]), out, f"torch_rounds.py --round {round_name}")
+        counters = result["benchmarks"][0]
+        want = [f"{v}_ms" for v in variants] + [f"{v}_over_{variants[0]}" for v in variants[1:]]
+        if result["context"]["variants"] != ",".join(variants) or \
+                any(name not in counters for name in want) or \
+                result["context"]["world_size"] != "2":
+            fail(f"torch_rounds.py --round {round_name}: context {result['context']}, "
+                 f"counters {sorted(counters)}")
+        print(f"ok: torch_rounds.py --round {round_name} launched: {', '.join(variants)}")
 
 
 def results_of(r, out, what):
@@ -122,12 +146,13 @@ with tempfile.TemporaryDirectory() as tmp:
     print("ok: bench_allreduce launched measures the kit's all-reduce at 13 sizes, raw Gloo "
           "said to be not measured")
 
-    if subprocess.run([sys.executable, "-c", "import torch"], stdout=subprocess.DEVNULL,
-                      stderr=subprocess.DEVNULL).returncode != 0:
-        print("skipped: torch_ddp.py launched (this python does not import torch)")
+    python = link_bench.torch_python()  # Debian's python3-torch is /usr/bin/python3's
+    if python is None:
+        print("skipped: torch_ddp.py and torch_rounds.py launched (no python here imports "
+              "torch)")
     else:
         out = os.path.join(tmp, "torch.json")
-        torch = results_of(launch_command([sys.executable, TORCH_DDP, "--init-method", "env://",
+        torch = results_of(launch_command([python, TORCH_DDP, "--init-method", "env://",
                                            "--only-default-caps", "--smoke", "--out", out]),
                            out, "torch_ddp.py launched")
         names = [b["name"] for b in torch["benchmarks"]]
@@ -136,4 +161,5 @@ with tempfile.TemporaryDirectory() as tmp:
             fail(f"torch_ddp.py launched ran {names} at world size "
                  f"{torch['context']['world_size']}")
         print(f"ok: torch_ddp.py launched ran {names} on 2 ranks")
+        check_torch_rounds(python)
 print("PASS")

@@ -2,8 +2,8 @@
 """A benchmark's interleaved round on shaped links, several runs, with its spread.
 
     link_rounds.py BUILD [--program fsdp] [--rates 1gbit] [--world-sizes 2]
-                   [--runs 3] [--batch N] [--no-loopback | --loopback-only] [--smoke]
-                   [--out bench/results/link_fsdp.json]
+                   [--runs 3] [--batch N] [--no-loopback | --loopback-only]
+                   [--torch | --no-torch] [--smoke] [--out bench/results/link_fsdp.json]
 
 bench_fsdp, bench_zero and bench_hooks each time their variants of a
 training step side by side in one benchmark, a round (BM_FsdpRound,
@@ -29,7 +29,17 @@ and highest run, and the spread: (highest - lowest) / median of the
 ratios, flagged where it is 10% or more (then run longer or on a quieter
 machine before quoting it). --out gets every run's round as measured and
 that summary (JSON, whole or not at all); the table goes beside it as
-.md. bench/fsdp_figure.py draws link_fsdp.json.
+.md. bench/fsdp_figure.py draws link_fsdp.json, bench/report.py
+link_hooks.json and link_zero.json.
+
+PyTorch beside the kit (hooks and zero, where a python imports torch;
+--no-torch skips it, --torch insists): each of the kit's runs is followed
+by PyTorch's round on the same link (bench/torch_rounds.py: the same steps
+with PyTorch 1.13's DDP, its hooks and its ZeroRedundancyOptimizer,
+interleaved the same way), so the two alternate run by run. Printed
+beside the kit's: PyTorch's own table, and per variant both have, the
+kit's step over PyTorch's, the median over the paired runs (run i of the
+kit and run i of PyTorch) with its lowest and highest pair.
 
 Needs root, `ip` and `tc` for the links: without them it says why and
 exits 77 before measuring anything (--loopback-only needs neither). A run
@@ -59,6 +69,8 @@ from namespaces import SKIP, Unavailable, clean_stale  # noqa: E402
 PROGRAMS = {"fsdp": ("bench_fsdp", "BM_FsdpRound"),
             "zero": ("bench_zero", "BM_ZeroRound"),
             "hooks": ("bench_hooks", "BM_HookRound")}
+# --program: PyTorch's round beside it (torch_rounds.py --round PROGRAM)
+TORCH_ROUNDS = {"zero": "BM_TorchZeroRound", "hooks": "BM_TorchHookRound"}
 SPREAD_LIMIT = 0.10  # a ratio whose runs spread this much or more is flagged
 
 
@@ -71,14 +83,19 @@ def round_args(build, program, out, options):
     return args + (["--smoke=1"] if options.smoke else [])
 
 
-def the_round(path, program):
+def torch_args(python, program, out, options):
+    return [python, os.path.join(HERE, "torch_rounds.py"), "--round", program,
+            f"--out={out}"] + ([f"--batch={options.batch}"] if options.batch else []) \
+        + (["--smoke"] if options.smoke else [])
+
+
+def the_round(path, round_name, writer):
     """The round's run (its counters) from rank 0's Google Benchmark JSON."""
-    round_name = PROGRAMS[program][1]
     try:
         with open(path) as f:
             result = json.load(f)
     except (OSError, ValueError) as e:
-        raise RuntimeError(f"{PROGRAMS[program][0]} wrote no results for {round_name} ({e})")
+        raise RuntimeError(f"{writer} wrote no results for {round_name} ({e})")
     for b in result["benchmarks"]:
         if b["name"].split("/")[0] == round_name:
             return {"counters": {k: v for k, v in b.items() if isinstance(v, (int, float))},
@@ -86,38 +103,60 @@ def the_round(path, program):
     raise RuntimeError(f"{path} has no {round_name}")
 
 
+def alternate_runs(options, tmp, run_kit, run_torch):
+    """options.runs runs of the kit's round, each followed by PyTorch's when
+    options.torch names a python: {"runs": [...], "torch_runs": [...]}.
+    run_kit(out) and run_torch(out) run one job writing `out`."""
+    program, round_name = PROGRAMS[options.program]
+    runs, torch_runs = [], []
+    for i in range(options.runs):
+        out = os.path.join(tmp, f"run{i}.json")
+        run_kit(out)
+        runs.append(the_round(out, round_name, program))
+        if options.torch:
+            out = os.path.join(tmp, f"torch{i}.json")
+            run_torch(out)
+            torch_runs.append(the_round(out, TORCH_ROUNDS[options.program], "torch_rounds.py"))
+    return {"runs": runs, **({"torch_runs": torch_runs} if options.torch else {})}
+
+
+def run_spawned(args, what):
+    r = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        print(r.stderr[-3000:], file=sys.stderr)
+        raise RuntimeError(f"{what} failed: exit code {r.returncode}")
+
+
 def loopback_runs(build, world_size, options):
-    runs = []
+    program = PROGRAMS[options.program][0]
     with tempfile.TemporaryDirectory(prefix="tp-rounds-") as tmp:
-        for i in range(options.runs):
-            out = os.path.join(tmp, f"run{i}.json")
-            r = subprocess.run(round_args(build, options.program, out, options)
-                               + [f"--world-size={world_size}"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            if r.returncode != 0:
-                print(r.stderr[-3000:], file=sys.stderr)
-                raise RuntimeError(f"{PROGRAMS[options.program][0]} at {world_size} spawned "
-                                   f"ranks failed: exit code {r.returncode}")
-            runs.append(the_round(out, options.program))
+        runs = alternate_runs(
+            options, tmp,
+            lambda out: run_spawned(round_args(build, options.program, out, options)
+                                    + [f"--world-size={world_size}"],
+                                    f"{program} at {world_size} spawned ranks"),
+            lambda out: run_spawned(torch_args(options.torch, options.program, out, options)
+                                    + [f"--world-size={world_size}"],
+                                    f"torch_rounds.py at {world_size} spawned ranks"))
     return {"link": {"rate": "loopback", "bits_per_second": None,
-                     "measured_bits_per_second": None, "world_size": world_size},
-            "runs": runs}
+                     "measured_bits_per_second": None, "world_size": world_size}, **runs}
 
 
 def link_runs(build, world_size, rate, options):
-    runs = []
+    program = PROGRAMS[options.program][0]
     with shaped_link.ShapedLink(world_size, rate) as link, \
             tempfile.TemporaryDirectory(prefix="tp-rounds-") as tmp:
         measured = link_bench.measure_rate(link, options.smoke)
-        for i in range(options.runs):
-            out = os.path.join(tmp, f"run{i}.json")
-            link_bench.run_job(link, round_args(build, options.program, out, options)
-                               + ["--init-method=env://"], tmp,
-                               f"{PROGRAMS[options.program][0]} on a {rate} link")
-            runs.append(the_round(out, options.program))
+        runs = alternate_runs(
+            options, tmp,
+            lambda out: link_bench.run_job(
+                link, round_args(build, options.program, out, options)
+                + ["--init-method=env://"], tmp, f"{program} on a {rate} link"),
+            lambda out: link_bench.run_job(
+                link, torch_args(options.torch, options.program, out, options)
+                + ["--init-method=env://"], tmp, f"torch_rounds.py on a {rate} link"))
     return {"link": {"rate": rate, "bits_per_second": shaped_link.parse_rate(rate),
-                     "measured_bits_per_second": measured, "world_size": world_size},
-            "runs": runs}
+                     "measured_bits_per_second": measured, "world_size": world_size}, **runs}
 
 
 def labels_of(run):
@@ -130,12 +169,12 @@ def labels_of(run):
     return labels, labels[0]
 
 
-def summarise(measurement):
-    """{"link", "first", "variants": [{"label", "ms", "ratio": [median, low,
-    high], "spread"}]} of one link's runs: the median over runs of each
-    variant's median step and of its ratio to the first variant."""
-    labels, first = labels_of(measurement["runs"][0])
-    runs = [r["counters"] for r in measurement["runs"]]
+def summarise_runs(measured_runs):
+    """(first, [{"label", "ms", "ms_runs", "ratio": [median, low, high],
+    "spread"}]) of one round's runs: the median over runs of each variant's
+    median step and of its ratio to the first variant."""
+    labels, first = labels_of(measured_runs[0])
+    runs = [r["counters"] for r in measured_runs]
     variants = []
     for label in labels:
         ms = [r[f"{label}_ms"] for r in runs]
@@ -144,8 +183,37 @@ def summarise(measurement):
         variants.append({"label": label, "ms": statistics.median(ms),
                          "ms_runs": ms, "ratio": [middle, min(ratios), max(ratios)],
                          "spread": (max(ratios) - min(ratios)) / middle})
-    return {"link": measurement["link"], "first": first, "runs": len(runs),
-            "variants": variants}
+    return first, variants
+
+
+def versus(kit, torch):
+    """Per label both rounds have, in the kit's order: the kit's step over
+    PyTorch's, run i against run i (the two ran one after the other):
+    {"label", "ratio": [median, low, high], "spread"}."""
+    out = []
+    theirs = {v["label"]: v for v in torch}
+    for v in kit:
+        if v["label"] not in theirs:
+            continue
+        ratios = [a / b for a, b in zip(v["ms_runs"], theirs[v["label"]]["ms_runs"])]
+        middle = statistics.median(ratios)
+        out.append({"label": v["label"], "ratio": [middle, min(ratios), max(ratios)],
+                    "spread": (max(ratios) - min(ratios)) / middle})
+    return out
+
+
+def summarise(measurement):
+    """{"link", "first", "runs", "variants"} of one link's runs (see
+    summarise_runs), and where PyTorch ran beside the kit, "torch":
+    {"first", "variants"} of its runs and "versus" (see versus)."""
+    first, variants = summarise_runs(measurement["runs"])
+    summary = {"link": measurement["link"], "first": first, "runs": len(measurement["runs"]),
+               "variants": variants}
+    if measurement.get("torch_runs"):
+        torch_first, torch_variants = summarise_runs(measurement["torch_runs"])
+        summary["torch"] = {"first": torch_first, "variants": torch_variants}
+        summary["versus"] = versus(variants, torch_variants)
+    return summary
 
 
 def outward(values, digits):
@@ -157,6 +225,24 @@ def outward(values, digits):
     return f"[{low:.{digits}f}, {high:.{digits}f}]"
 
 
+def flag(spread):
+    return " (10% or more: quote the range)" if spread >= SPREAD_LIMIT else ""
+
+
+def percent(spread):
+    return f"{math.floor(1000 * spread) / 10:.1f}%"
+
+
+def variant_rows(first, variants):
+    lines = [f"| variant | step, ms | / {first} | spread of the ratio |", "|---|---|---|---|"]
+    for v in variants:
+        middle, low, high = v["ratio"]
+        lines.append(f"| {v['label']} | {v['ms']:.1f} {outward(v['ms_runs'], 1)} | "
+                     f"{middle:.2f}x {outward([low, high], 2)} | "
+                     f"{percent(v['spread'])}{flag(v['spread'])} |")
+    return lines
+
+
 def table(summaries):
     lines = []
     for s in summaries:
@@ -164,16 +250,18 @@ def table(summaries):
         measured = (f", measured {link['measured_bits_per_second'] / 1e6:.0f} Mbit/s"
                     if link["measured_bits_per_second"] else "")
         lines += [f"{link['world_size']} ranks, {link['rate']}{measured}, {s['runs']} runs "
-                  f"(medians over runs; [lowest, highest run], rounded outward):", "",
-                  f"| variant | step, ms | / {s['first']} | spread of the ratio |",
-                  "|---|---|---|---|"]
-        for v in s["variants"]:
-            middle, low, high = v["ratio"]
-            flag = " (10% or more: quote the range)" if v["spread"] >= SPREAD_LIMIT else ""
-            lines.append(f"| {v['label']} | {v['ms']:.1f} {outward(v['ms_runs'], 1)} | "
-                         f"{middle:.2f}x {outward([low, high], 2)} | "
-                         f"{math.floor(1000 * v['spread']) / 10:.1f}%{flag} |")
-        lines.append("")
+                  f"(medians over runs; [lowest, highest run], rounded outward):", ""]
+        lines += variant_rows(s["first"], s["variants"]) + [""]
+        if "torch" in s:
+            lines += ["PyTorch's DDP, same link, each run right after the kit's:", ""]
+            lines += variant_rows(s["torch"]["first"], s["torch"]["variants"]) + [""]
+            lines += ["The kit's step over PyTorch's (run i over run i):", "",
+                      "| variant | kit / PyTorch | spread |", "|---|---|---|"]
+            for v in s["versus"]:
+                middle, low, high = v["ratio"]
+                lines.append(f"| {v['label']} | {middle:.2f}x {outward([low, high], 2)} | "
+                             f"{percent(v['spread'])}{flag(v['spread'])} |")
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -195,6 +283,13 @@ def main():
                         "beside it, .md)")
     parser.add_argument("--smoke", action="store_true",
                         help="one iteration per run (tests): the times mean nothing")
+    torch_choice = parser.add_mutually_exclusive_group()
+    torch_choice.add_argument("--torch", action="store_true",
+                              help="PyTorch's round after each run (hooks, zero); an error "
+                                   "where no python imports torch")
+    torch_choice.add_argument("--no-torch", action="store_true",
+                              help="the kit's rounds only (by default PyTorch's run beside "
+                                   "them where a python imports torch)")
     args = parser.parse_args()
     try:
         rates = [r for r in args.rates.split(",") if r]
@@ -215,6 +310,7 @@ def main():
         rates = []
     elif not rates:
         parser.error("--rates is empty (--loopback-only measures without a link)")
+    args.torch = pick_torch(parser, args)
     program = PROGRAMS[args.program][0]
     if not os.access(os.path.join(args.build, "bench", program), os.X_OK):
         parser.error(f"{args.build}/bench/{program} is not built "
@@ -258,6 +354,24 @@ def main():
         print(f"link_rounds: wrote {args.out}")
 
 
+def pick_torch(parser, args):
+    """The python that runs PyTorch's rounds, or None: none for fsdp (PyTorch
+    1.13's FSDP needs CUDA) or --no-torch; an error for --torch where
+    nothing imports torch."""
+    if args.no_torch or (args.program not in TORCH_ROUNDS and not args.torch):
+        return None
+    if args.program not in TORCH_ROUNDS:
+        parser.error(f"--torch: PyTorch has no round beside bench_{args.program} "
+                     f"(only {', '.join(sorted(TORCH_ROUNDS))})")
+    python = link_bench.torch_python()
+    if python is None and args.torch:
+        parser.error("--torch: no python here imports torch (Debian: apt-get install "
+                     "python3-torch)")
+    if python is None:
+        print("link_rounds: no python here imports torch: PyTorch's rounds not run")
+    return python
+
+
 def command_line(args):
     """This run's command as a reader would type it in the kit's root: the
     build folder as `build`, without --out (machine paths stay out of the
@@ -267,6 +381,7 @@ def command_line(args):
     flags += [f"--world-sizes {args.world_sizes}", f"--runs {args.runs}"]
     flags += [f"--batch {args.batch}"] if args.batch else []
     flags += ["--no-loopback"] if args.no_loopback else []
+    flags += ["--no-torch"] if args.program in TORCH_ROUNDS and not args.torch else []
     flags += ["--smoke"] if args.smoke else []
     return "python3 bench/link_rounds.py build " + " ".join(flags)
 

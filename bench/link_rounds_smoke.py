@@ -3,7 +3,8 @@
 
     link_rounds_smoke.py BUILD
 
-First summarise() and table() on made-up runs worked out by hand. Then
+First summarise() and table() on made-up runs worked out by hand, with
+and without PyTorch's runs beside them. Then
 runs `link_rounds.py BUILD --program fsdp --rates 1gbit --world-sizes 2
 --runs 2 --smoke --out TMP/link_fsdp.json` (one iteration per run: the
 times mean nothing) and checks: a loopback and a 1gbit measurement of 2
@@ -11,7 +12,8 @@ runs each, the link's rate measured; every variant bench_fsdp's round
 names (its context's "variants", in that order) summarised, the first
 (ddp) at 1x, each median ratio the median of its runs' ratios and inside
 their range; the .md table beside the JSON; bench/fsdp_figure.py draws
-fsdp.png from it (where matplotlib is installed). Then that bad flags are
+fsdp.png from it, and bench/rounds_figure.py link_hooks.png from the
+made-up runs with PyTorch's (where matplotlib is installed). Then that bad flags are
 refused before anything runs, and that bench/on_link.py runs demo_10 as
 2 ranks on a 1gbit link (its trace written) and refuses a bad command
 line. Exits 77 (SKIPPED) where namespaces cannot
@@ -50,7 +52,23 @@ def check_refused():
         (["--rates", "fast"], "fast"),
         (["--program", "step"], "invalid choice"),
         (["--rates", ""], "--rates is empty"),
-        (["--no-loopback", "--loopback-only"], "nothing to measure")]], code=2)
+        (["--no-loopback", "--loopback-only"], "nothing to measure"),
+        (["--torch", "--no-torch"], "not allowed with"),
+        (["--program", "fsdp", "--torch"], "PyTorch has no round beside bench_fsdp")]], code=2)
+
+
+made_up_with_torch = {}  # link_rounds' output for rounds_figure.py, filled below
+
+
+def check_rounds_figure(plot_python, tmp):
+    """rounds_figure.py draws link_hooks.png from a link_hooks.json with
+    PyTorch's runs beside the kit's (the made-up one above)."""
+    with open(os.path.join(tmp, "link_hooks.json"), "w") as f:
+        json.dump(made_up_with_torch, f)
+    r = subprocess.run([plot_python, os.path.join(HERE, "rounds_figure.py"), "hooks", tmp],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0 or not os.path.exists(os.path.join(tmp, "link_hooks.png")):
+        fail(f"rounds_figure.py hooks exited {r.returncode}:\n{r.stdout}")
 
 
 def check_summarise_by_hand():
@@ -75,6 +93,25 @@ def check_summarise_by_hand():
             fail(f"table lacks {want!r}:\n{text}")
     if link_rounds.outward([1.234, 5.671], 2) != "[1.23, 5.68]":
         fail(f"outward([1.234, 5.671], 2) = {link_rounds.outward([1.234, 5.671], 2)}")
+    # PyTorch's runs beside them: its own table, and the kit's step over
+    # PyTorch's run by run, for the labels both have (here "full" only).
+    torch_runs = [{"context": {"variants": "none,full"},
+                   "counters": {"none_ms": 9.0, "full_ms": full, "full_over_none": 1.0}}
+                  for full in (15.0, 30.0, 36.5)]
+    s = link_rounds.summarise({"link": {"rate": "1gbit", "world_size": 2,
+                                        "measured_bits_per_second": 9.6e8}, "runs": runs,
+                               "torch_runs": torch_runs})
+    # full: 30 / 15 = 2, 33 / 30 = 1.1, 36.5 / 36.5 = 1: median 1.1, spread 1 / 1.1
+    if [v["label"] for v in s["versus"]] != ["full"] or \
+            [round(x, 12) for x in s["versus"][0]["ratio"]] != [1.1, 1.0, 2.0] or \
+            s["torch"]["first"] != "none" or s["torch"]["variants"][1]["ms"] != 30.0:
+        fail(f"summarise with PyTorch's runs: {s}")
+    made_up_with_torch.update(summary=[s])
+    text = link_rounds.table([s])
+    for want in ("PyTorch's DDP, same link", "| full | 30.0 [15.0, 36.5] | 1.00x",
+                 "| full | 1.10x [1.00, 2.00] | 90.9% (10% or more"):
+        if want not in text:
+            fail(f"table lacks {want!r}:\n{text}")
 
 
 def check_summary(data):
@@ -152,6 +189,7 @@ def main():
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             if r.returncode != 0 or not os.path.exists(os.path.join(tmp, "fsdp.png")):
                 fail(f"fsdp_figure.py exited {r.returncode}:\n{r.stdout}")
+            check_rounds_figure(plot_python, tmp)
         check_on_link(tmp)
     print("ok: on_link.py ran demo_10 on a link; link_rounds.py measured loopback and a "
           "1gbit link, 2 runs each, and summarised every variant of bench_fsdp's round")

@@ -18,6 +18,10 @@ Input: a folder of results as `./kit bench` writes them (bench/results/):
   link.json                   bench/link_bench.py: stage 02 against stage 03
                               with one rank per host on shaped links
                               (./kit bench --link RATES)
+  link_hooks.json,            bench/link_rounds.py: bench_hooks' and
+  link_zero.json              bench_zero's rounds on loopback and shaped
+                              links, PyTorch's beside them (./kit bench
+                              --link hooks|zero RATES)
 Any of them may be missing: its part of the report says so.
 
 Output, in --out (the input folder unless given):
@@ -45,6 +49,8 @@ Output, in --out (the input folder unless given):
   link_caps.png      with --cap-sweep: stage 02's and stage 03's step
                      against both caps on each link, beside the alpha-beta
                      prediction of stage 03's (link_bench.predict_step03)
+  link_hooks.png,    each hook's (ZeRO form's) step on loopback and on each
+  link_zero.png      link, PyTorch's beside it (bench/rounds_figure.py)
 The figures need python3-matplotlib (./kit installs it); --no-plots skips
 them.
 
@@ -73,6 +79,7 @@ import sys
 
 from atomic_file import load_json, write_text
 import fsdp_figure
+import rounds_figure
 from report_sections.allreduce import plot_allreduce, report_allreduce
 from report_sections.figures import pyplot, saver
 from report_sections.fsdp import report_fsdp
@@ -86,7 +93,7 @@ from report_sections.zero import plot_zero, report_zero, report_zero_memory
 
 
 def plot(results, fits, out, hook_losses=None, zero_memory=None, link=None, fsdp_memory=None,
-         link_fsdp=None):
+         link_fsdp=None, link_rounds=None):
     """Draws every figure whose results exist into `out`; returns their paths,
     in the order drawn."""
     plt = pyplot()
@@ -100,6 +107,9 @@ def plot(results, fits, out, hook_losses=None, zero_memory=None, link=None, fsdp
     plot_zero(results, zero_memory, save, plt)
     plot_link(link, save, plt)
     fsdp_figure.draw(fsdp_memory, link_fsdp, save, plt)
+    for program, rounds in (link_rounds or {}).items():  # {"hooks": link_hooks.json's, ...}
+        if rounds:
+            rounds_figure.draw(program, rounds, save, plt)
     return written
 
 
@@ -163,7 +173,9 @@ def main():
             return 1
         for path in plot(results, fits, out, hook_losses, zero_memory, link,
                          load_json(args.results, "fsdp_memory.json"),
-                         load_json(args.results, "link_fsdp.json")):
+                         load_json(args.results, "link_fsdp.json"),
+                         {program: load_json(args.results, f"link_{program}.json")
+                          for program in ("hooks", "zero")}):
             print(f"report.py: wrote {path}")
     return 0
 
