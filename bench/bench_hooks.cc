@@ -47,8 +47,9 @@
 // their communication threads and Gloo's, and the wire is loopback TCP,
 // which is CPU work too (kernel copies). Compression saves bytes, and bytes
 // are cheap here (about 1 ns each, bench_allreduce); the conversions cost CPU
-// time on the same cores. Where bytes cost more (a real network between
-// machines), the balance can move towards the hooks; not measured here.
+// time on the same cores. Where bytes cost more, the balance moves towards
+// the hooks: bench/link_rounds.py --program hooks runs this round on a
+// shaped link, PyTorch's beside it (bench/results/link_hooks.md, lesson 08).
 //
 // Run: build/bench/bench_hooks [--world-size=N] [--batch=N]
 // [--benchmark_filter=...]; ./kit bench runs it at 2 and 4 ranks.

@@ -381,7 +381,8 @@ def command_line(args):
     flags += [f"--world-sizes {args.world_sizes}", f"--runs {args.runs}"]
     flags += [f"--batch {args.batch}"] if args.batch else []
     flags += ["--no-loopback"] if args.no_loopback else []
-    flags += ["--no-torch"] if args.program in TORCH_ROUNDS and not args.torch else []
+    if args.program in TORCH_ROUNDS:
+        flags += ["--torch"] if args.torch else ["--no-torch"]
     flags += ["--smoke"] if args.smoke else []
     return "python3 bench/link_rounds.py build " + " ".join(flags)
 

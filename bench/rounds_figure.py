@@ -11,7 +11,8 @@ one panel per world size; per variant of the round, one bar per link
 (loopback, then each rate): the median over the runs of the variant's
 median step, the lowest and highest run as a line. Where PyTorch's rounds
 ran beside the kit's, its step for the same variant is the hatched bar
-next to the kit's. ./kit bench --link hooks|zero runs it after the
+next to the kit's (a PyTorch variant the kit's round lacks, such as
+zero_per_parameter, is in the table only). ./kit bench --link hooks|zero runs it after the
 measurement.
 """
 

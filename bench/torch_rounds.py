@@ -32,9 +32,11 @@ compute thread per rank; Gloo):
                   no reduce-scatter form; its default (one broadcast per
                   parameter) is zero_per_parameter.
 
-Warm-up: 5 steps of each variant before the first timed one (PyTorch's
-DDP rebuilds its buckets after its first step; PowerSGD compresses from
-its third). Iterations: 80 / W, at least 10, as the kit's rounds.
+Warm-up: 5 steps of each variant right after it is built (PyTorch's DDP
+rebuilds its buckets after its first step; PowerSGD compresses from its
+third); the kit's rounds build every variant first, then warm each up for
+4 (hooks) or 3 (zero) steps. Iterations: 80 / W, at least 10, as the
+kit's rounds.
 
 Output (--out): Google Benchmark's JSON layout, one benchmark named after
 the round with those counters and the context's "variants" (the labels in
@@ -52,7 +54,6 @@ Optional: needs Debian's python3-torch; the kit never requires it.
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -87,8 +88,10 @@ def hook_variants(torch):
         # op.nbytes"): seen here at rank 1 with the model's two buckets. So
         # each bucket gets a state on a group of its own (made before the
         # first step, in the same order on every rank), the same layout and
-        # the same work as one state; every state counts the iterations
-        # (powerSGD_hook counts them on the last bucket).
+        # the same work as one state (each state's random_seed is 0, so the
+        # buckets' first Q draws share a seed: no matter for the time);
+        # every state counts the iterations (powerSGD_hook counts them on
+        # the last bucket).
         groups = [torch.distributed.new_group() for _ in range(MAX_BUCKETS)]
 
         def register(ddp):

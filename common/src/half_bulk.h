@@ -37,8 +37,8 @@ namespace tp::detail {
 
 void floats_to_halves(const float* in, Half* out, int64_t n);
 
-// Whether the bulk conversions use F16C on this machine (for tests and
-// benchmarks that want to say which path they measured).
+// Whether the bulk conversion uses F16C on this machine (test_half says
+// so where it does not: then its dense path is element by element too).
 bool bulk_half_uses_f16c();
 
 }  // namespace tp::detail
