@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Where stage 03's step goes, bucket by bucket, read from demo traces.
+
+    overlap_trace.py LABEL=TRACE [LABEL=TRACE ...] [--skip-steps N]
+
+Each TRACE is a demo's --trace file of a stage that syncs inside backward
+(./kit demo 03 ... --trace t.json, or the same demo on a shaped link
+through bench/on_link.py; the kit's Chrome trace format,
+common/src/trace.cc). On each rank the thread that runs the "step" spans is
+the training thread; the one that runs the collectives' spans is the
+communication thread. Per step, from the events the kit already records:
+
+  step       the step span, ms
+  graph      backward's own work: from the backward span's start to its
+             "graph done" instant (every gradient computed, every bucket
+             queued)
+  tail       from "graph done" to the backward span's end: the
+             end-of-backward callback waiting for the buckets' all-reduces
+             (and copying the averages back): the sync not hidden
+  buckets    all-reduces queued during backward
+  queued     per bucket, from its "allreduce queued" instant (the hook
+             that completed it) to the start of its span on the
+             communication thread: the wait behind the buckets before it,
+             and the thread's wake-up; the median over buckets
+  first      the same for the step's first bucket alone: no bucket before
+             it, so this is the hand-off's own latency
+  run        the buckets' spans summed: Gloo's all-reduce, CPU and wire
+  hidden     of `run`, the part that ran before "graph done", over
+             min(graph, run): the share of what overlap could hide that it
+             hid (lesson 03's "hidden")
+
+The first N steps of each rank (--skip-steps, default 1: the first
+iteration builds and then rebuilds the buckets) are left out; printed is
+the median over the remaining steps of all ranks, one row per trace, as a
+markdown table.
+
+What it cannot say: how much of `run` is the wire and how much CPU (the
+trace records no thread CPU time yet), nor PyTorch's side. Those are the
+next steps of the breakdown.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+
+COLUMNS = ["step", "graph", "tail", "buckets", "queued", "first", "run", "hidden"]
+
+
+def threads_of(events, pid):
+    """(training thread, communication thread) of rank `pid`: the tids that
+    run the "step" spans and the collectives' spans."""
+    training = {e["tid"] for e in events if e.get("ph") == "X" and e["pid"] == pid
+                and e["name"] == "step"}
+    comm = {e["tid"] for e in events if e.get("ph") == "X" and e["pid"] == pid
+            and e.get("cat") == "comm" and e["name"] not in ("wait",)}
+    if len(training) != 1 or len(comm) != 1:
+        raise ValueError(f"rank {pid}: {len(training)} thread(s) with step spans and "
+                         f"{len(comm)} with collectives; expected one of each")
+    return training.pop(), comm.pop()
+
+
+def within(ts, start, end):
+    return start <= ts <= end
+
+
+def step_rows(events, pid):
+    """One dict of COLUMNS per step of rank `pid`, in step order."""
+    training, comm = threads_of(events, pid)
+    mine = [e for e in events if e["pid"] == pid]
+    steps = sorted((e for e in mine if e.get("ph") == "X" and e["tid"] == training
+                    and e["name"] == "step"), key=lambda e: e["ts"])
+    backwards = [e for e in mine if e.get("ph") == "X" and e["tid"] == training
+                 and e["name"] == "backward"]
+    done = [e for e in mine if e.get("ph") == "i" and e["name"] == "graph done"]
+    queued = {e["args"]["seq"]: e["ts"] for e in mine
+              if e.get("ph") == "i" and e["name"] == "allreduce queued"}
+    runs = {e["args"]["seq"]: e for e in mine if e.get("ph") == "X" and e["tid"] == comm
+            and e["name"] == "allreduce" and "seq" in e.get("args", {})}
+    rows = []
+    for step in steps:
+        end = step["ts"] + step["dur"]
+        bwd = [b for b in backwards if within(b["ts"], step["ts"], end)]
+        if len(bwd) != 1:
+            continue  # accumulation or no backward: not this tool's step
+        b = bwd[0]
+        b_end = b["ts"] + b["dur"]
+        graph_done = [d["ts"] for d in done if within(d["ts"], b["ts"], b_end)]
+        if not graph_done:
+            continue
+        g = min(graph_done)
+        seqs = sorted(s for s, t in queued.items() if within(t, b["ts"], b_end) and s in runs)
+        waits = [runs[s]["ts"] - queued[s] for s in seqs]
+        run_total = sum(runs[s]["dur"] for s in seqs)
+        before_done = sum(max(0, min(runs[s]["ts"] + runs[s]["dur"], g) - runs[s]["ts"])
+                          for s in seqs)
+        possible = min(g - b["ts"], run_total)
+        rows.append({"step": step["dur"] / 1e3, "graph": (g - b["ts"]) / 1e3,
+                     "tail": (b_end - g) / 1e3, "buckets": len(seqs),
+                     "queued": statistics.median(waits) / 1e3 if waits else 0.0,
+                     "first": waits[0] / 1e3 if waits else 0.0,
+                     "run": run_total / 1e3,
+                     "hidden": before_done / possible if possible > 0 else 0.0})
+    return rows
+
+
+def summary(events, skip_steps):
+    """The median of every column over the steps of all ranks, after each
+    rank's first skip_steps."""
+    rows = []
+    for pid in sorted({e["pid"] for e in events if "pid" in e}):
+        rows += step_rows(events, pid)[skip_steps:]
+    if not rows:
+        raise ValueError("no step with one backward and a 'graph done' in it (a stage that "
+                         "syncs inside backward, traced with --trace?)")
+    return {c: statistics.median(r[c] for r in rows) for c in COLUMNS}, len(rows)
+
+
+def table(results):
+    lines = ["| trace | steps | step, ms | graph, ms | tail, ms | buckets | queued, ms | "
+             "first, ms | run, ms | hidden |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, (s, n) in results:
+        lines.append(f"| {label} | {n} | {s['step']:.1f} | {s['graph']:.1f} | {s['tail']:.1f} | "
+                     f"{s['buckets']:g} | {s['queued']:.2f} | {s['first']:.2f} | "
+                     f"{s['run']:.1f} | {100 * s['hidden']:.0f}% |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="+", metavar="LABEL=TRACE")
+    parser.add_argument("--skip-steps", type=int, default=1,
+                        help="steps of each rank left out at the start (default 1)")
+    args = parser.parse_args()
+    if args.skip_steps < 0:
+        parser.error("--skip-steps takes 0 or more")
+    results = []
+    for item in args.traces:
+        label, sep, path = item.partition("=")
+        if not sep or not label or not path:
+            parser.error(f"{item!r}: give LABEL=TRACE")
+        try:
+            with open(path) as f:
+                events = json.load(f)["traceEvents"]
+            results.append((label, summary(events, args.skip_steps)))
+        except (OSError, ValueError, KeyError) as e:
+            sys.exit(f"overlap_trace.py: {path}: {e}")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""bench/overlap_trace.py splits stage 03's step right, and reads a real trace.
+
+    overlap_trace_test.py DEMO_03
+
+  1. A made-up trace of one rank, two steps, worked out by hand: in each,
+     backward from 10 to 30 ms after the step's start with its "graph
+     done" at 25, two buckets queued at 15 and 22 whose all-reduces run
+     16-21 and 24-28 on the communication thread; the second step's
+     second bucket waits 4 ms behind the first. With --skip-steps 0 the
+     medians are those worked out here, and a stray all-reduce queued
+     outside any backward counts nowhere.
+  2. DEMO_03 --world-size 2 --model deep --depth 4 --steps 3 with a trace:
+     overlap_trace.py finds 2 ranks x 2 steps after the first, at least
+     one bucket a step, and a hidden share between 0 and 100%.
+  3. A trace without steps, and a LABEL=TRACE argument without a label,
+     are refused with the reason.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "overlap_trace.py")
+sys.path.insert(0, HERE)
+import overlap_trace  # noqa: E402
+from smoke import expect_refused  # noqa: E402
+
+
+def fail(message):
+    print(f"FAIL: {message}")
+    sys.exit(1)
+
+
+def span(name, ts_ms, dur_ms, tid=0, cat="compute", **args):
+    return {"name": name, "cat": cat, "ph": "X", "pid": 0, "tid": tid,
+            "ts": int(ts_ms * 1000), "dur": int(dur_ms * 1000), "args": args}
+
+
+def instant(name, ts_ms, cat="comm", **args):
+    return {"name": name, "cat": cat, "ph": "i", "pid": 0, "tid": 0, "ts": int(ts_ms * 1000),
+            "s": "t", "args": args}
+
+
+def made_up():
+    events = []
+    for k, (start, second_run) in enumerate(((0, 22), (100, 122))):
+        s1, s2 = 2 * k + 1, 2 * k + 2
+        events += [span("step", start, 40, cat="train"),
+                   span("backward", start + 10, 20),
+                   instant("graph done", start + 25, cat="autograd"),
+                   instant("allreduce queued", start + 15, seq=s1),
+                   instant("allreduce queued", start + 22, seq=s2),
+                   span("allreduce", start + 16, 5, tid=1, cat="comm", seq=s1),
+                   span("allreduce", second_run + 2 + 4 * k, 4, tid=1, cat="comm", seq=s2)]
+    # A stray all-reduce, queued outside any backward.
+    events += [instant("allreduce queued", 60, seq=9),
+               span("allreduce", 61, 3, tid=1, cat="comm", seq=9)]
+    return events
+
+
+def check_made_up():
+    s, n = overlap_trace.summary(made_up(), 0)
+    # Step 1: queued 1 and 2 ms (median 1.5, first 1), run 5 + 4 = 9 ms,
+    # before graph done (25): 5 + 1 = 6 of min(15, 9) = 67%. Step 2: queued
+    # 1 and 6 (median 3.5), runs 16-21 and 128-132 (after the step's 125:
+    # 0 before it), hidden 5 of 9 = 56%. Medians: queued 2.5, hidden 61%.
+    want = {"step": 40.0, "graph": 15.0, "tail": 5.0, "buckets": 2, "queued": 2.5,
+            "first": 1.0, "run": 9.0}
+    for key, value in want.items():
+        if abs(s[key] - value) > 1e-9:
+            fail(f"made-up trace: {key} is {s[key]}, want {value} (all: {s})")
+    if n != 2 or abs(s["hidden"] - (6 / 9 + 5 / 9) / 2) > 1e-9:
+        fail(f"made-up trace: {n} steps, hidden {s['hidden']}; want 2 and {(6 / 9 + 5 / 9) / 2}")
+    s1, n1 = overlap_trace.summary(made_up(), 1)
+    if n1 != 1 or abs(s1["queued"] - 3.5) > 1e-9:
+        fail(f"--skip-steps 1: {n1} steps, queued {s1['queued']}; want 1 and 3.5")
+
+
+def check_demo(demo, tmp):
+    trace = os.path.join(tmp, "t03.json")
+    r = subprocess.run([demo, "--world-size", "2", "--model", "deep", "--depth", "4",
+                        "--steps", "3", "--trace", trace],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    if r.returncode != 0:
+        fail(f"demo_03 with a trace exited {r.returncode}:\n{r.stdout[-2000:]}")
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    s, n = overlap_trace.summary(events, 1)
+    if n != 4 or s["buckets"] < 1 or not 0 <= s["hidden"] <= 1 or s["run"] <= 0:
+        fail(f"demo_03's trace: {n} steps (want 2 ranks x 2), summary {s}")
+    r = subprocess.run([sys.executable, SCRIPT, f"demo={trace}"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0 or "| demo | 4 |" not in r.stdout:
+        fail(f"overlap_trace.py demo=TRACE: exit {r.returncode}:\n{r.stdout}")
+
+
+def check_refused(tmp):
+    empty = os.path.join(tmp, "empty.json")
+    with open(empty, "w") as f:
+        json.dump({"traceEvents": []}, f)
+    expect_refused(SCRIPT, [([f"x={empty}"], "no step"), ([empty], "give LABEL=TRACE")])
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: overlap_trace_test.py DEMO_03")
+    check_made_up()
+    with tempfile.TemporaryDirectory(prefix="tp-overlap-trace-") as tmp:
+        check_demo(sys.argv[1], tmp)
+        check_refused(tmp)
+    print("ok: overlap_trace.py splits a made-up step as worked out by hand and reads "
+          "demo_03's trace")
+
+
+if __name__ == "__main__":
+    main()
