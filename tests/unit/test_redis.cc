@@ -292,10 +292,18 @@ TEST_CASE("SIGINT, SIGTERM and SIGHUP delete a process's keys at once, and still
 
 TEST_CASE("a redis-server that is not there is an error naming its address") {
   const std::string where = std::getenv("TP_TEST_REDIS");
-  // The server's port plus one: nobody listens there (with_redis.py picked
-  // a free port; the next one is free too on a test machine, or refused).
+  // A port bound here and never listened on, so a connection is refused
+  // and no other program (another test's Gloo pair, say) can listen there
+  // while the check runs.
   const std::string host = where.substr(0, where.rfind(':'));
-  const int port = std::stoi(where.substr(where.rfind(':') + 1)) + 1;
+  const int held = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(held, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  socklen_t length = sizeof address;
+  ::getsockname(held, reinterpret_cast<sockaddr*>(&address), &length);
+  const int port = ntohs(address.sin_port);
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH_AS(
       dist::RedisStore(host, port, "job", milliseconds(2000)),
@@ -304,6 +312,7 @@ TEST_CASE("a redis-server that is not there is an error naming its address") {
                                             .c_str())),
       tp::DistributedError);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  ::close(held);
 }
 
 TEST_CASE("a port where another service listens is named as not a Redis server, not as a lost "
