@@ -207,6 +207,29 @@ def rank_main(rank, args, init_method):
     dist.destroy_process_group()
 
 
+def add_init_method(parser):
+    """--init-method env://: one rank of a job a launcher started."""
+    parser.add_argument("--init-method", choices=["env://"],
+                        help="one rank of a launched job (RANK, WORLD_SIZE, MASTER_ADDR and "
+                             "MASTER_PORT from the launcher); --world-size is then WORLD_SIZE")
+
+
+def launched_rank(parser, args):
+    """This process's rank when args.init_method launched it (setting
+    args.world_size from WORLD_SIZE), else None; a usage error naming what
+    the launcher did not set."""
+    if not args.init_method:
+        return None
+    try:
+        rank = int(os.environ["RANK"])
+        args.world_size = int(os.environ["WORLD_SIZE"])
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except (KeyError, ValueError) as e:
+        parser.error(f"--init-method env:// needs RANK, WORLD_SIZE, MASTER_ADDR and "
+                     f"MASTER_PORT from a launcher (tools/tprun): {e!r}")
+    return rank
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-size", type=int, default=2, help="ranks (default 2)")
@@ -217,19 +240,9 @@ def main():
                              "./kit bench alternates with bench_step)")
     parser.add_argument("--smoke", action="store_true",
                         help="one iteration each, no warm-up (tests): the times mean nothing")
-    parser.add_argument("--init-method", choices=["env://"],
-                        help="one rank of a launched job (RANK, WORLD_SIZE, MASTER_ADDR and "
-                             "MASTER_PORT from the launcher); --world-size is then WORLD_SIZE")
+    add_init_method(parser)
     args = parser.parse_args()
-    launched = None
-    if args.init_method:
-        try:
-            launched = int(os.environ["RANK"])
-            args.world_size = int(os.environ["WORLD_SIZE"])
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        except (KeyError, ValueError) as e:
-            parser.error(f"--init-method env:// needs RANK, WORLD_SIZE, MASTER_ADDR and "
-                         f"MASTER_PORT from a launcher (tools/tprun): {e!r}")
+    launched = launched_rank(parser, args)
     if not 1 <= args.world_size <= 16 or args.batch < 1:
         parser.error("--world-size must be 1 to 16 and --batch at least 1")
     try:

@@ -59,7 +59,7 @@ import tempfile
 import time
 
 from atomic_file import write_text
-from torch_ddp import deep_mlp, quantile
+from torch_ddp import add_init_method, deep_mlp, launched_rank, quantile
 
 WARMUP = 5
 POWERSGD_START = 2  # bench_hooks.cc's kPowerSGDStart
@@ -227,19 +227,9 @@ def main():
     parser.add_argument("--out", help="write the round here (Google Benchmark's JSON layout)")
     parser.add_argument("--smoke", action="store_true",
                         help="one iteration, no warm-up (tests): the times mean nothing")
-    parser.add_argument("--init-method", choices=["env://"],
-                        help="one rank of a launched job (RANK, WORLD_SIZE, MASTER_ADDR and "
-                             "MASTER_PORT from the launcher); --world-size is then WORLD_SIZE")
+    add_init_method(parser)
     args = parser.parse_args()
-    launched = None
-    if args.init_method:
-        try:
-            launched = int(os.environ["RANK"])
-            args.world_size = int(os.environ["WORLD_SIZE"])
-            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        except (KeyError, ValueError) as e:
-            parser.error(f"--init-method env:// needs RANK, WORLD_SIZE, MASTER_ADDR and "
-                         f"MASTER_PORT from a launcher (tools/tprun): {e!r}")
+    launched = launched_rank(parser, args)
     if not 2 <= args.world_size <= 16 or not 1 <= args.batch <= 4096:
         parser.error("--world-size must be 2 to 16 and --batch 1 to 4096")
     try:
