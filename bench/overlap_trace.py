@@ -29,14 +29,25 @@ communication thread. Per step, from the events the kit already records:
              min(graph, run): the share of what overlap could hide that it
              hid (lesson 03's "hidden")
 
+and from the thread CPU clock each event carries (Chrome's tts and tdur):
+
+  graph cpu  the training thread's CPU time over `graph`: where it is well
+             under `graph`, the thread was runnable or waiting but not
+             running (on a machine with fewer cores than busy threads, it
+             waited for a core)
+  run cpu    the communication thread's CPU time inside the all-reduces:
+             the rest of `run` it spent waiting (for the peer's bytes, the
+             wire, or a core); Gloo's own I/O thread is not in it
+
 The first N steps of each rank (--skip-steps, default 1: the first
 iteration builds and then rebuilds the buckets) are left out; printed is
 the median over the remaining steps of all ranks, one row per trace, as a
 markdown table.
 
-What it cannot say: how much of `run` is the wire and how much CPU (the
-trace records no thread CPU time yet), nor PyTorch's side. Those are the
-next steps of the breakdown.
+A trace written before the kit recorded the thread CPU clock shows "-" in
+the two CPU columns. What it cannot say: what Gloo's I/O thread, OpenBLAS's
+other threads (where a rank runs more than one) and the kernel's network
+stack cost: no span of the kit's runs on them.
 """
 
 import argparse
@@ -44,7 +55,8 @@ import json
 import statistics
 import sys
 
-COLUMNS = ["step", "graph", "tail", "buckets", "queued", "first", "run", "hidden"]
+COLUMNS = ["step", "graph", "tail", "buckets", "queued", "first", "run", "hidden",
+           "graph cpu", "run cpu"]
 
 
 def threads_of(events, pid):
@@ -62,6 +74,21 @@ def threads_of(events, pid):
 
 def within(ts, start, end):
     return start <= ts <= end
+
+
+def cpu_between(begin, end):
+    """The recording thread's CPU ms from event `begin`'s start to event
+    `end`'s (both on that thread), or None without the CPU clock."""
+    if "tts" not in begin or "tts" not in end:
+        return None
+    return (end["tts"] - begin["tts"]) / 1e3
+
+
+def cpu_of(spans):
+    """The CPU ms of these spans summed, or None without the CPU clock."""
+    if any("tdur" not in s for s in spans):
+        return None
+    return sum(s["tdur"] for s in spans) / 1e3
 
 
 def step_rows(events, pid):
@@ -85,10 +112,11 @@ def step_rows(events, pid):
             continue  # accumulation or no backward: not this tool's step
         b = bwd[0]
         b_end = b["ts"] + b["dur"]
-        graph_done = [d["ts"] for d in done if within(d["ts"], b["ts"], b_end)]
-        if not graph_done:
+        if not any(within(d["ts"], b["ts"], b_end) for d in done):
             continue
-        g = min(graph_done)
+        g_event = min((d for d in done if within(d["ts"], b["ts"], b_end)),
+                      key=lambda d: d["ts"])
+        g = g_event["ts"]
         seqs = sorted(s for s, t in queued.items() if within(t, b["ts"], b_end) and s in runs)
         waits = [runs[s]["ts"] - queued[s] for s in seqs]
         run_total = sum(runs[s]["dur"] for s in seqs)
@@ -100,7 +128,9 @@ def step_rows(events, pid):
                      "queued": statistics.median(waits) / 1e3 if waits else 0.0,
                      "first": waits[0] / 1e3 if waits else 0.0,
                      "run": run_total / 1e3,
-                     "hidden": before_done / possible if possible > 0 else 0.0})
+                     "hidden": before_done / possible if possible > 0 else 0.0,
+                     "graph cpu": cpu_between(b, g_event),
+                     "run cpu": cpu_of([runs[s] for s in seqs])})
     return rows
 
 
@@ -113,16 +143,28 @@ def summary(events, skip_steps):
     if not rows:
         raise ValueError("no step with one backward and a 'graph done' in it (a stage that "
                          "syncs inside backward, traced with --trace?)")
-    return {c: statistics.median(r[c] for r in rows) for c in COLUMNS}, len(rows)
+    return {c: median_or_none([r[c] for r in rows]) for c in COLUMNS}, len(rows)
+
+
+def median_or_none(values):
+    """The median, or None where any step lacks the value (no CPU clock)."""
+    return None if any(v is None for v in values) else statistics.median(values)
+
+
+def ms(value, digits=1):
+    return "-" if value is None else f"{value:.{digits}f}"
+
 
 
 def table(results):
-    lines = ["| trace | steps | step, ms | graph, ms | tail, ms | buckets | queued, ms | "
-             "first, ms | run, ms | hidden |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| trace | steps | step, ms | graph, ms | graph cpu, ms | tail, ms | buckets | "
+             "queued, ms | first, ms | run, ms | run cpu, ms | hidden |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, (s, n) in results:
-        lines.append(f"| {label} | {n} | {s['step']:.1f} | {s['graph']:.1f} | {s['tail']:.1f} | "
-                     f"{s['buckets']:g} | {s['queued']:.2f} | {s['first']:.2f} | "
-                     f"{s['run']:.1f} | {100 * s['hidden']:.0f}% |")
+        lines.append(f"| {label} | {n} | {s['step']:.1f} | {s['graph']:.1f} | "
+                     f"{ms(s['graph cpu'])} | {s['tail']:.1f} | {s['buckets']:g} | "
+                     f"{s['queued']:.2f} | {s['first']:.2f} | {s['run']:.1f} | "
+                     f"{ms(s['run cpu'])} | {100 * s['hidden']:.0f}% |")
     return "\n".join(lines)
 
 

@@ -9,10 +9,13 @@
      16-21 and 24-28 on the communication thread; the second step's
      second bucket waits 4 ms behind the first. With --skip-steps 0 the
      medians are those worked out here, and a stray all-reduce queued
-     outside any backward counts nowhere.
+     outside any backward counts nowhere. The CPU columns come from the
+     events' thread CPU clock (tts, tdur), and a trace without it shows
+     "-" there.
   2. DEMO_03 --world-size 2 --model deep --depth 4 --steps 3 with a trace:
      overlap_trace.py finds 2 ranks x 2 steps after the first, at least
-     one bucket a step, and a hidden share between 0 and 100%.
+     one bucket a step, a hidden share between 0 and 100%, and CPU times
+     recorded and no longer than the wall times they belong to.
   3. A trace without steps, and a LABEL=TRACE argument without a label,
      are refused with the reason.
 """
@@ -45,20 +48,33 @@ def instant(name, ts_ms, cat="comm", **args):
             "s": "t", "args": args}
 
 
+def cpu(event, tts_ms, tdur_ms=None):
+    """`event` with the thread CPU clock the kit records (tts, tdur)."""
+    event["tts"] = int(tts_ms * 1000)
+    if tdur_ms is not None:
+        event["tdur"] = int(tdur_ms * 1000)
+    return event
+
+
 def made_up():
+    """The steps of the docstring's case 1. CPU clock: backward's thread
+    has run 12 ms (step 1) and 9 ms (step 2) of CPU by "graph done"; the
+    all-reduces take 0.5 and 0.25 ms of the communication thread's CPU."""
     events = []
     for k, (start, second_run) in enumerate(((0, 22), (100, 122))):
         s1, s2 = 2 * k + 1, 2 * k + 2
+        graph_cpu = 12 if k == 0 else 9
         events += [span("step", start, 40, cat="train"),
-                   span("backward", start + 10, 20),
-                   instant("graph done", start + 25, cat="autograd"),
+                   cpu(span("backward", start + 10, 20), 50 * k + 3, 18),
+                   cpu(instant("graph done", start + 25, cat="autograd"), 50 * k + 3 + graph_cpu),
                    instant("allreduce queued", start + 15, seq=s1),
                    instant("allreduce queued", start + 22, seq=s2),
-                   span("allreduce", start + 16, 5, tid=1, cat="comm", seq=s1),
-                   span("allreduce", second_run + 2 + 4 * k, 4, tid=1, cat="comm", seq=s2)]
+                   cpu(span("allreduce", start + 16, 5, tid=1, cat="comm", seq=s1), 7, 0.5),
+                   cpu(span("allreduce", second_run + 2 + 4 * k, 4, tid=1, cat="comm", seq=s2),
+                       8, 0.25)]
     # A stray all-reduce, queued outside any backward.
     events += [instant("allreduce queued", 60, seq=9),
-               span("allreduce", 61, 3, tid=1, cat="comm", seq=9)]
+               cpu(span("allreduce", 61, 3, tid=1, cat="comm", seq=9), 9, 2)]
     return events
 
 
@@ -68,13 +84,21 @@ def check_made_up():
     # before graph done (25): 5 + 1 = 6 of min(15, 9) = 67%. Step 2: queued
     # 1 and 6 (median 3.5), runs 16-21 and 128-132 (after the step's 125:
     # 0 before it), hidden 5 of 9 = 56%. Medians: queued 2.5, hidden 61%.
+    # CPU: graph 12 and 9 ms (median 10.5), the all-reduces 0.75 ms a step.
     want = {"step": 40.0, "graph": 15.0, "tail": 5.0, "buckets": 2, "queued": 2.5,
-            "first": 1.0, "run": 9.0}
+            "first": 1.0, "run": 9.0, "graph cpu": 10.5, "run cpu": 0.75}
     for key, value in want.items():
         if abs(s[key] - value) > 1e-9:
             fail(f"made-up trace: {key} is {s[key]}, want {value} (all: {s})")
     if n != 2 or abs(s["hidden"] - (6 / 9 + 5 / 9) / 2) > 1e-9:
         fail(f"made-up trace: {n} steps, hidden {s['hidden']}; want 2 and {(6 / 9 + 5 / 9) / 2}")
+    # A trace from before the CPU clock (no tts, tdur): the CPU columns say "-".
+    old = [{k: v for k, v in e.items() if k not in ("tts", "tdur")} for e in made_up()]
+    s0, _ = overlap_trace.summary(old, 0)
+    if s0["graph cpu"] is not None or s0["run cpu"] is not None or s0["run"] != 9.0:
+        fail(f"a trace without the CPU clock: {s0}; want the CPU columns None")
+    if "| - |" not in overlap_trace.table([("old", (s0, 2))]):
+        fail(f"a trace without the CPU clock: no '-' in\n{overlap_trace.table([('old', (s0, 2))])}")
     s1, n1 = overlap_trace.summary(made_up(), 1)
     if n1 != 1 or abs(s1["queued"] - 3.5) > 1e-9:
         fail(f"--skip-steps 1: {n1} steps, queued {s1['queued']}; want 1 and 3.5")
@@ -90,7 +114,9 @@ def check_demo(demo, tmp):
     with open(trace) as f:
         events = json.load(f)["traceEvents"]
     s, n = overlap_trace.summary(events, 1)
-    if n != 4 or s["buckets"] < 1 or not 0 <= s["hidden"] <= 1 or s["run"] <= 0:
+    if (n != 4 or s["buckets"] < 1 or not 0 <= s["hidden"] <= 1 or s["run"] <= 0
+            or s["graph cpu"] is None or not 0 < s["graph cpu"] <= s["graph"] + 1
+            or s["run cpu"] is None or not 0 <= s["run cpu"] <= s["run"] + 1):
         fail(f"demo_03's trace: {n} steps (want 2 ranks x 2), summary {s}")
     r = subprocess.run([sys.executable, SCRIPT, f"demo={trace}"], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)

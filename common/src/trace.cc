@@ -16,11 +16,19 @@
 //   thread B's span begins (in real time), end_order < begin_order. Orders
 //   start at 1; an end_order of 0 marks a span that has not ended yet.
 //
+//   Thread CPU time is read before taking the lock, on the thread that
+//   records, so a thread that waits for the lock is not charged for the
+//   wait (its wall clock, read under the lock, is). The CPU clock costs a
+//   system call (the vDSO serves only the wall clocks), paid only while
+//   tracing is on.
+//
 //   Thread ids: each thread caches its tid in a thread_local together with
 //   the recorder's `generation`. enable() bumps the generation, so every
 //   thread takes a fresh tid (in order of first use, the enabling thread
 //   first) in the new recording.
 #include "tensorplay/trace.h"
+
+#include <time.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -88,6 +96,13 @@ int64_t now_us_locked(const Recorder& r) {
       .count();
 }
 
+// The calling thread's CPU time, microseconds since the thread started.
+int64_t thread_cpu_us() {
+  timespec t{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return -1;  // (not on Linux)
+  return static_cast<int64_t>(t.tv_sec) * 1000000 + t.tv_nsec / 1000;
+}
+
 // Appends a begun event and returns its global event number.
 int64_t record_begin(std::string name, const char* category, char phase,
                      std::initializer_list<Arg> args) {
@@ -98,6 +113,7 @@ int64_t record_begin(std::string name, const char* category, char phase,
   e.phase = phase;
   e.args.reserve(args.size());
   for (const Arg& a : args) e.args.emplace_back(a.key, a.value);
+  e.tts_us = thread_cpu_us();
 
   std::lock_guard<std::mutex> lock(r.mu);
   e.pid = r.pid;
@@ -218,6 +234,7 @@ Span::~Span() {
   if (index_ < 0) return;
   // A span that began while tracing was on always ends, even if tracing was
   // turned off in between, so no recorded span is left open.
+  const int64_t cpu_end = thread_cpu_us();
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mu);
   const auto number = static_cast<uint64_t>(index_);
@@ -227,11 +244,13 @@ Span::~Span() {
   Event& e = r.events[slot];
   e.end_order = r.next_order++;
   e.dur_us = now_us_locked(r) - e.ts_us;
+  if (e.tts_us >= 0 && cpu_end >= 0) e.tdur_us = cpu_end - e.tts_us;
 }
 
 std::string to_chrome_json(const std::vector<Event>& events) {
   // Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
-  // 'X' complete events carry ts and dur; 'i' instants carry "s":"t"
+  // 'X' complete events carry ts and dur (and the thread's CPU clock as tts
+  // and tdur, where recorded); 'i' instants carry "s":"t"
   // (thread scope); 'M' metadata events name the threads. Times are in
   // microseconds, the format's unit. Each event is one JSON object written
   // by nlohmann/json (which escapes names; a byte that is not UTF-8 becomes
@@ -258,6 +277,8 @@ std::string to_chrome_json(const std::vector<Event>& events) {
                    {"tid", e.tid},
                    {"ts", e.ts_us}};
     if (e.phase == 'X') object["dur"] = e.dur_us;
+    if (e.tts_us >= 0) object["tts"] = e.tts_us;
+    if (e.phase == 'X' && e.tdur_us >= 0) object["tdur"] = e.tdur_us;
     if (e.phase == 'i') object["s"] = "t";
     // The orders ride along as args so a timeline viewer shows them too.
     Json args = {{"begin_order", e.begin_order}, {"end_order", e.end_order}};

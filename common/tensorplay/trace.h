@@ -13,6 +13,10 @@
 //     (`begin_order` / `end_order`), taken under the recorder's lock. Checkers
 //     assert happens-before on these positions ("bucket 0's allreduce started
 //     before backward ended"), never on wall-clock durations.
+//   - Every span and instant recorded on the CPU also carries the recording
+//     thread's CPU time (CLOCK_THREAD_CPUTIME_ID): where a span's wall time
+//     (dur_us) is well above its CPU time (tdur_us), the thread waited there:
+//     for a lock, a peer, the wire, or a core another thread held.
 //   - write_chrome_json() writes Chrome trace-event JSON that opens in Perfetto
 //     (ui.perfetto.dev) or chrome://tracing; render_ascii() draws the same
 //     events as a terminal timeline.
@@ -41,6 +45,11 @@ struct Event {
   std::string thread;     // the thread's set_thread_name() label, "" if none
   int64_t ts_us = 0;      // start, microseconds since enable()
   int64_t dur_us = 0;     // spans only
+  // The thread's CPU clock at the start, and the CPU time the thread spent
+  // from start to end (spans only), microseconds; -1 where not recorded (the
+  // GPU's spans). Chrome's "tts" and "tdur".
+  int64_t tts_us = -1;
+  int64_t tdur_us = -1;
   uint64_t begin_order = 0;  // position of the start in the total order
   uint64_t end_order = 0;    // position of the end (== begin_order for instants)
   std::vector<std::pair<std::string, int64_t>> args;

@@ -3,10 +3,14 @@
 //
 // Checkers rely on begin_order/end_order for happens-before, never on
 // wall-clock durations, so these tests do the same: no assertion here depends
-// on how long anything took.
+// on how long anything took. The one test of the CPU clock spins until the
+// clock itself says 20 ms have run and sleeps 30 ms, so its bounds hold on a
+// machine however loaded.
 #include <doctest/doctest.h>
+#include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -288,6 +292,8 @@ TEST_CASE("chrome JSON has metadata, complete and instant events with escaped st
   events[0].begin_order = 1;
   events[0].end_order = 3;
   events[0].args = {{"bucket", 0}, {"bytes", 4096}};
+  events[0].tts_us = 7;
+  events[0].tdur_us = 20;
   events[1].name = "queued";
   events[1].category = "comm";
   events[1].phase = 'i';
@@ -305,11 +311,54 @@ TEST_CASE("chrome JSON has metadata, complete and instant events with escaped st
   CHECK(span["name"] == "bucket \"0\"\\copy\n");  // quotes, backslash, newline survive
   CHECK(span["ts"] == 10);
   CHECK(span["dur"] == 25);
+  CHECK(span["tts"] == 7);  // the thread's CPU clock, as Chrome's format names it
+  CHECK(span["tdur"] == 20);
   CHECK(span["args"] == Json{{"begin_order", 1}, {"end_order", 3}, {"bucket", 0}, {"bytes", 4096}});
   const Json& queued = written[3];
   CHECK(queued["s"] == "t");
   CHECK(queued["pid"] == 2);
   CHECK(!queued.contains("dur"));
+  CHECK(!queued.contains("tts"));  // -1: not recorded, so not written
+}
+
+TEST_CASE("a span's CPU time counts the thread's work and not its waiting") {
+  TraceOff guard;
+  trace::enable(0);
+  {
+    trace::Span s("work", "compute");
+    // Spin until this thread has used 20 ms of CPU, however long the
+    // machine makes that take.
+    timespec start{}, now{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+    volatile uint64_t sink = 0;
+    do {
+      for (int i = 0; i < 10000; ++i) sink = sink + static_cast<uint64_t>(i);
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+    } while ((now.tv_sec - start.tv_sec) * 1000000000L + (now.tv_nsec - start.tv_nsec) <
+             20000000L);
+  }
+  {
+    trace::Span s("sleep", "comm");
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  trace::instant("done", "ddp");
+  trace::disable();
+  const auto events = trace::events();
+  const trace::Event* work = find(events, "work");
+  const trace::Event* sleep = find(events, "sleep");
+  const trace::Event* done = find(events, "done");
+  REQUIRE(work != nullptr);
+  REQUIRE(sleep != nullptr);
+  REQUIRE(done != nullptr);
+  CHECK(work->tdur_us >= 20000);
+  CHECK(work->dur_us >= work->tdur_us - 1000);  // wall >= CPU (clocks read apart)
+  CHECK(sleep->dur_us >= 30000);
+  CHECK(sleep->tdur_us >= 0);
+  CHECK(sleep->tdur_us < 10000);  // asleep: the wall clock ran, the CPU clock hardly
+  // The clock is per thread and runs forward: the instant after both spans
+  // reads at least their CPU time past the first span's start.
+  CHECK(done->tts_us >= work->tts_us + work->tdur_us + sleep->tdur_us);
+  CHECK(done->tdur_us == -1);  // instants have no duration
 }
 
 TEST_CASE("write_chrome_json writes a file that a JSON parser accepts") {

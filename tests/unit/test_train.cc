@@ -323,6 +323,8 @@ TEST_CASE("a rank result survives serialize and parse bit for bit, everything in
   r.events.push_back(span("allreduce queued", 4, 4));
   r.events.back().thread = "main";
   r.events.back().args.push_back({"seq", 9});
+  r.events.back().tts_us = 123456;
+  r.events.back().tdur_us = 789;
   const RankResult back = train::parse_rank_result(train::serialize(r));
   CHECK(back.rank == 2);
   REQUIRE(back.losses.size() == 6);
@@ -353,6 +355,8 @@ TEST_CASE("a rank result survives serialize and parse bit for bit, everything in
   CHECK(back.events[0].name == "allreduce queued");
   CHECK(back.events[0].thread == "main");
   CHECK(back.events[0].args == r.events[0].args);
+  CHECK(back.events[0].tts_us == 123456);  // the thread's CPU clock rides along
+  CHECK(back.events[0].tdur_us == 789);
 }
 
 TEST_CASE("a truncated or foreign result is rejected") {

@@ -111,7 +111,8 @@ Json event_json(const trace::Event& e) {
   for (const auto& [key, value] : e.args) args.push_back({key, value});
   return {{"name", e.name},       {"category", e.category},   {"phase", std::string(1, e.phase)},
           {"pid", e.pid},         {"tid", e.tid},             {"thread", e.thread},
-          {"ts_us", e.ts_us},     {"dur_us", e.dur_us},       {"begin_order", e.begin_order},
+          {"ts_us", e.ts_us},     {"dur_us", e.dur_us},       {"tts_us", e.tts_us},
+          {"tdur_us", e.tdur_us}, {"begin_order", e.begin_order},
           {"end_order", e.end_order}, {"args", std::move(args)}};
 }
 
@@ -125,6 +126,8 @@ trace::Event event_from(const Json& j) {
   e.thread = j.at("thread").get<std::string>();
   e.ts_us = j.at("ts_us").get<int64_t>();
   e.dur_us = j.at("dur_us").get<int64_t>();
+  e.tts_us = j.at("tts_us").get<int64_t>();
+  e.tdur_us = j.at("tdur_us").get<int64_t>();
   e.begin_order = j.at("begin_order").get<uint64_t>();
   e.end_order = j.at("end_order").get<uint64_t>();
   for (const Json& arg : j.at("args")) {
