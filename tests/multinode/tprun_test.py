@@ -119,6 +119,22 @@ if r.returncode != 0 or r.stdout.split() != ["mine"]:
     fail(f"TP_JOB_ID as the default --job-id: exit {r.returncode}, {r.stdout!r}\n{r.stderr}")
 print("TP_JOB_ID in the environment is the default --job-id, also across nodes")
 
+# 1c. One OpenBLAS thread per rank unless the caller chose: OPENBLAS_NUM_THREADS
+# or OMP_NUM_THREADS in tprun's environment wins.
+for given, want in (({}, "1 -"), ({"OPENBLAS_NUM_THREADS": "2"}, "2 -"),
+                    ({"OMP_NUM_THREADS": "3"}, "- 3")):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    r = subprocess.run([TPRUN, "--nproc-per-node", "2", "--",
+                        *rank_script('echo "${OPENBLAS_NUM_THREADS:--} ${OMP_NUM_THREADS:--}"')],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30,
+                       env=dict(env, **given))
+    if r.returncode != 0 or r.stdout.split("\n")[:-1] != [want, want]:
+        fail(f"BLAS threads with {given or 'nothing set'}: exit {r.returncode}, "
+             f"{r.stdout!r}, expected {want!r} from each rank\n{r.stderr}")
+print("OPENBLAS_NUM_THREADS: 1 for every rank, unless OPENBLAS_NUM_THREADS or "
+      "OMP_NUM_THREADS is set")
+
 # 2. A failing rank is named with its message; the others are ended at once.
 r, seconds = run(["--nproc-per-node", "3", "--",
                   *rank_script('if [ "$RANK" = 1 ]; then echo "boom from rank 1" >&2; exit 3; '
