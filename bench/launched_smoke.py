@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A ranked benchmark run launched: 2 ranks started by tools/tprun, env://.
 
-    launched_smoke.py TPRUN BENCH_STEP BENCH_ALLREDUCE TORCH_DDP
+    launched_smoke.py TPRUN BENCH_STEP BENCH_ALLREDUCE BENCH_OVERLAP TORCH_DDP
 
 Runs `tprun --nproc-per-node 2 -- BENCH_STEP --init-method=env:// --smoke=1`
 on loopback (a free port; one iteration of BM_StepNoDDP and one
@@ -14,9 +14,11 @@ that disagrees with the launcher's WORLD_SIZE. Then what bench/link_bench.py
 runs besides: bench_step --cap-sweep=1 (every cap of BM_CapSweep, whose
 bucket counts must be those link_bench.py's prediction models),
 bench_allreduce launched (the kit's all-reduce alone, raw Gloo said to be
-not measured) and, where a python here imports torch (link_bench's
-torch_python), torch_ddp.py launched and torch_rounds.py's two rounds
-(bench/link_rounds.py runs them beside bench_hooks and bench_zero).
+not measured), bench_overlap's round launched (as bench/link_rounds.py
+--program overlap runs it: every set-up's median and ratio) and, where a
+python here imports torch (link_bench's torch_python), torch_ddp.py
+launched and torch_rounds.py's three rounds (bench/link_rounds.py runs them
+beside bench_hooks, bench_zero and bench_overlap).
 Some seconds; the times mean nothing.
 """
 
@@ -27,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-TPRUN, BENCH, ALLREDUCE, TORCH_DDP = sys.argv[1:5]
+TPRUN, BENCH, ALLREDUCE, OVERLAP, TORCH_DDP = sys.argv[1:6]
 TORCH_ROUNDS = os.path.join(os.path.dirname(os.path.abspath(TORCH_DDP)), "torch_rounds.py")
 FILTER = "--benchmark_filter=BM_StepNoDDP|BM_OverlapPair/cap_kib:0/batch:16/"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -57,24 +59,31 @@ def launch(extra, out, program=BENCH, bench_filter=FILTER):
                            "--benchmark_out_format=json", *extra])
 
 
+def check_round(counters, context, variants, what):
+    """A round's counters name every variant's median and its ratio to the
+    first, and its context the variants in order, as link_rounds.py reads
+    them."""
+    want = [f"{v}_ms" for v in variants] + [f"{v}_over_{variants[0]}" for v in variants[1:]]
+    if context.get("variants") != ",".join(variants) or \
+            any(name not in counters for name in want) or context.get("world_size") != "2":
+        fail(f"{what}: context {context}, counters {sorted(counters)}")
+
+
 def check_torch_rounds(python):
-    """torch_rounds.py's two rounds, launched, one iteration: every variant's
-    median and its ratio to the first, as link_rounds.py reads them."""
+    """torch_rounds.py's three rounds, launched, one iteration: every
+    variant's median and its ratio to the first, as link_rounds.py reads
+    them."""
     for round_name, variants in (("hooks", ["none", "allreduce", "fp16", "powersgd_r1",
                                             "powersgd_r4"]),
-                                 ("zero", ["sgd", "zero_broadcast", "zero_per_parameter"])):
+                                 ("zero", ["sgd", "zero_broadcast", "zero_per_parameter"]),
+                                 ("overlap", ["overlap", "overlap_512k", "no_ddp"])):
         with tempfile.TemporaryDirectory(prefix="tp-torch-rounds-") as tmp:
             out = os.path.join(tmp, "round.json")
             result = results_of(launch_command(
                 [python, TORCH_ROUNDS, "--round", round_name, "--init-method", "env://",
                  "--smoke", "--out", out]), out, f"torch_rounds.py --round {round_name}")
-        counters = result["benchmarks"][0]
-        want = [f"{v}_ms" for v in variants] + [f"{v}_over_{variants[0]}" for v in variants[1:]]
-        if result["context"]["variants"] != ",".join(variants) or \
-                any(name not in counters for name in want) or \
-                result["context"]["world_size"] != "2":
-            fail(f"torch_rounds.py --round {round_name}: context {result['context']}, "
-                 f"counters {sorted(counters)}")
+        check_round(result["benchmarks"][0], result["context"], variants,
+                    f"torch_rounds.py --round {round_name}")
         print(f"ok: torch_rounds.py --round {round_name} launched: {', '.join(variants)}")
 
 
@@ -145,6 +154,16 @@ with tempfile.TemporaryDirectory() as tmp:
              f"{sorted(runs[0]) if runs else None}")
     print("ok: bench_allreduce launched measures the kit's all-reduce at 13 sizes, raw Gloo "
           "said to be not measured")
+
+    out = os.path.join(tmp, "overlap.json")
+    overlap = results_of(launch(["--init-method=env://"], out, program=OVERLAP,
+                                bench_filter="--benchmark_filter=^BM_OverlapRound"), out,
+                         "bench_overlap launched")
+    if [b["name"].split("/iterations")[0] for b in overlap["benchmarks"]] != ["BM_OverlapRound"]:
+        fail(f"bench_overlap ran {[b['name'] for b in overlap['benchmarks']]}")
+    check_round(overlap["benchmarks"][0], overlap["context"],
+                ["overlap", "after_backward", "overlap_512k", "no_ddp"], "bench_overlap")
+    print("ok: bench_overlap's round launched: overlap, after_backward, overlap_512k, no_ddp")
 
     python = link_bench.torch_python()  # Debian's python3-torch is /usr/bin/python3's
     if python is None:

@@ -5,9 +5,10 @@
                    [--runs 3] [--batch N] [--no-loopback | --loopback-only]
                    [--torch | --no-torch] [--smoke] [--out bench/results/link_fsdp.json]
 
-bench_fsdp, bench_zero and bench_hooks each time their variants of a
-training step side by side in one benchmark, a round (BM_FsdpRound,
-BM_ZeroRound, BM_HookRound: one step of each variant per iteration, in an
+bench_fsdp, bench_zero, bench_hooks and bench_overlap each time their
+variants of a training step side by side in one benchmark, a round
+(BM_FsdpRound, BM_ZeroRound, BM_HookRound, BM_OverlapRound: one step of
+each variant per iteration, in an
 order rotated every iteration; bench/ranked_benchmark.h). Over loopback
 the wire is CPU work sharing the cores with compute; on a shaped link
 (bench/shaped_link.py: one host per rank, each host's egress limited to
@@ -30,12 +31,14 @@ ratios, flagged where it is 10% or more (then run longer or on a quieter
 machine before quoting it). --out gets every run's round as measured and
 that summary (JSON, whole or not at all); the table goes beside it as
 .md. bench/fsdp_figure.py draws link_fsdp.json, bench/report.py
-link_hooks.json and link_zero.json.
+link_hooks.json and link_zero.json, bench/rounds_figure.py also
+link_overlap.json.
 
-PyTorch beside the kit (hooks and zero, where a python imports torch;
+PyTorch beside the kit (hooks, zero and overlap, where a python imports torch;
 --no-torch skips it, --torch insists): each of the kit's runs is followed
 by PyTorch's round on the same link (bench/torch_rounds.py: the same steps
-with PyTorch 1.13's DDP, its hooks and its ZeroRedundancyOptimizer,
+with PyTorch 1.13's DDP, at its caps, with its hooks and its
+ZeroRedundancyOptimizer,
 interleaved the same way), so the two alternate run by run. Printed
 beside the kit's: PyTorch's own table, and per variant both have, the
 kit's step over PyTorch's, the median over the paired runs (run i of the
@@ -68,9 +71,11 @@ from namespaces import SKIP, Unavailable, clean_stale  # noqa: E402
 # --program: (the benchmark program, its round)
 PROGRAMS = {"fsdp": ("bench_fsdp", "BM_FsdpRound"),
             "zero": ("bench_zero", "BM_ZeroRound"),
-            "hooks": ("bench_hooks", "BM_HookRound")}
+            "hooks": ("bench_hooks", "BM_HookRound"),
+            "overlap": ("bench_overlap", "BM_OverlapRound")}
 # --program: PyTorch's round beside it (torch_rounds.py --round PROGRAM)
-TORCH_ROUNDS = {"zero": "BM_TorchZeroRound", "hooks": "BM_TorchHookRound"}
+TORCH_ROUNDS = {"zero": "BM_TorchZeroRound", "hooks": "BM_TorchHookRound",
+                "overlap": "BM_TorchOverlapRound"}
 SPREAD_LIMIT = 0.10  # a ratio whose runs spread this much or more is flagged
 
 
@@ -269,7 +274,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("build", help="the build directory (with bench/bench_PROGRAM)")
     parser.add_argument("--program", default="fsdp", choices=sorted(PROGRAMS),
-                        help="whose round: bench_fsdp (default), bench_zero or bench_hooks")
+                        help="whose round: bench_fsdp (default), bench_zero, bench_hooks "
+                             "or bench_overlap")
     parser.add_argument("--rates", default="1gbit",
                         help="link rates, as tc writes them (default 1gbit)")
     parser.add_argument("--world-sizes", default="2", help="ranks, one per host (default 2)")
@@ -285,7 +291,8 @@ def main():
                         help="one iteration per run (tests): the times mean nothing")
     torch_choice = parser.add_mutually_exclusive_group()
     torch_choice.add_argument("--torch", action="store_true",
-                              help="PyTorch's round after each run (hooks, zero); an error "
+                              help="PyTorch's round after each run (hooks, zero, overlap); "
+                                   "an error "
                                    "where no python imports torch")
     torch_choice.add_argument("--no-torch", action="store_true",
                               help="the kit's rounds only (by default PyTorch's run beside "

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Lessons 08's and 09's figures: the rounds of bench_hooks and bench_zero on
-loopback and on shaped links, PyTorch's DDP beside them.
+"""Lessons 03's, 08's and 09's figures: the rounds of bench_overlap,
+bench_hooks and bench_zero on loopback and on shaped links, PyTorch's DDP
+beside them.
 
-    rounds_figure.py PROGRAM [RESULTS]     (PROGRAM hooks or zero; default
-                                            RESULTS bench/results)
+    rounds_figure.py PROGRAM [RESULTS]     (PROGRAM overlap, hooks or zero;
+                                            default RESULTS bench/results)
 
 Draws RESULTS/link_PROGRAM.png from RESULTS/link_PROGRAM.json
 (bench/link_rounds.py --program PROGRAM, ./kit bench --link PROGRAM RATES):
@@ -12,8 +13,8 @@ one panel per world size; per variant of the round, one bar per link
 median step, the lowest and highest run as a line. Where PyTorch's rounds
 ran beside the kit's, its step for the same variant is the hatched bar
 next to the kit's (a PyTorch variant the kit's round lacks, such as
-zero_per_parameter, is in the table only). ./kit bench --link hooks|zero runs it after the
-measurement.
+zero_per_parameter, is in the table only). ./kit bench --link
+overlap|hooks|zero runs it after the measurement.
 """
 
 import os
@@ -23,7 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from atomic_file import load_json, save_figure  # noqa: E402
 
-TITLES = {"hooks": "Stage 08's comm hooks (bench_hooks' round)",
+TITLES = {"overlap": "Stage 03's overlap at two caps (bench_overlap's round)",
+          "hooks": "Stage 08's comm hooks (bench_hooks' round)",
           "zero": "Stage 09's ZeRO forms (bench_zero's round)"}
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""PyTorch's side of bench_hooks' and bench_zero's rounds: the same steps,
-interleaved the same way, with PyTorch 1.13's DistributedDataParallel.
+"""PyTorch's side of bench_hooks', bench_zero's and bench_overlap's rounds:
+the same steps, interleaved the same way, with PyTorch 1.13's
+DistributedDataParallel.
 
-    torch_rounds.py --round hooks|zero [--world-size 2] [--batch 64]
+    torch_rounds.py --round hooks|zero|overlap [--world-size 2] [--batch 64]
                     [--out FILE] [--smoke] [--init-method env://]
 
 A round (bench/ranked_benchmark.h's interleaved_round) builds every
@@ -31,6 +32,14 @@ compute thread per rank; Gloo):
                   zero_broadcast). PyTorch 1.13 has no all-gather form and
                   no reduce-scatter form; its default (one broadcast per
                   parameter) is zero_per_parameter.
+  --round overlap BM_TorchOverlapRound, beside bench_overlap's
+                  BM_OverlapRound, plain SGD, lr 1e-3: overlap (DDP at its
+                  default caps: a first bucket of 1 MiB, then 25 MiB),
+                  overlap_512k (both caps 512 KiB: bucket_cap_mb 0.5, and
+                  the first bucket through dist._DEFAULT_FIRST_BUCKET_BYTES,
+                  which DDP reads when it is built: PyTorch 1.13 has no
+                  argument for it) and no_ddp (the model alone). PyTorch
+                  has no after_backward (stage 02) to set beside the kit's.
 
 Warm-up: 5 steps of each variant right after it is built (PyTorch's DDP
 rebuilds its buckets after its first step; PowerSGD compresses from its
@@ -63,7 +72,8 @@ from torch_ddp import add_init_method, deep_mlp, launched_rank, quantile
 
 WARMUP = 5
 POWERSGD_START = 2  # bench_hooks.cc's kPowerSGDStart
-ROUNDS = {"hooks": "BM_TorchHookRound", "zero": "BM_TorchZeroRound"}
+ROUNDS = {"hooks": "BM_TorchHookRound", "zero": "BM_TorchZeroRound",
+          "overlap": "BM_TorchOverlapRound"}
 MAX_BUCKETS = 4  # PowerSGD's groups (Note [PowerSGD's groups]); the model has 2 buckets
 
 
@@ -142,6 +152,30 @@ def zero_variants(torch):
             ("zero_per_parameter", zero(False))]
 
 
+def overlap_variants(torch):
+    dist = torch.distributed
+
+    def ddp_at(cap_kib):
+        def make(module):
+            if cap_kib is None:
+                ddp = torch.nn.parallel.DistributedDataParallel(module)
+            else:
+                default_first = dist._DEFAULT_FIRST_BUCKET_BYTES
+                dist._DEFAULT_FIRST_BUCKET_BYTES = cap_kib * 1024
+                try:
+                    ddp = torch.nn.parallel.DistributedDataParallel(
+                        module, bucket_cap_mb=cap_kib / 1024)
+                finally:
+                    dist._DEFAULT_FIRST_BUCKET_BYTES = default_first
+            return ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        return make
+
+    def alone(module):
+        return module, torch.optim.SGD(module.parameters(), lr=1e-3)
+
+    return [("overlap", ddp_at(None)), ("overlap_512k", ddp_at(512)), ("no_ddp", alone)]
+
+
 def interleaved_round(steps, iterations):
     """{label}_ms and {label}_over_{first} over `iterations` rotated rounds
     of `steps` ([(label, step())]), as ranked_benchmark.h's."""
@@ -177,7 +211,8 @@ def rank_main(rank, args, init_method):
     generator = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, 16, generator=generator)
     y = torch.randn(args.batch, 4, generator=generator)
-    variants = (hook_variants if args.round == "hooks" else zero_variants)(torch)
+    variants = {"hooks": hook_variants, "zero": zero_variants,
+                "overlap": overlap_variants}[args.round](torch)
     steps = []
     for label, make in variants:
         torch.manual_seed(0)
@@ -221,7 +256,8 @@ def rank_main(rank, args, init_method):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--round", required=True, choices=sorted(ROUNDS),
-                        help="hooks (beside bench_hooks) or zero (beside bench_zero)")
+                        help="hooks (beside bench_hooks), zero (beside bench_zero) or "
+                             "overlap (beside bench_overlap)")
     parser.add_argument("--world-size", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--batch", type=int, default=64, help="rows per rank (default 64)")
     parser.add_argument("--out", help="write the round here (Google Benchmark's JSON layout)")
