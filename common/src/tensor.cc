@@ -38,6 +38,7 @@
 
 #include "cuda_kernels/kernels.h"
 #include "half_bulk.h"
+#include "host_memory.h"
 
 namespace tp {
 
@@ -118,9 +119,6 @@ Strides contiguous_strides(const Shape& shape) {
 
 // ---- Storage ----------------------------------------------------------------
 
-// 64 bytes: one cache line, and the widest SIMD load (AVX-512) BLAS may use.
-static constexpr std::align_val_t kStorageAlignment{64};
-
 Storage::Storage(std::size_t nbytes, Device device)
     : data_(nullptr), nbytes_(0), device_(device), memory_kind_(memory::current_kind()) {
   if (device.type == DeviceType::CPU) {
@@ -138,7 +136,7 @@ Storage::~Storage() { release(); }
 
 void Storage::allocate(std::size_t nbytes) {
   if (device_.type == DeviceType::CPU) {
-    data_ = ::operator new(nbytes, kStorageAlignment);
+    data_ = detail::host_allocate(nbytes);  // Note [Keeping freed pages]
   } else {
     // Memory is ordered on the current stream, which belongs to the current
     // device: allocating for another device would need a stream of that one.
@@ -159,7 +157,7 @@ void Storage::release() {
   if (freed_) return;  // resize_(0) already did
   memory::detail::record_free(memory_kind_, nbytes_);
   if (device_.type == DeviceType::CPU) {
-    ::operator delete(data_, kStorageAlignment);
+    detail::host_free(data_);
   } else {
     cuda::deallocate({data_, cuda_stream_, device_.index});
   }
