@@ -76,7 +76,8 @@ def check_torch_rounds(python):
     for round_name, variants in (("hooks", ["none", "allreduce", "fp16", "powersgd_r1",
                                             "powersgd_r4"]),
                                  ("zero", ["sgd", "zero_broadcast", "zero_per_parameter"]),
-                                 ("overlap", ["overlap", "overlap_512k", "no_ddp"])):
+                                 ("overlap", ["overlap", "overlap_512k",
+                                              "overlap_512k_1thread", "no_ddp"])):
         with tempfile.TemporaryDirectory(prefix="tp-torch-rounds-") as tmp:
             out = os.path.join(tmp, "round.json")
             result = results_of(launch_command(

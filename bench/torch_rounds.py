@@ -38,8 +38,12 @@ compute thread per rank; Gloo):
                   overlap_512k (both caps 512 KiB: bucket_cap_mb 0.5, and
                   the first bucket through dist._DEFAULT_FIRST_BUCKET_BYTES,
                   which DDP reads when it is built: PyTorch 1.13 has no
-                  argument for it) and no_ddp (the model alone). PyTorch
-                  has no after_backward (stage 02) to set beside the kit's.
+                  argument for it), overlap_512k_1thread (the same on a Gloo
+                  group of one worker thread, as the kit's one communication
+                  thread: PyTorch's groups have 2, so two buckets' all-reduces
+                  can run at once; Note [One Gloo thread]) and no_ddp (the
+                  model alone). PyTorch has no after_backward (stage 02) to
+                  set beside the kit's.
 
 Warm-up: 5 steps of each variant right after it is built (PyTorch's DDP
 rebuilds its buckets after its first step; PowerSGD compresses from its
@@ -61,6 +65,7 @@ Optional: needs Debian's python3-torch; the kit never requires it.
 """
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -152,19 +157,44 @@ def zero_variants(torch):
             ("zero_per_parameter", zero(False))]
 
 
+def one_thread_group(torch):
+    """A Gloo group over every rank with one worker thread.
+
+    Note [One Gloo thread]: ProcessGroupGloo runs a collective on one of its
+    worker threads, 2 by default, so DDP's next bucket can start its
+    all-reduce while the one before is still on the wire; the kit's
+    process group runs one collective at a time on its one communication
+    thread (lesson 03). This group lets the round show what that difference
+    costs. PyTorch 1.13 has no public option for the count (new_group
+    ignores pg_options for gloo), so the group is built as
+    init_process_group builds its own: ProcessGroupGloo's _Options, on the
+    default group's store under a prefix of its own, on the interface
+    GLOO_SOCKET_IFNAME names (the shaped link's), else the host's."""
+    dist = torch.distributed
+    options = dist.ProcessGroupGloo._Options()
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")
+    options._devices = [dist.ProcessGroupGloo.create_device(interface=interface) if interface
+                        else dist.ProcessGroupGloo.create_default_device()]
+    options._threads = 1
+    options._timeout = datetime.timedelta(seconds=60)
+    store = dist.PrefixStore("one_gloo_thread", dist.distributed_c10d._get_default_store())
+    return dist.ProcessGroupGloo(store, dist.get_rank(), dist.get_world_size(), options)
+
+
 def overlap_variants(torch):
     dist = torch.distributed
+    one_thread = one_thread_group(torch)  # before any variant: every rank in the same order
 
-    def ddp_at(cap_kib):
+    def ddp_at(cap_kib, group=None):
         def make(module):
             if cap_kib is None:
-                ddp = torch.nn.parallel.DistributedDataParallel(module)
+                ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=group)
             else:
                 default_first = dist._DEFAULT_FIRST_BUCKET_BYTES
                 dist._DEFAULT_FIRST_BUCKET_BYTES = cap_kib * 1024
                 try:
                     ddp = torch.nn.parallel.DistributedDataParallel(
-                        module, bucket_cap_mb=cap_kib / 1024)
+                        module, process_group=group, bucket_cap_mb=cap_kib / 1024)
                 finally:
                     dist._DEFAULT_FIRST_BUCKET_BYTES = default_first
             return ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3)
@@ -173,7 +203,8 @@ def overlap_variants(torch):
     def alone(module):
         return module, torch.optim.SGD(module.parameters(), lr=1e-3)
 
-    return [("overlap", ddp_at(None)), ("overlap_512k", ddp_at(512)), ("no_ddp", alone)]
+    return [("overlap", ddp_at(None)), ("overlap_512k", ddp_at(512)),
+            ("overlap_512k_1thread", ddp_at(512, one_thread)), ("no_ddp", alone)]
 
 
 def interleaved_round(steps, iterations):
