@@ -59,6 +59,17 @@ import time
 
 from atomic_file import write_text
 
+# One OpenBLAS thread per rank, as the kit's ranks have (spawn's
+# blas_threads, tprun's OPENBLAS_NUM_THREADS): Debian's PyTorch does its
+# matrix products in OpenBLAS, which torch.set_num_threads(1) does not
+# limit, and OpenBLAS's idle threads spin on the cores the other rank
+# needs. Read when OpenBLAS loads, so set before torch is imported, here or
+# in a rank this process spawns (torch_rounds.py imports this module
+# first). Its step without DDP, 2 spawned ranks, batch 256: 44.8 ms
+# without it, 23.4 ms with it (torch_rounds.py --round overlap, one run
+# each). A value already set wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 WIDTH = 128
 DEPTH = 64
 ITERATIONS = 40
