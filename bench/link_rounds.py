@@ -8,8 +8,8 @@
 bench_fsdp, bench_zero, bench_hooks and bench_overlap each time their
 variants of a training step side by side in one benchmark, a round
 (BM_FsdpRound, BM_ZeroRound, BM_HookRound, BM_OverlapRound: one step of
-each variant per iteration, in an
-order rotated every iteration; bench/ranked_benchmark.h). Over loopback
+each variant per iteration, in an order rotated every iteration;
+bench/ranked_benchmark.h). Over loopback
 the wire is CPU work sharing the cores with compute; on a shaped link
 (bench/shaped_link.py: one host per rank, each host's egress limited to
 the rate) a collective waits for the wire while the core is free, which is
@@ -292,8 +292,7 @@ def main():
     torch_choice = parser.add_mutually_exclusive_group()
     torch_choice.add_argument("--torch", action="store_true",
                               help="PyTorch's round after each run (hooks, zero, overlap); "
-                                   "an error "
-                                   "where no python imports torch")
+                                   "an error where no python imports torch")
     torch_choice.add_argument("--no-torch", action="store_true",
                               help="the kit's rounds only (by default PyTorch's run beside "
                                    "them where a python imports torch)")

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Where stage 03's step goes, bucket by bucket, read from demo traces.
+"""Where stage 03's step goes, bucket by bucket, read from demo traces,
+and PyTorch's DDP step the same way from its profiler's.
 
     overlap_trace.py LABEL=TRACE [LABEL=TRACE ...] [--skip-steps N]
 
 Each TRACE is a demo's --trace file of a stage that syncs inside backward
 (./kit demo 03 ... --trace t.json, or the same demo on a shaped link
 through bench/on_link.py; the kit's Chrome trace format,
-common/src/trace.cc). On each rank the thread that runs the "step" spans is
-the training thread; the one that runs the collectives' spans is the
-communication thread. Per step, from the events the kit already records:
+common/src/trace.cc), or a PyTorch trace from bench/torch_trace.py. On
+each rank the thread that runs the "step" spans is the training thread;
+the one that runs the collectives' spans is the communication thread. Per
+step, from the events the kit already records:
 
   step       the step span, ms
   graph      backward's own work: from the backward span's start to its
@@ -24,7 +26,9 @@ communication thread. Per step, from the events the kit already records:
              and the thread's wake-up; the median over buckets
   first      the same for the step's first bucket alone: no bucket before
              it, so this is the hand-off's own latency
-  run        the buckets' spans summed: Gloo's all-reduce, CPU and wire
+  run        the time an all-reduce was running: the buckets' spans,
+             summed (overlapping spans counted once); Gloo's all-reduce, CPU
+             and wire
   hidden     of `run`, the part that ran before "graph done", over
              min(graph, run): the share of what overlap could hide that it
              hid (lesson 03's "hidden")
@@ -45,15 +49,30 @@ the median over the remaining steps of all ranks, one row per trace, as a
 markdown table.
 
 A trace written before the kit recorded the thread CPU clock shows "-" in
-the two CPU columns. What it cannot say: what Gloo's I/O thread, OpenBLAS's
-other threads (where a rank runs more than one) and the kernel's network
-stack cost: no span of the kit's runs on them.
+the two CPU columns. What the kit's trace cannot say: what Gloo's I/O
+thread, OpenBLAS's other threads (where a rank runs more than one) and the
+kernel's network stack cost: no span of the kit's runs on them.
+
+PyTorch's trace (torch_trace.py; PyTorch 1.13's profiler, CPU) gives the
+same columns from its own events: backward is the "backward"
+record_function; "graph done" is the end of the last autograd node
+("autograd::engine::evaluate_function: ..."), whose hooks launch the last
+bucket; a bucket's "queued" instant is its "c10d::allreduce_" on the
+training thread, and its run the "gloo:all_reduce" span on a Gloo worker
+thread (launches and runs paired in order of start; a step whose counts
+differ is an error). Its profiler records no thread CPU time ("-"), and
+PyTorch's Gloo has 2 worker threads, so two runs may overlap: `run` counts
+that time once.
 """
 
 import argparse
 import json
+import os
 import statistics
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import write_text  # noqa: E402
 
 COLUMNS = ["step", "graph", "tail", "buckets", "queued", "first", "run", "hidden",
            "graph cpu", "run cpu"]
@@ -91,15 +110,91 @@ def cpu_of(spans):
     return sum(s["tdur"] for s in spans) / 1e3
 
 
+def is_torch_trace(events):
+    """True for a PyTorch profiler trace (torch_trace.py), whose all-reduces
+    are "gloo:all_reduce" spans."""
+    return any(e.get("name") == "gloo:all_reduce" for e in events)
+
+
+def union(intervals):
+    """The (start, end) intervals merged where they overlap, in order."""
+    merged = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def row(step_ms, b_start, g, b_end, waits, runs):
+    """A step's COLUMNS from its backward [b_start, b_end], "graph done" at
+    g, the buckets' waits and their runs ((start, dur) each), all in us but
+    step_ms; the CPU columns are left to the caller. `run` is the time an
+    all-reduce was running: the union of the runs (PyTorch's two Gloo
+    threads can run two at once; the kit's one thread never does)."""
+    running = union([(t, t + d) for t, d in runs])
+    run_total = sum(end - start for start, end in running)
+    before_done = sum(max(0, min(end, g) - start) for start, end in running)
+    possible = min(g - b_start, run_total)
+    return {"step": step_ms, "graph": (g - b_start) / 1e3, "tail": (b_end - g) / 1e3,
+            "buckets": len(runs),
+            "queued": statistics.median(waits) / 1e3 if waits else 0.0,
+            "first": waits[0] / 1e3 if waits else 0.0,
+            "run": run_total / 1e3,
+            "hidden": before_done / possible if possible > 0 else 0.0,
+            "graph cpu": None, "run cpu": None}
+
+
+def torch_step_rows(events, pid):
+    """One dict of COLUMNS per step of rank `pid` of a PyTorch trace."""
+    mine = [e for e in events if e.get("pid") == pid and e.get("ph") == "X"]
+    steps = sorted((e for e in mine if e["name"] == "step"), key=lambda e: e["ts"])
+    if not steps:
+        return []
+    training = steps[0]["tid"]
+    rows = []
+    for step in steps:
+        end = step["ts"] + step["dur"]
+        on_training = [e for e in mine if e["tid"] == training and within(e["ts"], step["ts"], end)]
+        bwd = [e for e in on_training if e["name"] == "backward"]
+        if len(bwd) != 1:
+            continue
+        b = bwd[0]
+        b_end = b["ts"] + b["dur"]
+        nodes = [e for e in on_training if within(e["ts"], b["ts"], b_end)
+                 and e["name"].startswith("autograd::engine::evaluate_function")]
+        if not nodes:
+            continue
+        g = max(e["ts"] + e["dur"] for e in nodes)
+        launches = sorted(e["ts"] for e in on_training if e["name"] == "c10d::allreduce_"
+                          and within(e["ts"], b["ts"], b_end))
+        runs = sorted((e for e in mine if e["name"] == "gloo:all_reduce"
+                       and e["tid"] != training and within(e["ts"], b["ts"], b_end)),
+                      key=lambda e: e["ts"])
+        if len(launches) != len(runs):
+            raise ValueError(f"rank {pid}: a step with {len(launches)} c10d::allreduce_ "
+                             f"launches and {len(runs)} gloo:all_reduce runs in its backward; "
+                             "expected one run per launch")
+        paired = list(zip(launches, runs))
+        rows.append(row(step["dur"] / 1e3, b["ts"], g, b_end,
+                        [r["ts"] - t for t, r in paired],
+                        [(r["ts"], r["dur"]) for _, r in paired]))
+    return rows
+
+
 def step_rows(events, pid):
     """One dict of COLUMNS per step of rank `pid`, in step order."""
+    if is_torch_trace(events):
+        return torch_step_rows(events, pid)
     training, comm = threads_of(events, pid)
     mine = [e for e in events if e["pid"] == pid]
     steps = sorted((e for e in mine if e.get("ph") == "X" and e["tid"] == training
                     and e["name"] == "step"), key=lambda e: e["ts"])
     backwards = [e for e in mine if e.get("ph") == "X" and e["tid"] == training
                  and e["name"] == "backward"]
-    done = [e for e in mine if e.get("ph") == "i" and e["name"] == "graph done"]
+    done = [e for e in mine if e.get("ph") == "i" and e["name"] == "graph done"
+            and e["tid"] == training]
     queued = {e["args"]["seq"]: e["ts"] for e in mine
               if e.get("ph") == "i" and e["name"] == "allreduce queued"}
     runs = {e["args"]["seq"]: e for e in mine if e.get("ph") == "X" and e["tid"] == comm
@@ -118,19 +213,11 @@ def step_rows(events, pid):
                       key=lambda d: d["ts"])
         g = g_event["ts"]
         seqs = sorted(s for s, t in queued.items() if within(t, b["ts"], b_end) and s in runs)
-        waits = [runs[s]["ts"] - queued[s] for s in seqs]
-        run_total = sum(runs[s]["dur"] for s in seqs)
-        before_done = sum(max(0, min(runs[s]["ts"] + runs[s]["dur"], g) - runs[s]["ts"])
-                          for s in seqs)
-        possible = min(g - b["ts"], run_total)
-        rows.append({"step": step["dur"] / 1e3, "graph": (g - b["ts"]) / 1e3,
-                     "tail": (b_end - g) / 1e3, "buckets": len(seqs),
-                     "queued": statistics.median(waits) / 1e3 if waits else 0.0,
-                     "first": waits[0] / 1e3 if waits else 0.0,
-                     "run": run_total / 1e3,
-                     "hidden": before_done / possible if possible > 0 else 0.0,
-                     "graph cpu": cpu_between(b, g_event),
-                     "run cpu": cpu_of([runs[s] for s in seqs])})
+        r = row(step["dur"] / 1e3, b["ts"], g, b_end, [runs[s]["ts"] - queued[s] for s in seqs],
+                [(runs[s]["ts"], runs[s]["dur"]) for s in seqs])
+        r["graph cpu"] = cpu_between(b, g_event)
+        r["run cpu"] = cpu_of([runs[s] for s in seqs])
+        rows.append(r)
     return rows
 
 
@@ -141,8 +228,9 @@ def summary(events, skip_steps):
     for pid in sorted({e["pid"] for e in events if "pid" in e}):
         rows += step_rows(events, pid)[skip_steps:]
     if not rows:
-        raise ValueError("no step with one backward and a 'graph done' in it (a stage that "
-                         "syncs inside backward, traced with --trace?)")
+        raise ValueError("no step with one backward and its graph's end in it (a stage that "
+                         "syncs inside backward, traced with --trace, or torch_trace.py's "
+                         "trace?)")
     return {c: median_or_none([r[c] for r in rows]) for c in COLUMNS}, len(rows)
 
 
@@ -153,7 +241,6 @@ def median_or_none(values):
 
 def ms(value, digits=1):
     return "-" if value is None else f"{value:.{digits}f}"
-
 
 
 def table(results):
@@ -173,6 +260,9 @@ def main():
     parser.add_argument("traces", nargs="+", metavar="LABEL=TRACE")
     parser.add_argument("--skip-steps", type=int, default=1,
                         help="steps of each rank left out at the start (default 1)")
+    parser.add_argument("--out", help="also write the table here (markdown), under a title "
+                        "and a --note line saying how the traces were made")
+    parser.add_argument("--note", default="", help="with --out: how the traces were made")
     args = parser.parse_args()
     if args.skip_steps < 0:
         parser.error("--skip-steps takes 0 or more")
@@ -187,7 +277,14 @@ def main():
             results.append((label, summary(events, args.skip_steps)))
         except (OSError, ValueError, KeyError) as e:
             sys.exit(f"overlap_trace.py: {path}: {e}")
-    print(table(results))
+    text = table(results)
+    print(text)
+    if args.out:
+        write_text(args.out, "# Where stage 03's step goes, bucket by bucket\n\n"
+                   + (args.note + "\n\n" if args.note else "")
+                   + "Made with `python3 bench/overlap_trace.py` (its docstring says what each "
+                   "column is): medians over each trace's steps after the first "
+                   f"{args.skip_steps}, every rank's.\n\n" + text + "\n")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@
      recorded and no longer than the wall times they belong to.
   3. A trace without steps, and a LABEL=TRACE argument without a label,
      are refused with the reason.
+  4. A made-up PyTorch profiler trace (bench/torch_trace.py's layout),
+     worked out by hand: backward 10 to 30 ms, its last autograd node
+     ending at 25, buckets launched at 15 and 22 (c10d::allreduce_) and
+     run on two Gloo threads 16-21 and 23-27: the same columns, CPU "-".
+     Where a python imports torch, torch_trace.py's own trace of 2 spawned
+     ranks reads with at least one bucket a step.
 """
 
 import json
@@ -30,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "overlap_trace.py")
 sys.path.insert(0, HERE)
 import overlap_trace  # noqa: E402
-from smoke import expect_refused  # noqa: E402
+from smoke import expect_refused, python_with  # noqa: E402
 
 
 def fail(message):
@@ -124,6 +130,70 @@ def check_demo(demo, tmp):
         fail(f"overlap_trace.py demo=TRACE: exit {r.returncode}:\n{r.stdout}")
 
 
+def torch_made_up():
+    def x(name, ts_ms, dur_ms, tid=1):
+        return {"name": name, "ph": "X", "pid": 0, "tid": tid, "ts": int(ts_ms * 1000),
+                "dur": int(dur_ms * 1000)}
+    return [x("step", 0, 40), x("backward", 10, 20),
+            x("autograd::engine::evaluate_function: AddmmBackward0", 10, 2),
+            x("autograd::engine::evaluate_function: AddmmBackward0", 14, 4),
+            x("autograd::engine::evaluate_function: AddmmBackward0", 20, 5),
+            x("c10d::allreduce_", 15, 0.1), x("c10d::allreduce_", 22, 0.1),
+            x("gloo:all_reduce", 16, 5, tid=2), x("gloo:all_reduce", 23, 4, tid=3),
+            x("Optimizer.step#SGD.step", 31, 1)]
+
+
+def check_torch(tmp):
+    s, n = overlap_trace.summary(torch_made_up(), 0)
+    # graph 10 -> 25; runs 16-21 (5 before 25) and 23-27 (2 before 25): 7 of min(15, 9).
+    want = {"step": 40.0, "graph": 15.0, "tail": 5.0, "buckets": 2, "queued": 1.0,
+            "first": 1.0, "run": 9.0, "hidden": 7 / 9, "graph cpu": None, "run cpu": None}
+    for key, value in want.items():
+        if (s[key] is None) != (value is None) or (value is not None
+                                                     and abs(s[key] - value) > 1e-9):
+            fail(f"made-up PyTorch trace: {key} is {s[key]}, want {value} (all: {s})")
+    if n != 1:
+        fail(f"made-up PyTorch trace: {n} steps, want 1")
+    # Two runs at once (PyTorch's two Gloo threads): 16-21 and 18-28 are
+    # 12 ms of running (not 15 summed), 9 of them before 25: hidden 9 of
+    # min(15, 12) (summed it would read 12 of 15).
+    both = [e for e in torch_made_up() if e["name"] != "gloo:all_reduce"] + [
+        {"name": "gloo:all_reduce", "ph": "X", "pid": 0, "tid": 2, "ts": 16000, "dur": 5000},
+        {"name": "gloo:all_reduce", "ph": "X", "pid": 0, "tid": 3, "ts": 18000, "dur": 10000}]
+    s2, _ = overlap_trace.summary(both, 0)
+    if abs(s2["run"] - 12.0) > 1e-9 or abs(s2["hidden"] - 9 / 12) > 1e-9:
+        fail(f"overlapping PyTorch runs: run {s2['run']}, hidden {s2['hidden']}; want 12 and "
+             f"{9 / 12}")
+    # A launch without its run is an error, not a step read short.
+    short = [e for e in torch_made_up() if not (e["name"] == "gloo:all_reduce"
+                                                and e["tid"] == 3)]
+    try:
+        overlap_trace.summary(short, 0)
+        fail("a PyTorch step with 2 launches and 1 run was read")
+    except ValueError as e:
+        if "2 c10d::allreduce_ launches and 1 gloo:all_reduce runs" not in str(e):
+            fail(f"a launch without its run: {e}")
+    python = python_with("torch")
+    if python is None:
+        print("skipped: torch_trace.py (no python here imports torch)")
+        return
+    trace = os.path.join(tmp, "torch.json")
+    try:
+        r = subprocess.run([python, os.path.join(HERE, "torch_trace.py"), "--trace", trace,
+                            "--batch", "16", "--steps", "3"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=240)
+    except subprocess.TimeoutExpired as e:
+        fail(f"torch_trace.py ran past 240 s:\n{str(e.stdout or '')[-2000:]}")
+    if r.returncode != 0:
+        fail(f"torch_trace.py exited {r.returncode}:\n{r.stdout[-2000:]}")
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    s, n = overlap_trace.summary(events, 1)
+    if n != 4 or s["buckets"] < 1 or not 0 <= s["hidden"] <= 1 or s["run"] <= 0:
+        fail(f"torch_trace.py's trace: {n} steps (want 2 ranks x 2), summary {s}")
+    print(f"ok: torch_trace.py's trace of 2 ranks reads: {s['buckets']:g} buckets a step")
+
+
 def check_refused(tmp):
     empty = os.path.join(tmp, "empty.json")
     with open(empty, "w") as f:
@@ -138,6 +208,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="tp-overlap-trace-") as tmp:
         check_demo(sys.argv[1], tmp)
         check_refused(tmp)
+        check_torch(tmp)
     print("ok: overlap_trace.py splits a made-up step as worked out by hand and reads "
           "demo_03's trace")
 

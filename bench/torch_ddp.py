@@ -67,8 +67,10 @@ from atomic_file import write_text
 # in a rank this process spawns (torch_rounds.py imports this module
 # first). Its step without DDP, 2 spawned ranks, batch 256: 44.8 ms
 # without it, 23.4 ms with it (torch_rounds.py --round overlap, one run
-# each). A value already set wins.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# each). As tools/tprun: OPENBLAS_NUM_THREADS or OMP_NUM_THREADS already
+# set wins.
+if "OPENBLAS_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 WIDTH = 128
 DEPTH = 64

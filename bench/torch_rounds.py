@@ -65,7 +65,6 @@ Optional: needs Debian's python3-torch; the kit never requires it.
 """
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -166,17 +165,20 @@ def one_thread_group(torch):
     process group runs one collective at a time on its one communication
     thread (lesson 03). This group lets the round show what that difference
     costs. PyTorch 1.13 has no public option for the count (new_group
-    ignores pg_options for gloo), so the group is built as
-    init_process_group builds its own: ProcessGroupGloo's _Options, on the
-    default group's store under a prefix of its own, on the interface
-    GLOO_SOCKET_IFNAME names (the shaped link's), else the host's."""
+    refuses pg_options for gloo: "GLOO options not supported"), so the
+    group is built from ProcessGroupGloo's private _Options, much as
+    init_process_group builds its own: on the default group's store under
+    a prefix of its own, with PyTorch's default timeout, one device per
+    interface GLOO_SOCKET_IFNAME names (the shaped link's), else the
+    host's. It is not registered with torch.distributed (dist.get_rank(group)
+    and DDP's join() would not know it); DDP's step needs neither."""
     dist = torch.distributed
     options = dist.ProcessGroupGloo._Options()
-    interface = os.environ.get("GLOO_SOCKET_IFNAME")
-    options._devices = [dist.ProcessGroupGloo.create_device(interface=interface) if interface
-                        else dist.ProcessGroupGloo.create_default_device()]
+    interfaces = [i for i in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if i]
+    options._devices = ([dist.ProcessGroupGloo.create_device(interface=i) for i in interfaces]
+                        or [dist.ProcessGroupGloo.create_default_device()])
     options._threads = 1
-    options._timeout = datetime.timedelta(seconds=60)
+    options._timeout = dist.default_pg_timeout
     store = dist.PrefixStore("one_gloo_thread", dist.distributed_c10d._get_default_store())
     return dist.ProcessGroupGloo(store, dist.get_rank(), dist.get_world_size(), options)
 

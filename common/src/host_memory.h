@@ -6,9 +6,11 @@
 //     and the widest SIMD load, AVX-512, that BLAS may use), from the C++
 //     heap; throws std::bad_alloc as operator new does. host_free(p) gives
 //     them back. Thread-safe, as operator new and delete are.
-//   - The first call asks glibc's malloc to keep what is freed for the next
-//     allocations (Note [Keeping freed pages]); elsewhere (another C
-//     library) it changes nothing.
+//   - When the library loads (before any thread of the program's can
+//     allocate a tensor: mallopt is not thread-safe), it asks glibc's malloc
+//     to keep what is freed for the next allocations (Note [Keeping freed
+//     pages]). Elsewhere (another C library), or where glibc refuses the
+//     mmap threshold, it changes nothing.
 //
 // Note [Keeping freed pages]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -25,7 +27,13 @@
 //
 // So the kit sets both thresholds once, to values above any tensor of the
 // kit's models (M_MMAP_THRESHOLD 32 MiB, glibc's largest; M_TRIM_THRESHOLD
-// 1 GiB), and a step's tensors reuse the pages the last step freed. What it
+// 1 GiB), and a step's tensors reuse the pages the last step freed. Both,
+// because setting either one turns glibc's own adjustment off (mallopt(3)):
+// the trim threshold alone would leave the mmap threshold at 128 KiB, and
+// every larger tensor mapped afresh. For the same reason, where glibc
+// refuses the first (a huge-page malloc, GLIBC_TUNABLES=glibc.malloc.hugetlb,
+// lowers its largest), the second is not set either. A threshold set
+// through MALLOC_MMAP_THRESHOLD_ or GLIBC_TUNABLES is replaced. What it
 // costs: a process keeps its peak heap until it exits, as PyTorch's caching
 // allocator keeps GPU memory. Measured with
 //   OPENBLAS_NUM_THREADS=1 perf stat -e page-faults build/bench/bench_overlap \

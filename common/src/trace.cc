@@ -16,11 +16,11 @@
 //   thread B's span begins (in real time), end_order < begin_order. Orders
 //   start at 1; an end_order of 0 marks a span that has not ended yet.
 //
-//   Thread CPU time is read before taking the lock, on the thread that
-//   records, so a thread that waits for the lock is not charged for the
-//   wait (its wall clock, read under the lock, is). The CPU clock costs a
-//   system call (the vDSO serves only the wall clocks), paid only while
-//   tracing is on.
+//   Thread CPU time is read on the thread that records, before taking the
+//   lock: the CPU clock costs a system call (the vDSO serves only the wall
+//   clocks), which stays out of the locked section; it is paid only while
+//   tracing is on. A span's tdur is its end's reading minus its start's, so
+//   a Span ends on the thread that began it (a RAII object on the stack).
 //
 //   Thread ids: each thread caches its tid in a thread_local together with
 //   the recorder's `generation`. enable() bumps the generation, so every

@@ -82,7 +82,9 @@ int64_t now_us();
 void instant(const char* name, const char* category,
              std::initializer_list<Arg> args = {});
 
-// RAII span: records [construction, destruction) on the current thread.
+// RAII span: records [construction, destruction) on the current thread,
+// which must be the thread that destroys it (its CPU time is that thread's
+// clock at the end minus at the start).
 class Span {
  public:
   Span(const char* name, const char* category, std::initializer_list<Arg> args = {});
