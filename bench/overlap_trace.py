@@ -60,7 +60,7 @@ record_function; "graph done" is the end of the last autograd node
 bucket; a bucket's "queued" instant is its "c10d::allreduce_" on the
 training thread, and its run the "gloo:all_reduce" span on a Gloo worker
 thread (launches and runs paired in order of start; a step whose counts
-differ is an error). Its profiler records no thread CPU time ("-"), and
+differ is left out, and said on stderr). Its profiler records no thread CPU time ("-"), and
 PyTorch's Gloo has 2 worker threads, so two runs may overlap: `run` counts
 that time once.
 """
@@ -173,9 +173,12 @@ def torch_step_rows(events, pid):
                        and e["tid"] != training and within(e["ts"], b["ts"], b_end)),
                       key=lambda e: e["ts"])
         if len(launches) != len(runs):
-            raise ValueError(f"rank {pid}: a step with {len(launches)} c10d::allreduce_ "
-                             f"launches and {len(runs)} gloo:all_reduce runs in its backward; "
-                             "expected one run per launch")
+            # A run the profile's end cut off, or events this reader does not
+            # know: said, and the step left out rather than read short.
+            print(f"overlap_trace.py: rank {pid}: a step left out: {len(launches)} "
+                  f"c10d::allreduce_ launches and {len(runs)} gloo:all_reduce runs in its "
+                  "backward", file=sys.stderr)
+            continue
         paired = list(zip(launches, runs))
         rows.append(row(step["dur"] / 1e3, b["ts"], g, b_end,
                         [r["ts"] - t for t, r in paired],

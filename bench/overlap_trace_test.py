@@ -164,14 +164,15 @@ def check_torch(tmp):
     if abs(s2["run"] - 12.0) > 1e-9 or abs(s2["hidden"] - 9 / 12) > 1e-9:
         fail(f"overlapping PyTorch runs: run {s2['run']}, hidden {s2['hidden']}; want 12 and "
              f"{9 / 12}")
-    # A launch without its run is an error, not a step read short.
+    # A launch without its run leaves the step out, not read short: here
+    # the only step, so nothing is left to read.
     short = [e for e in torch_made_up() if not (e["name"] == "gloo:all_reduce"
                                                 and e["tid"] == 3)]
     try:
         overlap_trace.summary(short, 0)
         fail("a PyTorch step with 2 launches and 1 run was read")
     except ValueError as e:
-        if "2 c10d::allreduce_ launches and 1 gloo:all_reduce runs" not in str(e):
+        if "no step" not in str(e):
             fail(f"a launch without its run: {e}")
     python = python_with("torch")
     if python is None:

@@ -77,6 +77,10 @@ def rank_main(rank, args, init_method):
         for _ in range(args.steps):
             with torch.profiler.record_function("step"):
                 step()
+        # The last step's last all-reduce ends its span on a Gloo thread just
+        # after the training thread stops waiting for it; a barrier, queued
+        # behind it on those threads, keeps the profile open until it has.
+        dist.barrier()
     part = f"{args.trace}.rank{rank}"
     profile.export_chrome_trace(part)
     dist.barrier()  # every rank's part written
