@@ -32,7 +32,7 @@
 //
 // What it is for: stage 03 hides the all-reduces of the buckets that
 // complete during backward. At the default caps this model's second bucket
-// (3.2 MB) completes only when backward does, so at most the first bucket
+// (3.11 MB) completes only when backward does, so at most the first bucket
 // (1 MiB) runs under backward, whatever the link; smaller caps let more run
 // under it, at a cost per bucket. PyTorch's DDP has the same default caps,
 // so at the defaults the two can differ only in how fast each all-reduce
