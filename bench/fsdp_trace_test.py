@@ -30,12 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "fsdp_trace.py")
 sys.path.insert(0, HERE)
 import fsdp_trace  # noqa: E402
-from smoke import expect_refused  # noqa: E402
-
-
-def fail(message):
-    print(f"FAIL: {message}")
-    sys.exit(1)
+from smoke import expect_refused, fail  # noqa: E402
 
 
 def span(name, ts, dur, tid=1, pid=0, **args):

@@ -34,11 +34,7 @@ TORCH_ROUNDS = os.path.join(os.path.dirname(os.path.abspath(TORCH_DDP)), "torch_
 FILTER = "--benchmark_filter=BM_StepNoDDP|BM_OverlapPair/cap_kib:0/batch:16/"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import link_bench  # noqa: E402
-
-
-def fail(message):
-    print(f"FAIL: {message}")
-    sys.exit(1)
+from smoke import fail  # noqa: E402
 
 
 def free_port():

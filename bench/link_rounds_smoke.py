@@ -29,15 +29,10 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from smoke import expect_refused, python_with  # noqa: E402
+from smoke import expect_refused, fail, python_with  # noqa: E402
 
 BUILD = sys.argv[1]
 SCRIPT = os.path.join(HERE, "link_rounds.py")
-
-
-def fail(message):
-    print(f"FAIL: {message}")
-    sys.exit(1)
 
 
 def run(args):

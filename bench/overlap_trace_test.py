@@ -36,12 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "overlap_trace.py")
 sys.path.insert(0, HERE)
 import overlap_trace  # noqa: E402
-from smoke import expect_refused, python_with  # noqa: E402
-
-
-def fail(message):
-    print(f"FAIL: {message}")
-    sys.exit(1)
+from smoke import expect_refused, fail, python_with  # noqa: E402
 
 
 def span(name, ts_ms, dur_ms, tid=0, cat="compute", **args):

@@ -105,6 +105,12 @@ def check_fsdp_counts(path):
                  f"bench_fsdp counted {got}")
 
 
+def fail(message):
+    """Ends a bench test with its reason, as the suite's tests report one."""
+    print(f"FAIL: {message}")
+    sys.exit(1)
+
+
 def expect_refused(script, cases, code=None):
     """Runs `script` (a bench/ Python script) with each case's arguments and
     exits the test unless it fails (with exit `code`, when given) saying the

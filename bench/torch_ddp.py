@@ -243,6 +243,31 @@ def launched_rank(parser, args):
     return rank
 
 
+def run_ranks(script, rank_main, args, launched):
+    """Runs rank_main(rank, args, init_method) as this process's rank where a
+    launcher started it (`launched`, from launched_rank), else as
+    args.world_size ranks spawned here, meeting through a file://
+    rendezvous. The exit code: 0, or 2 (the reason on stderr) where PyTorch
+    does not import. Shared by torch_ddp.py, torch_rounds.py and
+    torch_trace.py."""
+    try:
+        import torch
+        import torch.multiprocessing
+    except ImportError:
+        print(f"{script}: PyTorch is not installed (Debian: apt-get install python3-torch); "
+              "nothing to compare with", file=sys.stderr)
+        return 2
+    if launched is not None:
+        rank_main(launched, args, "env://")
+        return 0
+    print(f"{script}: {args.world_size} rank(s) on {os.cpu_count()} core(s), torch "
+          f"{torch.__version__}", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix=f"tp-{os.path.splitext(script)[0]}-") as tmp:
+        torch.multiprocessing.spawn(rank_main, args=(args, "file://" + os.path.join(tmp, "init")),
+                                    nprocs=args.world_size, join=True)
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-size", type=int, default=2, help="ranks (default 2)")
@@ -258,22 +283,7 @@ def main():
     launched = launched_rank(parser, args)
     if not 1 <= args.world_size <= 16 or args.batch < 1:
         parser.error("--world-size must be 1 to 16 and --batch at least 1")
-    try:
-        import torch  # noqa: F401
-        import torch.multiprocessing
-    except ImportError:
-        print("torch_ddp.py: PyTorch is not installed (Debian: apt-get install python3-torch); "
-              "nothing to compare with", file=sys.stderr)
-        return 2
-    if launched is not None:
-        rank_main(launched, args, "env://")
-        return 0
-    print(f"torch_ddp.py: {args.world_size} rank(s) on {os.cpu_count()} core(s), torch "
-          f"{torch.__version__}", file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory(prefix="tp-torch-ddp-") as tmp:
-        torch.multiprocessing.spawn(rank_main, args=(args, "file://" + os.path.join(tmp, "init")),
-                                    nprocs=args.world_size, join=True)
-    return 0
+    return run_ranks("torch_ddp.py", rank_main, args, launched)
 
 
 if __name__ == "__main__":

@@ -68,11 +68,10 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 
 from atomic_file import write_text
-from torch_ddp import add_init_method, deep_mlp, launched_rank, quantile
+from torch_ddp import add_init_method, deep_mlp, launched_rank, quantile, run_ranks
 
 WARMUP = 5
 POWERSGD_START = 2  # bench_hooks.cc's kPowerSGDStart
@@ -301,20 +300,7 @@ def main():
     launched = launched_rank(parser, args)
     if not 2 <= args.world_size <= 16 or not 1 <= args.batch <= 4096:
         parser.error("--world-size must be 2 to 16 and --batch 1 to 4096")
-    try:
-        import torch
-        import torch.multiprocessing
-    except ImportError:
-        print("torch_rounds.py: PyTorch is not installed (Debian: apt-get install "
-              "python3-torch); nothing to compare with", file=sys.stderr)
-        return 2
-    if launched is not None:
-        rank_main(launched, args, "env://")
-        return 0
-    with tempfile.TemporaryDirectory(prefix="tp-torch-rounds-") as tmp:
-        torch.multiprocessing.spawn(rank_main, args=(args, "file://" + os.path.join(tmp, "init")),
-                                    nprocs=args.world_size, join=True)
-    return 0
+    return run_ranks("torch_rounds.py", rank_main, args, launched)
 
 
 if __name__ == "__main__":

@@ -35,10 +35,9 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 from atomic_file import write_text
-from torch_ddp import add_init_method, deep_mlp, launched_rank
+from torch_ddp import add_init_method, deep_mlp, launched_rank, run_ranks
 
 WARMUP = 5
 
@@ -118,20 +117,7 @@ def main():
         parser.error("--world-size takes 2 to 16, --batch 1 to 4096, --steps 1 to 1000 and "
                      "--cap-kib 0 or more")
     args.trace = os.path.abspath(args.trace)
-    try:
-        import torch
-        import torch.multiprocessing
-    except ImportError:
-        print("torch_trace.py: PyTorch is not installed (Debian: apt-get install "
-              "python3-torch); nothing to trace", file=sys.stderr)
-        return 2
-    if launched is not None:
-        rank_main(launched, args, "env://")
-        return 0
-    with tempfile.TemporaryDirectory(prefix="tp-torch-trace-") as tmp:
-        torch.multiprocessing.spawn(rank_main, args=(args, "file://" + os.path.join(tmp, "init")),
-                                    nprocs=args.world_size, join=True)
-    return 0
+    return run_ranks("torch_trace.py", rank_main, args, launched)
 
 
 if __name__ == "__main__":
