@@ -296,14 +296,8 @@ TEST_CASE("a redis-server that is not there is an error naming its address") {
   // and no other program (another test's Gloo pair, say) can listen there
   // while the check runs.
   const std::string host = where.substr(0, where.rfind(':'));
-  const int held = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(held, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-  socklen_t length = sizeof address;
-  ::getsockname(held, reinterpret_cast<sockaddr*>(&address), &length);
-  const int port = ntohs(address.sin_port);
+  const test_util::HeldPort held;
+  const int port = held.port();
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH_AS(
       dist::RedisStore(host, port, "job", milliseconds(2000)),
@@ -312,7 +306,6 @@ TEST_CASE("a redis-server that is not there is an error naming its address") {
                                             .c_str())),
       tp::DistributedError);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
-  ::close(held);
 }
 
 TEST_CASE("a port where another service listens is named as not a Redis server, not as a lost "

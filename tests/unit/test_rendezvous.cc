@@ -52,44 +52,13 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// A TCP port nobody listens on right now: bound to port 0, then released.
-// Another program can take it in between (the suite runs 4 tests at a time,
-// and Gloo listens on such ports): use it only for a server the test starts
-// at once; a port that must stay unserved is a HeldPort.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+using test_util::HeldPort;
 
-// A port that nobody can listen on while this lives: bound, never
-// listening, so a connection to it is refused (Linux answers a SYN to a
-// bound socket that does not listen with a reset) and no other program can
-// take it. (free_port() released its port, and once another test's Gloo
-// pair took it, "a server nobody runs" got an answer.)
-struct HeldPort {
-  int fd = -1;
-  int port = 0;
-  HeldPort() {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    socklen_t len = sizeof addr;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    port = ntohs(addr.sin_port);
-  }
-  ~HeldPort() { ::close(fd); }
-  HeldPort(const HeldPort&) = delete;
-  HeldPort& operator=(const HeldPort&) = delete;
-};
+// A TCP port nobody listens on right now: held, then released. Another
+// program can take it in between (the suite runs 4 tests at a time, and
+// Gloo listens on such ports): use it only for a server the test starts at
+// once; a port that must stay unserved is a HeldPort.
+int free_port() { return HeldPort().port(); }
 
 // The environment tprun gives a rank (set inside a spawned child only).
 void set_rank_environment(const std::string& addr, int port, int rank, int world) {
@@ -151,7 +120,7 @@ TEST_CASE("TCPStore reports a port in use, a server nobody runs, and a server th
                        tp::DistributedError);
 
   const HeldPort held;  // refused for the whole check, and no one else's
-  const int nobody = held.port;
+  const int nobody = held.port();
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH_AS(dist::TCPStore("127.0.0.1", nobody, false, milliseconds(500)),
                        contains("could not connect to the TCP store at 127.0.0.1:" +
@@ -402,7 +371,7 @@ TEST_CASE("a rank whose master port is in use fails at once, naming MASTER_PORT"
 
 TEST_CASE("a rank whose master never answers fails within its timeout, naming the master") {
   const HeldPort held;  // refused for the whole check, and no one else's
-  const int port = held.port;
+  const int port = held.port();
   set_rank_environment("127.0.0.1", port, 1, 2);
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH_AS(dist::init_process_group("gloo", "env://", kShortTimeout),

@@ -1,6 +1,10 @@
 // Helpers shared by the doctest suites in tests/unit/.
 #pragma once
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <stdexcept>
@@ -14,6 +18,37 @@
 #include "tensorplay/util/temp_dir.h"
 
 namespace test_util {
+
+// A loopback TCP port that nobody can listen on while this lives: bound,
+// never listening, so a connection to it is refused (Linux answers a SYN to
+// a bound socket that does not listen with a reset) and no other program
+// can take it. (A port bound and released at once, free_port() in
+// test_rendezvous.cc, can be taken by another test's Gloo pair in between:
+// the suite runs 4 tests at a time.)
+class HeldPort {
+ public:
+  HeldPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      if (fd_ >= 0) ::close(fd_);
+      throw std::runtime_error("HeldPort: cannot bind a loopback port");
+    }
+    port_ = ntohs(addr.sin_port);
+  }
+  ~HeldPort() { ::close(fd_); }
+  HeldPort(const HeldPort&) = delete;
+  HeldPort& operator=(const HeldPort&) = delete;
+
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
 
 // The central difference (f(x + eps) - f(x - eps)) / (2 eps) of objective()
 // in element j of a contiguous float64 tensor whose data starts at `data`;
